@@ -24,7 +24,7 @@ $(STAMP): requirements.txt setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	@echo "$(CURDIR)/gen" > $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rhizome-gen.pth
+	@printf "$(CURDIR)\n$(CURDIR)/gen\n" > $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rhizome-gen.pth
 	@touch $@
 
 protos: $(GEN_STAMP)

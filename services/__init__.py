@@ -1,0 +1,3 @@
+"""Rhizome control plane."""
+
+__version__ = "0.1.0"

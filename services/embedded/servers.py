@@ -37,9 +37,9 @@ def _http_ok(url: str) -> bool:
 class EtcdServer(ManagedServer):
     name = "etcd"
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, peer_port: int | None = None):
         super().__init__(data_dir, port)
-        self.peer_port = free_port()
+        self.peer_port = peer_port or free_port()
 
     def argv(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"

@@ -1,0 +1,57 @@
+"""JobRecord (the store's view) <-> rhizome.v1.Job (the wire's view)."""
+
+from __future__ import annotations
+
+from google.protobuf import struct_pb2, timestamp_pb2
+from rhizome.v1 import job_pb2
+
+from services.store import states
+from services.store.jobs import JobRecord
+
+
+def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def job_to_proto(job: JobRecord) -> job_pb2.Job:
+    manifest = struct_pb2.Struct()
+    manifest.update(job.manifest)
+    res = job.resources
+    msg = job_pb2.Job(
+        job_id=job.job_id,
+        owner=job.owner,
+        name=job.name,
+        description=job.description,
+        status=states.to_proto(job.status),  # type: ignore[arg-type]
+        status_message=job.status_message,
+        history=[
+            job_pb2.StatusEvent(
+                status=states.to_proto(h.status),  # type: ignore[arg-type]
+                time=timestamp(h.time),
+                message=h.message,
+            )
+            for h in job.history
+        ],
+        resources=job_pb2.Resources(
+            learners=int(res.get("learners", 1)),
+            gpus=float(res.get("gpus", 0)),
+            cpus=float(res.get("cpus", 1)),
+            memory_mb=float(res.get("memory_mb", 0)),
+            gpu_type=str(res.get("gpu_type", "")),
+        ),
+        manifest=manifest,
+        created_at=timestamp(job.created_at),
+        updated_at=timestamp(job.updated_at),
+        attempts=job.attempts,
+        idempotency_key=job.idempotency_key,
+        queue_reason=job.queue_reason,
+        exit_code=job.exit_code,
+        last_log_lines=job.last_log_lines,
+    )
+    if job.placement:
+        nodes = job.placement.get("learner_nodes", {})
+        msg.placement.learner_nodes.update({int(k): str(v) for k, v in nodes.items()})
+        msg.placement.placed_at.CopyFrom(timestamp(float(job.placement.get("placed_at", 0))))
+    return msg

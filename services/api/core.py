@@ -1,0 +1,216 @@
+"""What the Trainer API does, independent of the wire: both the gRPC servicer and the
+REST gateway call this, so the two doors behave the same."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pymongo.errors
+
+from services.api import errors
+from services.api.manifest import ManifestError, parse_manifest
+from services.store import states
+from services.store.errors import IdempotencyConflict, JobNotFound, StoreUnavailable
+from services.store.jobs import JobRecord, JobsRepository, Page, new_job_id
+from services.store.objects import LocalObjectStore
+
+MAX_MODEL_BYTES = 64 * 1024 * 1024
+MAX_IDEMPOTENCY_KEY = 128
+
+# (owner, resources, priority) -> (admitted, reason). The scheduler refuses at submit
+# what can never fit the cluster.
+AdmitFn = Callable[[str, dict[str, object], int], tuple[bool, str]]
+# (job_id, action, reason) -> message; forwards halt/resume/delete of deployed jobs to the LCM.
+LifecycleFn = Callable[[str, str, str], str]
+
+
+@dataclass
+class Created:
+    job: JobRecord
+    existing: bool
+
+
+class TrainerCore:
+    def __init__(
+        self,
+        jobs: JobsRepository,
+        objects: LocalObjectStore,
+        admit: AdmitFn | None = None,
+        lifecycle: LifecycleFn | None = None,
+    ) -> None:
+        self.jobs = jobs
+        self.objects = objects
+        self.admit = admit
+        self.lifecycle = lifecycle
+
+    # -- submit ---------------------------------------------------------------------------
+    def create(
+        self,
+        owner: str,
+        manifest_text: str | bytes,
+        model_zip: bytes = b"",
+        idempotency_key: str = "",
+    ) -> Created:
+        owner = require_owner(owner)
+        if len(idempotency_key) > MAX_IDEMPOTENCY_KEY:
+            raise errors.BadRequest(f"idempotency key longer than {MAX_IDEMPOTENCY_KEY} characters")
+        if len(model_zip) > MAX_MODEL_BYTES:
+            raise errors.TooLarge(
+                f"model definition is {len(model_zip)} bytes; at most {MAX_MODEL_BYTES} "
+                "(put data in a data store, not in the model zip)"
+            )
+        try:
+            manifest = parse_manifest(manifest_text)
+        except ManifestError as exc:
+            raise errors.BadRequest(f"bad manifest: {exc}") from None
+        if model_zip:
+            check_zip(model_zip)
+        if idempotency_key:
+            existing = self._wrap(self.jobs.find_by_idempotency_key, owner, idempotency_key)
+            if existing is not None:
+                return self._same_or_conflict(existing, manifest.data, idempotency_key)
+        resources = manifest.resources()
+        if self.admit is not None:
+            admitted, reason = self.admit(owner, resources, int(manifest.data.get("priority", 50)))
+            if not admitted:
+                raise errors.BadRequest(f"job cannot be scheduled: {reason}")
+        job_id = new_job_id()
+        model_key = ""
+        if model_zip:
+            # The code is stored before the record, so an acknowledged job always has it.
+            model_key = f"models/{job_id}.zip"
+            self.objects.put(model_key, model_zip)
+        record = JobRecord(
+            job_id=job_id,
+            owner=owner,
+            name=manifest.name,
+            description=manifest.description,
+            manifest=manifest.data,
+            resources=resources,
+            idempotency_key=idempotency_key,
+            model_path=model_key,
+        )
+        try:
+            stored, existing_flag = self.jobs.create(record)
+        except IdempotencyConflict as exc:
+            self.objects.delete(model_key) if model_key else None
+            raise errors.Conflict(str(exc)) from None
+        except (pymongo.errors.PyMongoError, StoreUnavailable) as exc:
+            if model_key:
+                self.objects.delete(model_key)
+            raise errors.Unavailable(
+                f"the job store is unavailable, nothing was stored: {exc}"
+            ) from None
+        if existing_flag and model_key:
+            self.objects.delete(model_key)
+        return Created(stored, existing_flag)
+
+    def _same_or_conflict(
+        self, existing: JobRecord, manifest: dict[str, object], key: str
+    ) -> Created:
+        from services.store.jobs import manifest_digest
+
+        if existing.manifest_digest != manifest_digest(dict(manifest)):
+            raise errors.Conflict(str(IdempotencyConflict(key, existing.job_id)))
+        return Created(existing, True)
+
+    # -- read -------------------------------------------------------------------------------
+    def get(self, owner: str, job_id: str) -> JobRecord:
+        owner = require_owner(owner)
+        try:
+            return self._wrap(self.jobs.get, job_id, owner)
+        except JobNotFound as exc:
+            raise errors.NotFound(str(exc)) from None
+
+    def list(
+        self, owner: str, statuses: list[str], name_prefix: str, page_size: int, page_token: str
+    ) -> Page:
+        owner = require_owner(owner)
+        if page_size < 0:
+            raise errors.BadRequest("page_size must be positive (at most 500)")
+        return self._wrap(self.jobs.list_page, owner, statuses, name_prefix, page_size, page_token)
+
+    # -- change -------------------------------------------------------------------------------
+    def halt(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
+        return self._control(owner, job_id, "halt", states.HALTED, reason or "halted by user")
+
+    def resume(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
+        job = self.get(owner, job_id)
+        if job.status != states.HALTED:
+            raise errors.Conflict(f"job {job_id} is {job.status}; only a HALTED job can be resumed")
+        # A halted job goes back through the queue so the scheduler places it again.
+        return self._transition(job_id, states.QUEUED, reason or "resumed by user")
+
+    def delete(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
+        return self._control(owner, job_id, "delete", states.DELETED, reason or "deleted by user")
+
+    def scale(self, owner: str, job_id: str, learners: int) -> JobRecord:
+        job = self.get(owner, job_id)
+        elastic = job.manifest.get("elastic")
+        if not elastic:
+            raise errors.Conflict(
+                f"job {job_id} is not elastic; add `elastic: {{min: M, max: N}}` to its manifest"
+            )
+        lo, hi = int(elastic["min"]), int(elastic["max"])
+        if not lo <= learners <= hi:
+            raise errors.BadRequest(
+                f"learners={learners} is outside the job's elastic bounds [{lo}, {hi}]"
+            )
+        if self.lifecycle is None or job.status not in states.ACTIVE_STATES:
+            resources = dict(job.resources, learners=learners)
+            return self._wrap(lambda: self.jobs.update_fields(job_id, resources=resources))
+        self.lifecycle(job_id, f"scale:{learners}", "scaled by user")
+        return self.get(owner, job_id)
+
+    def _control(self, owner: str, job_id: str, action: str, target: str, reason: str) -> JobRecord:
+        job = self.get(owner, job_id)
+        if job.status == target:
+            return job  # a retried halt/delete is a no-op, not an error
+        if job.status in (states.QUEUED, states.HALTED) or self.lifecycle is None:
+            # Nothing is deployed (or no lifecycle manager runs): the API moves the record itself.
+            return self._transition(job_id, target, reason)
+        if not states.is_legal(job.status, target):
+            raise errors.Conflict(str(states.IllegalTransition(job_id, job.status, target)))
+        self.lifecycle(job_id, action, reason)
+        return self.get(owner, job_id)
+
+    def _transition(self, job_id: str, target: str, reason: str) -> JobRecord:
+        try:
+            return self._wrap(self.jobs.transition, job_id, target, reason)
+        except states.IllegalTransition as exc:
+            raise errors.Conflict(str(exc)) from None
+
+    @staticmethod
+    def _wrap(fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args)
+        except (pymongo.errors.PyMongoError, StoreUnavailable) as exc:
+            raise errors.Unavailable(f"the job store is unavailable: {exc}") from None
+
+
+def require_owner(owner: str) -> str:
+    owner = (owner or "").strip()
+    if not owner:
+        raise errors.Unauthenticated(
+            "no user id: send gRPC metadata `x-rhizome-user` or the HTTP header `X-Rhizome-User`"
+        )
+    if len(owner) > 128:
+        raise errors.BadRequest("user id longer than 128 characters")
+    return owner
+
+
+def check_zip(data: bytes) -> None:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            bad = zf.testzip()
+            names = zf.namelist()
+    except zipfile.BadZipFile:
+        raise errors.BadRequest("model definition is not a valid zip archive") from None
+    if bad is not None:
+        raise errors.BadRequest(f"model definition zip is corrupt at {bad!r}")
+    for name in names:
+        if name.startswith("/") or ".." in name.split("/"):
+            raise errors.BadRequest(f"model definition zip has an unsafe path {name!r}")

@@ -1,0 +1,176 @@
+"""The public `rhizome.v1.Trainer` gRPC service: a thin skin over TrainerCore."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+from rhizome.v1 import (
+    job_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    tds_pb2,
+    tds_pb2_grpc,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
+
+from services import __version__
+from services.api import errors
+from services.api.convert import job_to_proto
+from services.api.core import TrainerCore
+from services.store import states
+
+USER_METADATA = "x-rhizome-user"
+T = TypeVar("T")
+
+
+def caller(context: grpc.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == USER_METADATA:
+            return str(value)
+    return ""
+
+
+def _abort_on_api_error(fn: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(fn)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> T:
+        try:
+            return fn(self, request, context)
+        except errors.ApiError as exc:
+            context.abort(exc.grpc_code, exc.message)
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
+    def __init__(
+        self,
+        core: TrainerCore,
+        tds_channel: grpc.Channel | None = None,
+        scheduler_channel: grpc.Channel | None = None,
+        services: list[str] | None = None,
+    ) -> None:
+        self.core = core
+        self.tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel else None
+        self.scheduler = (
+            scheduler_pb2_grpc.SchedulerStub(scheduler_channel) if scheduler_channel else None
+        )
+        self.services = services or ["api"]
+
+    @_abort_on_api_error
+    def CreateJob(
+        self, request: trainer_pb2.CreateJobRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.CreateJobResponse:
+        created = self.core.create(
+            caller(context),
+            request.manifest_yaml,
+            request.model_definition,
+            request.idempotency_key,
+        )
+        return trainer_pb2.CreateJobResponse(
+            job_id=created.job.job_id, job=job_to_proto(created.job), existing=created.existing
+        )
+
+    @_abort_on_api_error
+    def GetJob(
+        self, request: trainer_pb2.GetJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.Job:
+        return job_to_proto(self.core.get(caller(context), request.job_id))
+
+    @_abort_on_api_error
+    def ListJobs(
+        self, request: trainer_pb2.ListJobsRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.ListJobsResponse:
+        try:
+            wanted = [states.from_proto(s) for s in request.statuses]
+        except ValueError as exc:
+            raise errors.BadRequest(f"statuses: {exc}") from None
+        page = self.core.list(
+            caller(context), wanted, request.name_prefix, request.page_size, request.page_token
+        )
+        return trainer_pb2.ListJobsResponse(
+            jobs=[job_to_proto(j) for j in page.jobs], next_page_token=page.next_page_token
+        )
+
+    @_abort_on_api_error
+    def HaltJob(
+        self, request: trainer_pb2.JobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.Job:
+        return job_to_proto(self.core.halt(caller(context), request.job_id, request.reason))
+
+    @_abort_on_api_error
+    def ResumeJob(
+        self, request: trainer_pb2.JobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.Job:
+        return job_to_proto(self.core.resume(caller(context), request.job_id, request.reason))
+
+    @_abort_on_api_error
+    def DeleteJob(
+        self, request: trainer_pb2.JobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.Job:
+        return job_to_proto(self.core.delete(caller(context), request.job_id, request.reason))
+
+    @_abort_on_api_error
+    def ScaleJob(
+        self, request: trainer_pb2.ScaleJobRequest, context: grpc.ServicerContext
+    ) -> job_pb2.Job:
+        return job_to_proto(self.core.scale(caller(context), request.job_id, request.learners))
+
+    def StreamLogs(
+        self, request: tds_pb2.LogsRequest, context: grpc.ServicerContext
+    ) -> Iterator[tds_pb2.LogLine]:
+        yield from self._proxy_stream(request, context, "GetLogs")
+
+    def StreamMetrics(
+        self, request: tds_pb2.MetricsRequest, context: grpc.ServicerContext
+    ) -> Iterator[tds_pb2.MetricSample]:
+        yield from self._proxy_stream(request, context, "GetMetrics")
+
+    def _proxy_stream(
+        self, request: Any, context: grpc.ServicerContext, method: str
+    ) -> Iterator[Any]:
+        try:
+            self.core.get(caller(context), request.job_id)  # ownership check, clear 404
+            if self.tds is None:
+                raise errors.Unavailable("the training data service (tds) is not configured")
+        except errors.ApiError as exc:
+            context.abort(exc.grpc_code, exc.message)
+        assert self.tds is not None
+        upstream = getattr(self.tds, method)(request)
+        context.add_callback(upstream.cancel)
+        try:
+            yield from upstream
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED and not context.is_active():
+                return
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"the training data service failed: {exc.details()}"
+            )
+
+    def GetCluster(
+        self, request: scheduler_pb2.GetClusterRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.ClusterView:
+        if self.scheduler is None:
+            counts = self.core.jobs.count_by_status()
+            return scheduler_pb2.ClusterView(
+                queued_jobs=counts.get(states.QUEUED, 0),
+                running_jobs=sum(counts.get(s, 0) for s in states.ACTIVE_STATES),
+            )
+        try:
+            view: scheduler_pb2.ClusterView = self.scheduler.GetCluster(request, timeout=10)
+        except grpc.RpcError as exc:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"the scheduler is unavailable: {exc.details()}"
+            )
+        return view
+
+    def GetVersion(
+        self, request: trainer_pb2.GetVersionRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.VersionInfo:
+        return trainer_pb2.VersionInfo(
+            version=__version__, api="rhizome.v1", services=self.services
+        )

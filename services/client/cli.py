@@ -1,0 +1,522 @@
+"""`rhizome`: the command-line client. It talks only to the public Trainer API (through
+services.client.sdk), except `up`/`down`/`status`, which manage the embedded platform.
+
+click parses the command line and rich draws tables and progress: neither is ours to write.
+Every command that reads has `--json`; errors print one line on stderr and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rhizome.v1 import job_pb2, tds_pb2
+from rich.console import Console
+from rich.table import Table
+
+from services.client.sdk import Client, ClientError, zip_directory
+from services.config import DEFAULT_API_ADDRESS, DEFAULT_DATA_DIR
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+F = TypeVar("F", bound=Callable[..., Any])
+TERMINAL = {"COMPLETED", "FAILED", "DELETED", "HALTED"}
+
+
+def status_name(value: int) -> str:
+    return str(job_pb2.JobStatus.Name(value))  # type: ignore[arg-type]
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    data: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    return data
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def fmt_time(ts: Any) -> str:
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts.seconds))
+
+
+class Ctx:
+    def __init__(self, api: str | None, user: str | None, data_dir: Path) -> None:
+        self._api = api
+        self.user = user
+        self.data_dir = data_dir
+        self._client: Client | None = None
+
+    @property
+    def api(self) -> str:
+        if self._api:
+            return self._api
+        from services.embedded.platform import load_state
+
+        state = load_state(self.data_dir)
+        if state and state.api_address:
+            return state.api_address
+        return DEFAULT_API_ADDRESS
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.api, self.user)
+        return self._client
+
+
+def handles_errors(fn: F) -> F:
+    """One line on stderr and exit 1 for every expected failure; never a traceback."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ClientError as exc:
+            err.print(f"[red]error:[/red] {exc.message}")
+            sys.exit(1)
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--api",
+    envvar="RHIZOME_API",
+    default=None,
+    metavar="HOST:PORT",
+    help="Trainer API address (default: the embedded platform's, else 127.0.0.1:50051).",
+)
+@click.option(
+    "--user",
+    envvar="RHIZOME_USER",
+    default=None,
+    help="User id sent with every call (default: $USER).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    envvar="RHIZOME_DATA_DIR",
+    default=str(DEFAULT_DATA_DIR),
+    show_default=True,
+    help="Embedded platform data directory.",
+)
+@click.pass_context
+def cli(ctx: click.Context, api: str | None, user: str | None, data_dir: Path) -> None:
+    """Rhizome: train on cheap preemptible GPUs without babysitting them."""
+    ctx.obj = Ctx(api, user, data_dir.expanduser())
+
+
+# -- platform -------------------------------------------------------------------------------
+@cli.command()
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="Start real etcd, MongoDB-wire and Elasticsearch-API servers too.",
+)
+@click.option(
+    "--etcd", envvar="RHIZOME_ETCD", default="", help="Use this etcd instead of an embedded one."
+)
+@click.option(
+    "--mongodb-uri", envvar="RHIZOME_MONGODB_URI", default="", help="Use this MongoDB instead."
+)
+@click.option(
+    "--elasticsearch-url",
+    envvar="RHIZOME_ELASTICSEARCH_URL",
+    default="",
+    help="Use this Elasticsearch instead.",
+)
+@click.option(
+    "--grpc-port",
+    type=int,
+    default=50051,
+    show_default=True,
+    help="API gRPC port (0: any free port).",
+)
+@click.option(
+    "--rest-port",
+    type=int,
+    default=8080,
+    show_default=True,
+    help="REST gateway port (0: any free port).",
+)
+@click.option("--services", default="", help="Services the daemon hosts (default: all).")
+@click.option("--foreground", is_flag=True, help="Stay in the foreground; Ctrl-C stops everything.")
+@click.pass_obj
+def up(
+    obj: Ctx,
+    embedded: bool,
+    etcd: str,
+    mongodb_uri: str,
+    elasticsearch_url: str,
+    grpc_port: int,
+    rest_port: int,
+    services: str,
+    foreground: bool,
+) -> None:
+    """Start the platform (with --embedded, its dependencies too)."""
+    from services.embedded import platform
+    from services.embedded.process import DependencyError
+
+    if not embedded and not (etcd and mongodb_uri and elasticsearch_url):
+        raise click.UsageError(
+            "pass --embedded to start etcd, MongoDB and Elasticsearch here, or give all of "
+            "--etcd, --mongodb-uri and --elasticsearch-url"
+        )
+    try:
+        state = platform.up(
+            obj.data_dir,
+            grpc_port,
+            rest_port,
+            etcd,
+            mongodb_uri,
+            elasticsearch_url,
+            services,
+            progress=lambda m: err.print(f"[dim]•[/dim] {m}"),
+        )
+    except DependencyError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)
+    err.print(
+        f"[green]Rhizome is up[/green]: API {state.api_address}, REST {state.rest_url}, data {state.data_dir}"
+    )
+    if foreground:
+        err.print("Press Ctrl-C to stop.")
+        try:
+            while all(platform.running(state).values()):
+                time.sleep(1)
+            err.print("[red]a platform process exited; stopping the rest[/red]")
+        except KeyboardInterrupt:
+            pass
+        platform.down(obj.data_dir, progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
+
+
+@cli.command()
+@click.pass_obj
+def down(obj: Ctx) -> None:
+    """Stop the embedded platform (data is kept)."""
+    from services.embedded import platform
+
+    if not platform.down(obj.data_dir, progress=lambda m: err.print(f"[dim]•[/dim] {m}")):
+        err.print(f"nothing to stop: no platform state in {obj.data_dir}")
+        return
+    err.print("[green]stopped[/green]")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def status(obj: Ctx, as_json: bool) -> None:
+    """Show whether the embedded platform runs, with pids, addresses and logs."""
+    from services.embedded import platform
+
+    info = platform.status(obj.data_dir)
+    if as_json:
+        emit_json(info)
+        return
+    if not info["components"]:
+        out.print(
+            f"not running (no platform state in {info['data_dir']}); start with `rhizome up --embedded`"
+        )
+        return
+    table = Table("component", "pid", "state", "address", "log")
+    for name, comp in info["components"].items():
+        state = "[green]up[/green]" if comp["alive"] else "[red]down[/red]"
+        table.add_row(name, str(comp["pid"]), state, comp["url"], comp["log"])
+    out.print(table)
+    if not info["running"]:
+        sys.exit(1)
+
+
+# -- jobs ------------------------------------------------------------------------------------
+@cli.command()
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument(
+    "code_dir", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+)
+@click.option(
+    "--idempotency-key", default=None, help="Retrying with the same key returns the same job."
+)
+@click.option("--wait", is_flag=True, help="Wait until the job ends, showing its status changes.")
+@json_option
+@click.pass_obj
+@handles_errors
+def train(
+    obj: Ctx,
+    manifest: Path,
+    code_dir: Path | None,
+    idempotency_key: str | None,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """Submit MANIFEST (with the training code in CODE_DIR, default: the manifest's folder)."""
+    code = code_dir or manifest.parent
+    resp = obj.client.create_job(manifest.read_text(), zip_directory(code), idempotency_key)
+    if as_json:
+        emit_json(to_dict(resp))
+    else:
+        note = " (an earlier submit with this key)" if resp.existing else ""
+        out.print(f"job [bold]{resp.job_id}[/bold] {status_name(resp.job.status)}{note}")
+    if wait:
+        sys.exit(_wait(obj.client, resp.job_id, quiet=as_json))
+
+
+def _wait(client: Client, job_id: str, quiet: bool = False, timeout_s: float = 0) -> int:
+    last = ""
+    start = time.monotonic()
+    while True:
+        job = client.get_job(job_id)
+        name = status_name(job.status)
+        if name != last and not quiet:
+            err.print(f"  {time.strftime('%H:%M:%S')} {name} {job.status_message}")
+        last = name
+        if name in TERMINAL:
+            return 0 if name == "COMPLETED" else 1
+        if timeout_s and time.monotonic() - start > timeout_s:
+            return 2
+        time.sleep(0.5)
+
+
+@cli.command(name="list")
+@click.option("--status", "statuses", multiple=True, help="Only jobs in this status (repeatable).")
+@click.option("--name", "name_prefix", default="", help="Only jobs whose name starts with this.")
+@click.option(
+    "--limit", type=int, default=50, show_default=True, help="At most this many jobs (0: all)."
+)
+@json_option
+@click.pass_obj
+@handles_errors
+def list_(obj: Ctx, statuses: tuple[str, ...], name_prefix: str, limit: int, as_json: bool) -> None:
+    """List your jobs, newest first."""
+    jobs = []
+    for job in obj.client.iter_jobs(list(statuses), name_prefix):
+        jobs.append(job)
+        if limit and len(jobs) >= limit:
+            break
+    if as_json:
+        emit_json([to_dict(j) for j in jobs])
+        return
+    if not jobs:
+        out.print("no jobs")
+        return
+    table = Table("id", "name", "status", "learners", "created", "since")
+    for job in jobs:
+        since = job.history[-1].time if job.history else job.created_at
+        table.add_row(
+            job.job_id,
+            job.name,
+            status_name(job.status),
+            str(job.resources.learners),
+            fmt_time(job.created_at),
+            fmt_time(since),
+        )
+    out.print(table)
+
+
+@cli.command()
+@click.argument("job_id")
+@json_option
+@click.pass_obj
+@handles_errors
+def show(obj: Ctx, job_id: str, as_json: bool) -> None:
+    """Show one job: status, why it waits, its history, and a failed job's last lines."""
+    job = obj.client.get_job(job_id)
+    if as_json:
+        emit_json(to_dict(job))
+        return
+    res = job.resources
+    out.print(f"[bold]{job.job_id}[/bold]  {job.name}  owner={job.owner}")
+    out.print(f"status: [bold]{status_name(job.status)}[/bold] {job.status_message}")
+    gpu = f" × {res.gpus:g} {res.gpu_type or 'GPU'}" if res.gpus else ""
+    out.print(
+        f"resources: {res.learners} learner(s){gpu}, {res.cpus:g} CPU, {res.memory_mb:g} MB each"
+    )
+    if job.queue_reason:
+        out.print(f"waiting because: {job.queue_reason}")
+    if job.placement.learner_nodes:
+        nodes = ", ".join(f"{r}→{n}" for r, n in sorted(job.placement.learner_nodes.items()))
+        out.print(f"placement: {nodes}")
+    table = Table("time", "status", "message", title="history")
+    for h in job.history:
+        table.add_row(fmt_time(h.time), status_name(h.status), h.message)
+    out.print(table)
+    if job.last_log_lines:
+        out.print(f"last log lines (exit code {job.exit_code}):")
+        for line in job.last_log_lines:
+            out.print(f"  {line}", markup=False)
+
+
+def _job_action(name: str, method: str, help_text: str) -> None:
+    @cli.command(name=name, help=help_text)
+    @click.argument("job_id")
+    @json_option
+    @click.pass_obj
+    @handles_errors
+    def command(obj: Ctx, job_id: str, as_json: bool) -> None:
+        job = getattr(obj.client, method)(job_id)
+        if as_json:
+            emit_json(to_dict(job))
+        else:
+            out.print(f"job {job.job_id} {status_name(job.status)}")
+
+
+_job_action("halt", "halt_job", "Halt a job: its learners save and stop; resume it later.")
+_job_action("resume", "resume_job", "Resume a halted job from its checkpoint.")
+_job_action("delete", "delete_job", "Delete a job: stop it and forget it.")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.argument("learners", type=int)
+@json_option
+@click.pass_obj
+@handles_errors
+def scale(obj: Ctx, job_id: str, learners: int, as_json: bool) -> None:
+    """Scale an elastic job to LEARNERS learners."""
+    job = obj.client.scale_job(job_id, learners)
+    if as_json:
+        emit_json(to_dict(job))
+    else:
+        out.print(f"job {job.job_id} {status_name(job.status)}, {job.resources.learners} learners")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--learner", type=int, default=-1, help="Only this learner's lines.")
+@click.option("--search", default="", help="Only lines matching this full-text query.")
+@click.option(
+    "--since", type=float, default=0.0, help="Only lines newer than this many seconds ago."
+)
+@click.option("--tail", "pos", type=int, default=0, help="Only the last N lines.")
+@json_option
+@click.pass_obj
+@handles_errors
+def logs(
+    obj: Ctx,
+    job_id: str,
+    follow: bool,
+    learner: int,
+    search: str,
+    since: float,
+    pos: int,
+    as_json: bool,
+) -> None:
+    """Print a job's log lines, prefixed by learner."""
+    req = tds_pb2.LogsRequest(
+        job_id=job_id, follow=follow, learner=learner, search=search, pos=-abs(pos) if pos else 0
+    )
+    if since:
+        req.since.FromNanoseconds(int((time.time() - since) * 1e9))
+    for line in obj.client.logs(req):
+        if as_json:
+            click.echo(json.dumps(to_dict(line)))
+        else:
+            click.echo(f"[{line.learner}/{line.stream}] {line.line}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the curves into this PNG file.",
+)
+@json_option
+@click.pass_obj
+@handles_errors
+def metrics(obj: Ctx, job_id: str, plot: Path | None, as_json: bool) -> None:
+    """Show the latest value of each of a job's metrics."""
+    samples = list(obj.client.metrics(tds_pb2.MetricsRequest(job_id=job_id, learner=-1)))
+    if as_json:
+        emit_json([to_dict(s) for s in samples])
+    else:
+        latest: dict[tuple[int, str], tds_pb2.MetricSample] = {}
+        for s in samples:
+            latest[(s.learner, s.name)] = s
+        table = Table("learner", "metric", "step", "value")
+        for (learner, name), s in sorted(latest.items()):
+            table.add_row(str(learner), name, str(s.step), f"{s.value:.6g}")
+        out.print(table if latest else "no metrics yet")
+    if plot:
+        from services.client.plot import plot_samples
+
+        plot_samples(samples, plot)
+        err.print(f"plot written to {plot}")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+@handles_errors
+def cluster(obj: Ctx, as_json: bool) -> None:
+    """Show the cluster: nodes, free resources, queued and running jobs."""
+    view = obj.client.cluster()
+    if as_json:
+        emit_json(to_dict(view))
+        return
+    table = Table(
+        "node", "zone", "gpu type", "gpus free/total", "cpus free/total", "memory MB free/total"
+    )
+    for n in view.nodes:
+        table.add_row(
+            n.name,
+            n.zone,
+            n.gpu_type or "-",
+            f"{n.gpus_free}/{n.gpus_total}",
+            f"{n.cpus_free:g}/{n.cpus_total:g}",
+            f"{n.memory_mb_free:g}/{n.memory_mb_total:g}",
+        )
+    if view.nodes:
+        out.print(table)
+    out.print(f"queued jobs: {view.queued_jobs}, running jobs: {view.running_jobs}")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+@handles_errors
+def version(obj: Ctx, as_json: bool) -> None:
+    """Show the client's and the server's versions."""
+    from services import __version__
+
+    info = obj.client.version()
+    if as_json:
+        emit_json({"client": __version__, "server": to_dict(info)})
+    else:
+        out.print(
+            f"client {__version__}, server {info.version} ({info.api}; services: {', '.join(info.services)})"
+        )
+
+
+def main() -> None:
+    try:
+        cli(prog_name="rhizome")
+    except Exception as exc:  # the last line of defence: no traceback to the user
+        if os.environ.get("RHIZOME_DEBUG"):
+            raise
+        err.print(
+            f"[red]error:[/red] {type(exc).__name__}: {exc} (set RHIZOME_DEBUG=1 for details)"
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Where the platform's parts live. Flags win over environment variables, which win
+over the defaults; `rhizome up --embedded` fills these in for the daemon it starts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(os.environ.get("RHIZOME_DATA_DIR", "~/.rhizome")).expanduser()
+DEFAULT_API_ADDRESS = "127.0.0.1:50051"
+ALL_SERVICES = ("api", "scheduler", "lcm", "tds")
+
+
+@dataclass
+class PlatformConfig:
+    data_dir: Path = DEFAULT_DATA_DIR
+    mongodb_uri: str = ""
+    etcd_url: str = ""
+    elasticsearch_url: str = ""
+    services: tuple[str, ...] = ALL_SERVICES
+    grpc_address: str = DEFAULT_API_ADDRESS
+    rest_address: str = "127.0.0.1:8080"
+    metrics_address: str = ""
+    # Where the other services are when they do not run in this process.
+    peers: dict[str, str] = field(default_factory=dict)
+    cluster_config: str = ""
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.data_dir / "objects"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host, int(port)

@@ -1,0 +1,291 @@
+"""`rhizomed`: host any set of the platform services in one process.
+
+Each service registers a builder by name (`SERVICE_BUILDERS`); the daemon builds the
+requested ones into one gRPC server (with health checking and reflection), starts the
+REST gateway when the API is hosted, and shuts everything down cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.config import ALL_SERVICES, PlatformConfig
+
+log = logging.getLogger("rhizomed")
+
+
+@dataclass
+class Hosted:
+    """What a service builder hands back: RPC service names and background work."""
+
+    service_names: list[str] = field(default_factory=list)
+    start: Callable[[], None] | None = None
+    stop: Callable[[], None] | None = None
+
+
+@dataclass
+class DaemonContext:
+    config: PlatformConfig
+    server: grpc.Server
+    # Channels to the services, in this process or elsewhere (config.peers).
+    channels: dict[str, grpc.Channel] = field(default_factory=dict)
+    shared: dict[str, Any] = field(default_factory=dict)
+
+    def channel(self, service: str) -> grpc.Channel | None:
+        if service in self.channels:
+            return self.channels[service]
+        address = self.config.peers.get(service)
+        if service in self.config.services:
+            address = self.config.grpc_address
+        if not address:
+            return None
+        self.channels[service] = grpc.insecure_channel(address)
+        return self.channels[service]
+
+
+ServiceBuilder = Callable[[DaemonContext], Hosted]
+
+# Each service hosts itself through a `build(ctx) -> Hosted` function in its own package,
+# so adding a service never means editing the daemon's internals.
+SERVICE_MODULES: dict[str, str] = {
+    "api": "services.api.hosting",
+    "scheduler": "services.scheduler.hosting",
+    "lcm": "services.lcm.hosting",
+    "tds": "services.tds.hosting",
+}
+
+
+def available_services() -> list[str]:
+    """The services whose hosting module exists in this build, in start order."""
+    return [name for name, mod in SERVICE_MODULES.items() if importlib.util.find_spec(mod)]
+
+
+def builder(name: str) -> ServiceBuilder:
+    module = importlib.import_module(SERVICE_MODULES[name])
+    build: ServiceBuilder = module.build
+    return build
+
+
+def mongo_database(ctx: DaemonContext) -> Any:
+    """One MongoDB connection per daemon, shared by the services it hosts."""
+    if "db" not in ctx.shared:
+        from services.store.mongo import connect
+
+        if not ctx.config.mongodb_uri:
+            raise click.UsageError("no MongoDB: pass --mongodb-uri or set RHIZOME_MONGODB_URI")
+        ctx.shared["db"] = connect(ctx.config.mongodb_uri)
+    return ctx.shared["db"]
+
+
+def jobs_repository(ctx: DaemonContext) -> Any:
+    if "jobs" not in ctx.shared:
+        from services.store.jobs import JobsRepository
+
+        repo = JobsRepository(mongo_database(ctx))
+        repo.ensure_indexes()
+        ctx.shared["jobs"] = repo
+    return ctx.shared["jobs"]
+
+
+class Daemon:
+    def __init__(self, config: PlatformConfig) -> None:
+        unknown = [s for s in config.services if s not in ALL_SERVICES]
+        if unknown:
+            raise click.UsageError(
+                f"unknown service {', '.join(unknown)}; choose from {', '.join(ALL_SERVICES)}"
+            )
+        have = available_services()
+        missing = [s for s in config.services if s not in have]
+        if missing:
+            raise click.UsageError(
+                f"service {', '.join(missing)} is not part of this build yet; "
+                f"available: {', '.join(have)}"
+            )
+        self.config = config
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpc"),
+            options=[
+                ("grpc.max_receive_message_length", 80 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self.ctx = DaemonContext(config, self.server)
+        self.hosted: list[Hosted] = []
+        self.health = health.HealthServicer()
+        self.port = 0
+
+    def start(self) -> None:
+        for name in self.config.services:
+            self.hosted.append(builder(name)(self.ctx))
+        names = [n for h in self.hosted for n in h.service_names]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.port = self.server.add_insecure_port(self.config.grpc_address)
+        if not self.port:
+            raise RuntimeError(f"cannot listen on {self.config.grpc_address} (port in use?)")
+        self.server.start()
+        for hosted in self.hosted:
+            if hosted.start:
+                hosted.start()
+        for name in names:
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self) -> None:
+        self.health.enter_graceful_shutdown()
+        for hosted in reversed(self.hosted):
+            if hosted.stop:
+                with contextlib.suppress(Exception):
+                    hosted.stop()
+        self.server.stop(grace=2).wait(5)
+        for channel in self.ctx.channels.values():
+            channel.close()
+
+
+def _peers(values: tuple[str, ...]) -> dict[str, str]:
+    peers = {}
+    for item in values:
+        name, _, address = item.partition("=")
+        if name not in ALL_SERVICES or not address:
+            raise click.BadParameter(
+                f"{item!r}: expected SERVICE=HOST:PORT, SERVICE in {ALL_SERVICES}"
+            )
+        peers[name] = address
+    return peers
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--services",
+    default="",
+    envvar="RHIZOME_SERVICES",
+    help="Comma-separated services to host in this process (default: all in this build).",
+)
+@click.option(
+    "--grpc-address",
+    default="127.0.0.1:50051",
+    show_default=True,
+    envvar="RHIZOME_GRPC_ADDRESS",
+    help="Where the gRPC server listens.",
+)
+@click.option(
+    "--rest-address",
+    default="127.0.0.1:8080",
+    show_default=True,
+    envvar="RHIZOME_REST_ADDRESS",
+    help="Where the REST gateway listens (with the api).",
+)
+@click.option("--mongodb-uri", envvar="RHIZOME_MONGODB_URI", default="", help="MongoDB URI.")
+@click.option("--etcd", "etcd_url", envvar="RHIZOME_ETCD", default="", help="etcd client URL.")
+@click.option(
+    "--elasticsearch-url", envvar="RHIZOME_ELASTICSEARCH_URL", default="", help="Elasticsearch URL."
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    envvar="RHIZOME_DATA_DIR",
+    default=str(PlatformConfig().data_dir),
+    show_default=True,
+    help="Object store, job directories and state files.",
+)
+@click.option(
+    "--peer",
+    "peers",
+    multiple=True,
+    metavar="SERVICE=HOST:PORT",
+    help="Address of a service hosted by another process (repeatable).",
+)
+@click.option(
+    "--cluster-config",
+    envvar="RHIZOME_CLUSTER_CONFIG",
+    default="",
+    help="Cluster description for the scheduler (YAML).",
+)
+@click.option(
+    "--state-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the bound addresses and pid here as JSON once serving.",
+)
+def main(
+    services: str,
+    grpc_address: str,
+    rest_address: str,
+    mongodb_uri: str,
+    etcd_url: str,
+    elasticsearch_url: str,
+    data_dir: Path,
+    peers: tuple[str, ...],
+    cluster_config: str,
+    state_file: Path | None,
+) -> None:
+    """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
+    logging.basicConfig(
+        level=os.environ.get("RHIZOME_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = PlatformConfig(
+        data_dir=data_dir.expanduser(),
+        mongodb_uri=mongodb_uri,
+        etcd_url=etcd_url,
+        elasticsearch_url=elasticsearch_url,
+        services=tuple(s.strip() for s in services.split(",") if s.strip())
+        or tuple(available_services()),
+        grpc_address=grpc_address,
+        rest_address=rest_address,
+        peers=_peers(peers),
+        cluster_config=cluster_config,
+    )
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    daemon = Daemon(config)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        daemon.start()
+    except Exception as exc:  # a clear one-line reason, not a traceback
+        log.debug("start failed", exc_info=True)
+        click.echo(f"rhizomed: cannot start: {exc}", err=True)
+        daemon.stop()
+        sys.exit(1)
+    if state_file:
+        tmp = state_file.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "grpc": config.grpc_address,
+                    "rest": config.rest_address,
+                    "services": list(config.services),
+                }
+            )
+        )
+        tmp.replace(state_file)
+    log.info("serving %s on %s (REST %s)", ",".join(config.services), grpc_address, rest_address)
+    stop.wait()
+    log.info("shutting down")
+    daemon.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""`rhizome up --embedded` / `rhizome down`: the whole platform on one machine.
+
+Starts real etcd, a MongoDB-wire server and an Elasticsearch-API server under a data
+directory, waits until each is healthy, then starts `rhizomed`. The ports and pids are
+kept in `<data_dir>/platform.json`, so `rhizome down` (another process) stops exactly
+what `up` started, by pid, and a later `up` reuses the same ports and data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.embedded.process import (
+    DependencyError,
+    ManagedServer,
+    free_port,
+    pid_alive,
+    stop_process_group,
+)
+from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
+
+STATE_FILE = "platform.json"
+Progress = Callable[[str], None]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick(port: int | None) -> int:
+    """Reuse a remembered or requested port when it is free; 0/None means any free port."""
+    if port and port_free(port):
+        return port
+    return free_port()
+
+
+class DaemonServer(ManagedServer):
+    name = "rhizomed"
+
+    def __init__(self, data_dir: Path, port: int, rest_port: int, args: list[str]) -> None:
+        super().__init__(data_dir, port)
+        self.rest_port = rest_port
+        self.args = args
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "services.daemon",
+            f"--grpc-address=127.0.0.1:{self.port}",
+            f"--rest-address=127.0.0.1:{self.rest_port}",
+            f"--data-dir={self.data_dir}",
+            *self.args,
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        return grpc_serving(self.url)
+
+
+def grpc_serving(address: str, timeout_s: float = 0.5) -> bool:
+    channel = grpc.insecure_channel(address)
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+
+
+@dataclass
+class PlatformState:
+    data_dir: str
+    processes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def api_address(self) -> str:
+        return self.urls.get("api", "")
+
+    @property
+    def rest_url(self) -> str:
+        return self.urls.get("rest", "")
+
+
+def load_state(data_dir: Path) -> PlatformState | None:
+    path = Path(data_dir) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        return PlatformState(**raw)
+    except (ValueError, TypeError):
+        return None
+
+
+def save_state(state: PlatformState) -> None:
+    path = Path(state.data_dir) / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state.__dict__, indent=2))
+    tmp.replace(path)
+
+
+def running(state: PlatformState) -> dict[str, bool]:
+    return {name: pid_alive(int(p["pid"])) for name, p in state.processes.items()}
+
+
+def up(
+    data_dir: Path,
+    grpc_port: int = 50051,
+    rest_port: int = 8080,
+    etcd_url: str = "",
+    mongodb_uri: str = "",
+    elasticsearch_url: str = "",
+    services: str = "",
+    progress: Progress = lambda _: None,
+) -> PlatformState:
+    """Start whatever of the platform is not running yet; return where everything is."""
+    data_dir = Path(data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    previous = load_state(data_dir)
+    state = PlatformState(str(data_dir))
+    if previous:
+        alive = running(previous)
+        if alive and all(alive.values()):
+            progress(f"already running (data in {data_dir})")
+            return previous
+        state.ports = previous.ports
+        # Anything half-up from an earlier crash is stopped first, by its recorded pid.
+        for name, proc in previous.processes.items():
+            if alive.get(name):
+                stop_process_group(int(proc["pid"]))
+    started: list[ManagedServer] = []
+
+    def launch(key: str, server: ManagedServer, what: str) -> str:
+        progress(f"starting {what} on 127.0.0.1:{server.port} ...")
+        try:
+            info = server.start()
+        except DependencyError:
+            for s in reversed(started):
+                s.stop()
+            save_state(PlatformState(str(data_dir), ports=state.ports))
+            raise
+        started.append(server)
+        state.processes[key] = {"pid": info.pid, "log": info.log_path}
+        state.ports[key] = server.port
+        progress(f"{what} is healthy ({info.url}, log {info.log_path})")
+        return info.url
+
+    deps = data_dir / "deps"
+    if etcd_url:
+        state.urls["etcd"] = etcd_url
+    else:
+        etcd = EtcdServer(
+            deps / "etcd", _pick(state.ports.get("etcd")), _pick(state.ports.get("etcd-peer"))
+        )
+        state.ports["etcd-peer"] = etcd.peer_port
+        state.urls["etcd"] = launch("etcd", etcd, "etcd")
+    if mongodb_uri:
+        state.urls["mongodb"] = mongodb_uri
+    else:
+        state.urls["mongodb"] = launch(
+            "mongodb",
+            MongoServer(deps / "mongodb", _pick(state.ports.get("mongodb"))),
+            "MongoDB-wire server",
+        )
+    if elasticsearch_url:
+        state.urls["elasticsearch"] = elasticsearch_url
+    else:
+        state.urls["elasticsearch"] = launch(
+            "elasticsearch",
+            ElasticsearchServer(deps / "elasticsearch", _pick(state.ports.get("elasticsearch"))),
+            "Elasticsearch-API server",
+        )
+    gport = _pick(state.ports.get("api") or grpc_port)
+    rport = _pick(state.ports.get("rest") or rest_port)
+    if rport == gport:
+        rport = free_port()
+    args = [
+        f"--mongodb-uri={state.urls['mongodb']}",
+        f"--etcd={state.urls['etcd']}",
+        f"--elasticsearch-url={state.urls['elasticsearch']}",
+    ]
+    if not services:
+        from services.daemon import available_services
+
+        services = ",".join(available_services())
+    args.append(f"--services={services}")
+    daemon = DaemonServer(data_dir, gport, rport, args)
+    state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
+    state.ports["rest"] = rport
+    state.urls["rest"] = f"http://127.0.0.1:{rport}"
+    save_state(state)
+    return state
+
+
+def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
+    """Stop everything `up` started (daemon first, so it stops its guardians cleanly)."""
+    data_dir = Path(data_dir).expanduser().resolve()
+    state = load_state(data_dir)
+    if state is None:
+        return False
+    order = ["api", "elasticsearch", "mongodb", "etcd"]
+    for name in sorted(state.processes, key=lambda n: order.index(n) if n in order else 0):
+        pid = int(state.processes[name]["pid"])
+        if pid_alive(pid):
+            progress(f"stopping {name} (pid {pid}) ...")
+            stop_process_group(pid, timeout_s=15)
+    state.processes = {}
+    save_state(state)
+    return True
+
+
+def status(data_dir: Path) -> dict[str, Any]:
+    data_dir = Path(data_dir).expanduser().resolve()
+    state = load_state(data_dir)
+    if state is None:
+        return {"data_dir": str(data_dir), "running": False, "components": {}}
+    alive = running(state)
+    components = {
+        name: {
+            "pid": proc["pid"],
+            "alive": alive[name],
+            "log": proc["log"],
+            "url": state.urls.get(name, ""),
+        }
+        for name, proc in state.processes.items()
+    }
+    with contextlib.suppress(Exception):
+        if "api" in components:
+            components["api"]["serving"] = grpc_serving(state.urls["api"])
+    return {
+        "data_dir": str(data_dir),
+        "running": bool(alive) and all(alive.values()),
+        "components": components,
+        "urls": state.urls,
+    }

@@ -1,0 +1,267 @@
+"""The jobs repository: the only code that reads and writes the `jobs` collection.
+
+Every status change is a compare-and-set on the record's `version` (the fencing token,
+as in torch.distributed.elastic's rendezvous `set_state(state, token)`): a writer reads
+the record, checks the transition is legal, and writes only if nobody wrote in between.
+History is rewritten whole rather than `$push`ed, which keeps the store correct on
+MongoDB-wire servers that mishandle `$push` of sub-documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pymongo
+import pymongo.errors
+from pymongo.database import Database
+
+from services.store import states
+from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
+from services.store.retry import with_retries
+
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 50
+
+
+def new_job_id(now: float | None = None) -> str:
+    """Time-ordered id: sorting ids sorts jobs by creation, which paging relies on."""
+    ms = int((now if now is not None else time.time()) * 1000)
+    return f"job-{ms:012x}{os.urandom(3).hex()}"
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class StatusEntry:
+    status: str
+    time: float
+    message: str = ""
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    owner: str
+    name: str
+    manifest: dict[str, Any]
+    resources: dict[str, Any]
+    status: str = states.QUEUED
+    status_message: str = ""
+    history: list[StatusEntry] = field(default_factory=list)
+    description: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    placement: dict[str, Any] | None = None
+    attempts: int = 0
+    idempotency_key: str = ""
+    manifest_digest: str = ""
+    model_path: str = ""
+    queue_reason: str = ""
+    exit_code: int = 0
+    last_log_lines: list[str] = field(default_factory=list)
+    version: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["_id"] = doc.pop("job_id")
+        # Only keyed submits carry the unique idempotency field (a sparse unique index).
+        doc.pop("idempotency_key")
+        if self.idempotency_key:
+            doc["idem"] = f"{self.owner}\x1f{self.idempotency_key}"
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> JobRecord:
+        data = dict(doc)
+        data["job_id"] = data.pop("_id")
+        idem = data.pop("idem", None)
+        data["idempotency_key"] = idem.split("\x1f", 1)[1] if idem else ""
+        data["history"] = [StatusEntry(**h) for h in data.get("history", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Page:
+    jobs: list[JobRecord]
+    next_page_token: str
+
+
+class JobsRepository:
+    """Jobs in MongoDB. Every query below is served by one of the indexes in `ensure_indexes`."""
+
+    def __init__(self, db: Database[Any]) -> None:
+        self._col = db["jobs"]
+
+    @with_retries
+    def ensure_indexes(self) -> None:
+        # list/get by owner, newest first (ids are time-ordered)
+        self._col.create_index([("owner", pymongo.ASCENDING), ("_id", pymongo.DESCENDING)])
+        # the scheduler's queue and the LCM's reconcile scan by status
+        self._col.create_index([("status", pymongo.ASCENDING), ("_id", pymongo.ASCENDING)])
+        # a retried submit finds its job
+        self._col.create_index("idem", unique=True, sparse=True)
+
+    # -- create -------------------------------------------------------------------
+    def create(self, record: JobRecord) -> tuple[JobRecord, bool]:
+        """Store a new QUEUED job. Returns (job, existing): a retried keyed submit returns
+        the job stored the first time, and a reused key with another manifest is refused."""
+        now = time.time()
+        record.status = states.QUEUED
+        record.created_at = record.updated_at = now
+        record.history = [StatusEntry(states.QUEUED, now, "submitted")]
+        record.manifest_digest = manifest_digest(record.manifest)
+        record.version = 1
+        try:
+            self._insert(record.to_doc())
+        except pymongo.errors.DuplicateKeyError:
+            if not record.idempotency_key:
+                raise
+            existing = self.find_by_idempotency_key(record.owner, record.idempotency_key)
+            if existing is None:  # the first writer deleted it in between: store ours
+                self._insert(record.to_doc())
+                return record, False
+            if existing.manifest_digest != record.manifest_digest:
+                raise IdempotencyConflict(record.idempotency_key, existing.job_id) from None
+            return existing, True
+        return record, False
+
+    @with_retries
+    def _insert(self, doc: dict[str, Any]) -> None:
+        try:
+            self._col.insert_one(doc)
+        except pymongo.errors.DuplicateKeyError:
+            raise
+        except pymongo.errors.AutoReconnect:
+            # The insert may have landed before the connection dropped; a retry that
+            # finds the same _id means it did.
+            if self._col.find_one({"_id": doc["_id"]}, {"_id": 1}) is None:
+                raise
+
+    @with_retries
+    def find_by_idempotency_key(self, owner: str, key: str) -> JobRecord | None:
+        doc = self._col.find_one({"idem": f"{owner}\x1f{key}"})
+        return JobRecord.from_doc(doc) if doc else None
+
+    # -- read -------------------------------------------------------------------------
+    @with_retries
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        query: dict[str, Any] = {"_id": job_id}
+        if owner is not None:
+            query["owner"] = owner
+        doc = self._col.find_one(query)
+        if doc is None:
+            raise JobNotFound(job_id)
+        return JobRecord.from_doc(doc)
+
+    @with_retries
+    def list_page(
+        self,
+        owner: str | None,
+        statuses: Iterable[str] = (),
+        name_prefix: str = "",
+        page_size: int = DEFAULT_PAGE_SIZE,
+        page_token: str = "",
+    ) -> Page:
+        """Newest first. The page token is the last id returned (ids are time-ordered)."""
+        size = max(1, min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE))
+        query: dict[str, Any] = {}
+        if owner is not None:
+            query["owner"] = owner
+        wanted = list(statuses)
+        if wanted:
+            query["status"] = {"$in": wanted}
+        if page_token:
+            query["_id"] = {"$lt": page_token}
+        if name_prefix:
+            query["name"] = {"$gte": name_prefix, "$lt": name_prefix + "\uffff"}
+        docs = list(self._col.find(query).sort("_id", pymongo.DESCENDING).limit(size + 1))
+        jobs = [JobRecord.from_doc(d) for d in docs[:size]]
+        token = jobs[-1].job_id if len(docs) > size else ""
+        return Page(jobs, token)
+
+    @with_retries
+    def by_status(self, statuses: Iterable[str], limit: int = 0) -> list[JobRecord]:
+        """Oldest first: the order the scheduler and the LCM serve jobs in."""
+        cursor = self._col.find({"status": {"$in": list(statuses)}}).sort("_id", pymongo.ASCENDING)
+        if limit:
+            cursor = cursor.limit(limit)
+        return [JobRecord.from_doc(d) for d in cursor]
+
+    @with_retries
+    def count_by_status(self) -> dict[str, int]:
+        return {s: self._col.count_documents({"status": s}) for s in states.ALL_STATES}
+
+    # -- change -------------------------------------------------------------------------
+    def transition(
+        self,
+        job_id: str,
+        target: str,
+        message: str = "",
+        *,
+        expect_version: int | None = None,
+        owner: str | None = None,
+        allow_same: bool = False,
+        **fields: Any,
+    ) -> JobRecord:
+        """Move a job to `target`, appending to its history, by compare-and-set.
+
+        With `expect_version` the caller holds a fencing token: a lost race raises
+        StaleToken. Without it the repository re-reads and retries until the write lands
+        or the transition becomes illegal (IllegalTransition)."""
+        for _ in range(50):
+            current = self.get(job_id, owner)
+            if expect_version is not None and current.version != expect_version:
+                raise StaleToken(
+                    f"job {job_id} changed (version {current.version}, expected {expect_version})"
+                )
+            if current.status == target and allow_same:
+                return current
+            if not states.is_legal(current.status, target):
+                raise states.IllegalTransition(job_id, current.status, target)
+            now = time.time()
+            history = [asdict(h) for h in current.history]
+            history.append(asdict(StatusEntry(target, now, message)))
+            update = {
+                "status": target,
+                "status_message": message,
+                "history": history,
+                "updated_at": now,
+                "version": current.version + 1,
+                **fields,
+            }
+            if self._cas(job_id, current.version, update):
+                return self.get(job_id)
+            if expect_version is not None:
+                raise StaleToken(f"job {job_id} changed while being written")
+        raise StaleToken(f"job {job_id}: too much contention on status writes")
+
+    def update_fields(self, job_id: str, **fields: Any) -> JobRecord:
+        """Set non-status fields (placement, attempts, queue reason...) by compare-and-set."""
+        for _ in range(50):
+            current = self.get(job_id)
+            if self._cas(
+                job_id,
+                current.version,
+                {**fields, "updated_at": time.time(), "version": current.version + 1},
+            ):
+                return self.get(job_id)
+        raise StaleToken(f"job {job_id}: too much contention on field writes")
+
+    @with_retries
+    def _cas(self, job_id: str, version: int, update: dict[str, Any]) -> bool:
+        result = self._col.update_one({"_id": job_id, "version": version}, {"$set": update})
+        return bool(result.modified_count == 1)
+
+    @with_retries
+    def purge(self, job_id: str) -> None:
+        """Remove the record entirely (tests and retention only; users delete by transition)."""
+        self._col.delete_one({"_id": job_id})

@@ -1,0 +1,40 @@
+"""The MongoDB connection: one place that knows how to reach it and how to say it cannot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymongo
+import pymongo.errors
+from pymongo.database import Database
+
+from services.store.errors import StoreUnavailable
+
+DEFAULT_DB = "rhizome"
+
+# Transient errors worth a retry: the server restarted, a socket dropped, an election.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    pymongo.errors.AutoReconnect,
+    pymongo.errors.NetworkTimeout,
+    pymongo.errors.ServerSelectionTimeoutError,
+)
+
+
+def connect(uri: str, db_name: str = DEFAULT_DB, timeout_ms: int = 5000) -> Database[Any]:
+    """Return the database, or raise StoreUnavailable naming the URI."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        uri,
+        serverSelectionTimeoutMS=timeout_ms,
+        connectTimeoutMS=timeout_ms,
+        retryWrites=False,  # wire-compatible servers without replica sets refuse retryable writes
+        tz_aware=False,
+    )
+    try:
+        client.admin.command("ping")
+    except pymongo.errors.PyMongoError as exc:
+        client.close()
+        raise StoreUnavailable(
+            f"MongoDB at {uri} is unreachable ({type(exc).__name__}); start it with "
+            "`rhizome up --embedded` or point --mongodb-uri / RHIZOME_MONGODB_URI at a running one"
+        ) from exc
+    return client[db_name]
