@@ -141,7 +141,10 @@ class TrainerCore:
         job = self.get(owner, job_id)
         if job.status != states.HALTED:
             raise errors.Conflict(f"job {job_id} is {job.status}; only a HALTED job can be resumed")
-        # A halted job goes back through the queue so the scheduler places it again.
+        if self.lifecycle is not None:
+            self.lifecycle(job_id, "resume", reason or "resumed by user")
+            return self.get(owner, job_id)
+        # Without a lifecycle manager the job goes back through the queue.
         return self._transition(job_id, states.QUEUED, reason or "resumed by user")
 
     def delete(self, owner: str, job_id: str, reason: str = "") -> JobRecord:

@@ -6,8 +6,42 @@ import threading
 import time
 from typing import Any
 
+import grpc
+from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
+
+from services.api import errors
+from services.api.core import LifecycleFn
 from services.config import split_address
 from services.daemon import DaemonContext, Hosted, jobs_repository
+
+
+def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
+    """Forward halt/resume/delete/scale of deployed jobs to the LCM over its RPCs."""
+    if channel is None:
+        return None
+    stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+
+    def call(job_id: str, action: str, reason: str) -> str:
+        try:
+            if action.startswith("scale:"):
+                learners = int(action.split(":", 1)[1])
+                resp = stub.ScaleJob(
+                    lcm_pb2.LcmScaleRequest(job_id=job_id, learners=learners), timeout=30
+                )
+            else:
+                method = {"halt": stub.HaltJob, "resume": stub.ResumeJob, "delete": stub.KillJob}[
+                    action
+                ]
+                resp = method(lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason), timeout=30)
+        except grpc.RpcError as exc:
+            raise errors.Unavailable(
+                f"the lifecycle manager is unavailable: {exc.details()}"
+            ) from None
+        if not resp.accepted:
+            raise errors.Conflict(resp.message)
+        return str(resp.message)
+
+    return call
 
 
 def build(ctx: DaemonContext) -> Hosted:
@@ -19,7 +53,11 @@ def build(ctx: DaemonContext) -> Hosted:
     from services.api.rest import build_app
     from services.store.objects import LocalObjectStore
 
-    core = TrainerCore(jobs_repository(ctx), LocalObjectStore(ctx.config.objects_dir))
+    core = TrainerCore(
+        jobs_repository(ctx),
+        LocalObjectStore(ctx.config.objects_dir),
+        lifecycle=lifecycle_client(ctx.channel("lcm")),
+    )
     ctx.shared["trainer_core"] = core
     servicer = TrainerServicer(
         core,
