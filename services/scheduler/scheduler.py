@@ -1,0 +1,362 @@
+"""GangScheduler: admission, queue, gang placement, quotas, preemption, explanations.
+
+The one object the service wraps and the simulator drives. All learners of a job are
+placed or none; a queued job holds nothing; GPUs are never over-committed (the
+cluster model refuses it). Every change is written to the PlacementStore before the
+call returns, so a restarted scheduler reloads its queue and reservations instead of
+losing or double-booking them. Not thread-safe: callers serialize (the service holds
+a lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from services.scheduler import explain as explain_mod
+from services.scheduler.api import (
+    DEFAULT_BATCH_WINDOW_S,
+    AdmitResult,
+    Assignment,
+    ClusterView,
+    InvalidJobRequest,
+    JobRequest,
+    JobTooLarge,
+    OverCommitError,
+    Placement,
+    PlacementPolicy,
+    PlacementStore,
+    SchedState,
+    SchedulerError,
+    ScheduleResult,
+    UnknownJob,
+)
+from services.scheduler.cluster import Cluster
+from services.scheduler.placement import get_policy
+from services.scheduler.queue import JobQueue
+from services.scheduler.quota import QuotaClass, QuotaConfig, QuotaLedger
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobRecord:
+    job: JobRequest
+    state: SchedState
+    seq: int
+    batch: int
+    placement: Placement | None = None
+    learner_idx: tuple[int, ...] = ()
+    preemptions: int = 0
+    blocked_by: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        p = self.placement
+        return {
+            "job_id": self.job.job_id,
+            "state": str(self.state),
+            "request": self.job.to_doc(),
+            "seq": self.seq,
+            "batch": self.batch,
+            "learner_nodes": list(p.learner_nodes) if p else [],
+            "placed_at": p.placed_at if p else None,
+            "policy": p.policy if p else "",
+            "borrowing": p.borrowing if p else False,
+            "preemptions": self.preemptions,
+        }
+
+
+class GangScheduler:
+    """See the module docstring. ``policy`` is a registered name or a PlacementPolicy."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        policy: str | PlacementPolicy = "pack",
+        policy_options: Mapping[str, Any] | None = None,
+        quotas: QuotaConfig | None = None,
+        seed: int = 0,
+        backfill: bool = False,
+        batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
+        store: PlacementStore | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = (
+            get_policy(policy, **dict(policy_options or {})) if isinstance(policy, str) else policy
+        )
+        self.ledger = QuotaLedger(quotas)
+        self.seed = seed
+        self.backfill = backfill
+        self.queue = JobQueue(batch_window_s)
+        self.store = store
+        self.clock = clock
+        self.records: dict[str, JobRecord] = {}
+        self.restored_reservations: list[str] = []
+        if store is not None:
+            self._restore(store.load_all())
+
+    # -- admission ---------------------------------------------------------------------
+
+    def check(self, job: JobRequest) -> None:
+        """Raise if the job can never run here (bad request, unknown type, too large)."""
+        job.validate()
+        self.cluster.check_gpu_type(job)
+        cap = self.cluster.capacity(job, empty=True)
+        total = int(cap.sum())
+        if total < job.learners:
+            raise JobTooLarge(
+                f"job {job.job_id} can never run on this cluster: it needs {job.describe()}, "
+                f"and even the empty cluster has room for only {total} such learner"
+                f"{'s' if total != 1 else ''}; ask for fewer or smaller learners"
+            )
+        if job.max_nodes is not None:
+            top = int(np.sort(cap)[::-1][: job.max_nodes].sum())
+            if top < job.learners:
+                raise JobTooLarge(
+                    f"job {job.job_id} can never run on this cluster: it needs {job.describe()}, "
+                    f"but the {job.max_nodes} largest nodes hold only {top} such learners"
+                )
+        reason = self.ledger.never_fits(job)
+        if reason:
+            raise JobTooLarge(f"job {job.job_id} can never run: {reason}")
+
+    def admit(self, job: JobRequest) -> AdmitResult:
+        """Would this job be accepted? Refuses, with the reason, what can never fit."""
+        try:
+            self.check(job)
+        except SchedulerError as exc:
+            return AdmitResult(False, str(exc), type(exc).__name__)
+        return AdmitResult(True)
+
+    def enqueue(self, job: JobRequest) -> None:
+        """Queue an admitted job. Re-submitting the same request is a no-op."""
+        existing = self.records.get(job.job_id)
+        if existing is not None:
+            if replace(existing.job, arrival=job.arrival) == job:
+                return
+            raise InvalidJobRequest(
+                f"job {job.job_id} is already known with a different request; use a new job id"
+            )
+        self.check(job)
+        entry = self.queue.push(job)
+        rec = JobRecord(job, SchedState.QUEUED, entry.seq, entry.batch)
+        self.records[job.job_id] = rec
+        self._save(rec)
+
+    def submit(self, job: JobRequest) -> AdmitResult:
+        """admit + enqueue: the submit-time call."""
+        result = self.admit(job)
+        if result.admitted:
+            self.enqueue(job)
+        return result
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def _rng(self, job_id: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, zlib.crc32(job_id.encode())])
+
+    def _propose(self, job: JobRequest) -> Assignment | None:
+        return self.policy.place(self.cluster, job, self._rng(job.job_id))
+
+    def schedule(self, now: float | None = None) -> ScheduleResult:
+        """Place whole gangs from the queue; returns placements and jobs to halt."""
+        now = self.clock() if now is None else now
+        placements: list[Placement] = []
+        preempted: list[str] = []
+        blocked: dict[str, str] = {}  # pool -> the job at its head that could not fit
+        for entry in self.queue.ordered():
+            job = entry.job
+            rec = self.records[job.job_id]
+            if job.job_id in preempted:
+                continue  # halted in this pass: do not move it elsewhere at once
+            if job.pool in blocked and not self.backfill:
+                rec.blocked_by = blocked[job.pool]
+                continue
+            cls = self.ledger.classify(job)
+            if cls in (QuotaClass.OVER_LIMIT, QuotaClass.OVER_QUOTA):
+                rec.blocked_by = None
+                continue  # its owner's business: it does not hold the pool back
+            assignment = self._propose(job)
+            victims: list[str] = []
+            if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
+                assignment, victims = self._place_by_preemption(job)
+            if assignment is None:
+                blocked.setdefault(job.pool, job.job_id)
+                rec.blocked_by = None
+                continue
+            for victim in victims:
+                self._requeue_preempted(victim)
+                preempted.append(victim)
+            placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
+        return ScheduleResult(placements, preempted)
+
+    def _commit(
+        self, rec: JobRecord, assignment: Assignment, borrowing: bool, now: float
+    ) -> Placement:
+        job = rec.job
+        self.cluster.allocate(job, assignment.learner_nodes)
+        self.ledger.charge(job, borrowing)
+        self.queue.remove(job.job_id)
+        names = tuple(self.cluster.nodes[i].name for i in assignment.learner_nodes)
+        rec.placement = Placement(job.job_id, names, now, self.policy.name, borrowing)
+        rec.learner_idx = assignment.learner_nodes
+        rec.state = SchedState.RESERVED
+        rec.blocked_by = None
+        self._save(rec)
+        return rec.placement
+
+    def _place_by_preemption(self, job: JobRequest) -> tuple[Assignment | None, list[str]]:
+        """Free borrowed GPUs of the job's type, cheapest victims first, until the gang fits."""
+        victims = [
+            r
+            for r in self.records.values()
+            if r.placement is not None
+            and r.placement.borrowing
+            and r.job.gpu_type == job.gpu_type
+            and r.job.gpus > 0
+        ]
+        # lowest priority first, then the most recently placed
+        victims.sort(
+            key=lambda r: (r.job.priority, -(r.placement.placed_at if r.placement else 0), -r.seq)
+        )
+        released: list[JobRecord] = []
+        for victim in victims:
+            self.cluster.release(victim.job.job_id)
+            released.append(victim)
+            assignment = self._propose(job)
+            if assignment is not None:
+                return assignment, [v.job.job_id for v in released]
+        for victim in released:  # nothing gained: put them back exactly where they were
+            self.cluster.allocate(victim.job, victim.learner_idx)
+        return None, []
+
+    def _requeue_preempted(self, job_id: str) -> None:
+        rec = self.records[job_id]
+        assert rec.placement is not None
+        self.ledger.refund(rec.job, rec.placement.borrowing)
+        rec.placement = None
+        rec.learner_idx = ()
+        rec.state = SchedState.QUEUED
+        rec.preemptions += 1
+        self.queue.push(rec.job, seq=rec.seq, batch=rec.batch)
+        self._save(rec)
+
+    # -- lifecycle after placement -------------------------------------------------------
+
+    def confirm(self, job_id: str) -> None:
+        """The job's learners are visible: the reservation becomes a binding."""
+        rec = self._record(job_id)
+        if rec.state == SchedState.QUEUED:
+            raise InvalidJobRequest(f"job {job_id} is queued, not placed; nothing to confirm")
+        if rec.state != SchedState.BOUND:
+            rec.state = SchedState.BOUND
+            self._save(rec)
+
+    def release(self, job_id: str) -> bool:
+        """Forget a job (finished, failed, deleted): free what it holds. False if unknown."""
+        rec = self.records.pop(job_id, None)
+        if rec is None:
+            return False
+        self.queue.remove(job_id)
+        if rec.placement is not None:
+            self.cluster.release(job_id)
+            self.ledger.refund(rec.job, rec.placement.borrowing)
+        if self.store is not None:
+            self.store.delete(job_id)
+        return True
+
+    # -- views -------------------------------------------------------------------------
+
+    def _record(self, job_id: str) -> JobRecord:
+        try:
+            return self.records[job_id]
+        except KeyError:
+            raise UnknownJob(f"the scheduler has no job {job_id!r}") from None
+
+    def state(self, job_id: str) -> SchedState:
+        return self._record(job_id).state
+
+    def placement(self, job_id: str) -> Placement | None:
+        return self._record(job_id).placement
+
+    def placements(self) -> list[Placement]:
+        return [r.placement for r in self.records.values() if r.placement is not None]
+
+    def queued(self) -> list[str]:
+        return [e.job.job_id for e in self.queue.ordered()]
+
+    def explain(self, job_id: str) -> str:
+        rec = self._record(job_id)
+        if rec.placement is not None:
+            return explain_mod.placed_reason(
+                rec.job,
+                rec.placement.learner_nodes,
+                bound=rec.state == SchedState.BOUND,
+                borrowing=rec.placement.borrowing,
+            )
+        return explain_mod.queued_reason(
+            rec.job,
+            self.cluster,
+            self.ledger,
+            ahead=self.queue.ahead_of(job_id),
+            blocked_by=rec.blocked_by,
+            preemptions=rec.preemptions,
+        )
+
+    def cluster_view(self) -> ClusterView:
+        running = sum(1 for r in self.records.values() if r.placement is not None)
+        return ClusterView(self.cluster.node_views(), len(self.queue), running)
+
+    # -- persistence -------------------------------------------------------------------
+
+    def _save(self, rec: JobRecord) -> None:
+        if self.store is not None:
+            self.store.save(rec.to_doc())
+
+    def _restore(self, docs: Iterable[Mapping[str, Any]]) -> None:
+        """Rebuild queue and allocations; a reservation that no longer fits is re-queued."""
+        for doc in docs:
+            job = JobRequest.from_doc(doc["request"])
+            rec = JobRecord(
+                job,
+                SchedState.QUEUED,
+                int(doc.get("seq", 0)),
+                int(doc.get("batch", 0)),
+                preemptions=int(doc.get("preemptions", 0)),
+            )
+            self.records[job.job_id] = rec
+            state = SchedState(str(doc.get("state", "queued")))
+            names = [str(n) for n in doc.get("learner_nodes") or []]
+            if state != SchedState.QUEUED and names:
+                try:
+                    idx = tuple(self.cluster.index[n] for n in names)
+                    self.cluster.allocate(job, idx)
+                except (KeyError, OverCommitError) as exc:
+                    log.warning(
+                        "re-queueing job %s: its reservation no longer fits (%s)", job.job_id, exc
+                    )
+                else:
+                    borrowing = bool(doc.get("borrowing", False))
+                    self.ledger.charge(job, borrowing)
+                    rec.state = state
+                    rec.learner_idx = idx
+                    rec.placement = Placement(
+                        job.job_id,
+                        tuple(names),
+                        float(doc.get("placed_at") or 0.0),
+                        str(doc.get("policy", "")),
+                        borrowing,
+                    )
+                    if state == SchedState.RESERVED:
+                        self.restored_reservations.append(job.job_id)
+                    continue
+            self.queue.push(job, seq=rec.seq, batch=rec.batch)
+            self._save(rec)

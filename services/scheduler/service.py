@@ -1,0 +1,173 @@
+"""The gRPC servicer for ``rhizome.v1.Scheduler``, wrapping one GangScheduler.
+
+- ``Admit``    validates and queues the job (admission = submit); a job that can never
+               run is refused with the reason (``admitted=false``). Re-admitting the
+               same job id with the same resources is a no-op.
+- ``Schedule`` runs one scheduling pass and returns the placements made. Decisions are
+               persisted *before* the reply; after a restart, reservations reloaded
+               from the store are returned once more in the next reply, because the
+               caller may never have seen them (the LCM treats a repeated placement
+               of a job it already placed as a no-op).
+- ``Release``, ``Explain``, ``GetCluster`` as named.
+
+Jobs halted to return borrowed quota are logged; ``rhizome.v1.ScheduleResponse`` has
+no field for them yet (see docs/scheduler.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+from services.scheduler.api import (
+    JobRequest,
+    Placement,
+    SchedulerError,
+    UnknownJob,
+    gpus_from_float,
+)
+from services.scheduler.cluster import load_cluster_config
+from services.scheduler.persist import MongoPlacementStore
+from services.scheduler.quota import load_quota_config
+from services.scheduler.scheduler import GangScheduler
+
+log = logging.getLogger(__name__)
+
+
+def placement_to_proto(p: Placement) -> job_pb2.Placement:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(p.placed_at * 1e9))
+    return job_pb2.Placement(
+        learner_nodes={rank: node for rank, node in enumerate(p.learner_nodes)}, placed_at=ts
+    )
+
+
+def request_from_proto(req: scheduler_pb2.AdmitRequest, arrival: float) -> JobRequest:
+    res = req.resources
+    return JobRequest(
+        job_id=req.job_id,
+        learners=int(res.learners),
+        gpus=gpus_from_float(req.job_id, res.gpus),
+        gpu_type=res.gpu_type,
+        cpus=float(res.cpus),
+        memory_mb=float(res.memory_mb),
+        owner=req.owner,
+        priority=int(req.priority),
+        arrival=arrival,
+    )
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, scheduler: GangScheduler, clock: Callable[[], float] = time.time) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        self._lock = threading.Lock()
+        # reloaded reservations the caller may not have heard of: sent once more
+        self._redeliver: list[str] = list(scheduler.restored_reservations)
+
+    def Admit(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            try:
+                job = request_from_proto(request, self.clock())
+                result = self.scheduler.submit(job)
+            except SchedulerError as exc:
+                return scheduler_pb2.AdmitResponse(admitted=False, reason=str(exc))
+        return scheduler_pb2.AdmitResponse(admitted=result.admitted, reason=result.reason)
+
+    def Schedule(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            result = self.scheduler.schedule()
+            placements = list(result.placements)
+            fresh = {p.job_id for p in placements}
+            for job_id in self._redeliver:
+                if job_id in self.scheduler.records and job_id not in fresh:
+                    p = self.scheduler.placement(job_id)
+                    if p is not None:
+                        placements.append(p)
+            self._redeliver = []
+        for job_id in result.preempted:
+            log.warning("job %s must be halted: its borrowed quota is needed by its owner", job_id)
+        return scheduler_pb2.ScheduleResponse(
+            placements=[
+                scheduler_pb2.JobPlacement(job_id=p.job_id, placement=placement_to_proto(p))
+                for p in placements
+            ]
+        )
+
+    def Release(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            released = self.scheduler.release(request.job_id)
+        return scheduler_pb2.ReleaseResponse(released=released)
+
+    def Explain(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            try:
+                text = self.scheduler.explain(request.job_id)
+            except UnknownJob as exc:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+                raise  # abort raises; this keeps type checkers honest
+        return scheduler_pb2.ExplainResponse(explanation=text)
+
+    def GetCluster(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            view = self.scheduler.cluster_view()
+        return scheduler_pb2.ClusterView(
+            nodes=[
+                scheduler_pb2.NodeView(
+                    name=n.name,
+                    gpu_type=n.gpu_type,
+                    gpus_total=n.gpus_total,
+                    gpus_free=n.gpus_free,
+                    cpus_total=n.cpus_total,
+                    cpus_free=n.cpus_free,
+                    memory_mb_total=n.memory_mb_total,
+                    memory_mb_free=n.memory_mb_free,
+                    zone=n.zone,
+                    labels=dict(n.labels),
+                )
+                for n in view.nodes
+            ],
+            queued_jobs=view.queued_jobs,
+            running_jobs=view.running_jobs,
+        )
+
+
+def build_scheduler(
+    cluster_config: str | Path,
+    *,
+    mongo_url: str | None = None,
+    database: str = "rhizome",
+    quota_config: str | Path | None = None,
+    policy: str = "pack",
+    seed: int = 0,
+) -> GangScheduler:
+    """A scheduler from config files, persisting to MongoDB when ``mongo_url`` is given."""
+    cluster = load_cluster_config(cluster_config)
+    quotas = load_quota_config(quota_config, cluster.gpu_types) if quota_config else None
+    store = MongoPlacementStore.from_url(mongo_url, database) if mongo_url else None
+    return GangScheduler(cluster, policy=policy, quotas=quotas, seed=seed, store=store)
+
+
+def add_to_server(server: grpc.Server, scheduler: GangScheduler) -> SchedulerServicer:
+    servicer = SchedulerServicer(scheduler)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
+    return servicer
+
+
+def build_server(
+    scheduler: GangScheduler, address: str = "127.0.0.1:0", max_workers: int = 4
+) -> tuple[grpc.Server, int]:
+    """A started-ready (not started) server with the servicer; returns it and its port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
+    add_to_server(server, scheduler)
+    port = server.add_insecure_port(address)
+    return server, port
