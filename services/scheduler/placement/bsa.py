@@ -86,6 +86,33 @@ def fill_zoned(caps: np.ndarray, zones: np.ndarray, learners: int, *, spread: bo
     return counts
 
 
+def best_fit_tail(
+    cluster: Cluster, job: JobRequest, idx: np.ndarray, caps: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """Repair each sample: move the learners of its last node to the unused node they fill best.
+
+    Greedy filling leaves the tail of the gang wherever the order happens to put it;
+    a node that the tail fills exactly is usually further down the order.
+    """
+    used = counts > 0
+    rows = np.arange(counts.shape[0])
+    last = counts.shape[1] - 1 - np.argmax(used[:, ::-1], axis=1)
+    k_last = counts[rows, last]
+    pos = np.arange(counts.shape[1])
+    ok = (pos[None, :] > last[:, None]) & (caps >= k_last[:, None])
+    left = obj.leftover(cluster, job, idx, np.broadcast_to(k_last[:, None], counts.shape))
+    current = left[rows, last]
+    alt_score = np.where(ok, left, np.inf)
+    alt = np.argmin(alt_score, axis=1)
+    better = alt_score[rows, alt] < current - 1e-12
+    if np.any(better):
+        counts = counts.copy()
+        r = rows[better]
+        counts[r, last[better]] = 0
+        counts[r, alt[better]] = k_last[better]
+    return counts
+
+
 @dataclass
 class BsaPolicy(PlacementPolicy):
     objective: str = "pack"
@@ -147,7 +174,10 @@ class BsaPolicy(PlacementPolicy):
         for rnd in range(self.rounds):
             keys = logw[None, :] + rng.gumbel(size=(self.samples, k_nodes))
             if rnd == 0:
+                # the ranking itself, and configuration order (what first-fit would do)
                 keys[0] = -np.arange(k_nodes, dtype=np.float64)
+                if self.samples > 1:
+                    keys[1] = -np.argsort(np.argsort(cand, kind="stable"), kind="stable")
             order = np.argsort(-keys, axis=1, kind="stable")
             idx = cand[order]
             caps = cap[order]
@@ -165,6 +195,8 @@ class BsaPolicy(PlacementPolicy):
                 )
             else:
                 counts = self._fill(caps, job)
+                if self.objective == "pack":
+                    counts = best_fit_tail(cluster, job, idx, caps, counts)
             cost = self._cost(cluster, job, idx, counts)
             placed = counts.sum(axis=1) == job.learners
             cost = np.where(placed, cost, np.inf)
