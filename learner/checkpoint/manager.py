@@ -1,0 +1,328 @@
+"""The checkpoint manager: the context object that gathers the notice sources, the policy,
+the measurements and the object store behind the SDK calls.
+
+What it measures, and how:
+- `T_step`: each `step()` block's duration; the policy uses the longest of the last 16
+  (the step in flight when a notice lands must finish, so be pessimistic).
+- `δ` (save time): from the end of the last step to the `backup()` call — the script saves
+  in between. Until one is measured, `RHIZOME_SAVE_S`.
+- `β` (backup time): how long the store took to commit. Until one is measured,
+  `RHIZOME_BACKUP_S`.
+- MTTP and R come from the platform (`RHIZOME_MTTP_S`, `RHIZOME_RESTART_S`).
+
+Save kinds: a `backup()` that follows a `should_save()` that said "emergency" or
+"insurance" is of that kind; any other `backup()` is the script's own periodic save, which
+resets the insurance clock like any save. Periodic and insurance backups run on one
+background thread (so they commit in order); an emergency backup runs in the caller,
+after the queued ones, then the notice is acknowledged and — unless
+`RHIZOME_EMERGENCY_EXIT=0` — the process exits with status 143.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from learner.checkpoint import notices, policy
+from learner.checkpoint.api import (
+    CheckpointKind,
+    CommittedCheckpoint,
+    ObjectStore,
+    PreemptionNotice,
+    PreemptionNoticeSource,
+)
+from learner.checkpoint.env import PREEMPTED_EXIT_CODE, CheckpointEnv
+from learner.checkpoint.storage import LocalDirectoryStore
+
+log = logging.getLogger("rhizome.checkpoint")
+
+# The longest notice each cloud documents; SIGTERM and GCP use the configured grace.
+NOMINAL_GRACE_S = {"aws": 120.0, "azure": 30.0}
+
+
+class CheckpointManager:
+    """The real context behind `learner.sdk` (see `DummyContext` for the bare twin)."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        env: CheckpointEnv,
+        *,
+        store: ObjectStore | None = None,
+        sources: list[PreemptionNoticeSource] | None = None,
+    ) -> None:
+        self.env = env
+        self.root = Path(env.checkpoint_dir) / env.job_id / env.learner_id
+        self.store = store or LocalDirectoryStore(self.root, keep_periodic=env.keep)
+        self.staging = Path(env.checkpoint_dir) / ".staging" / env.job_id / env.learner_id
+        self.sources = (
+            sources if sources is not None else [notices.create(n, env) for n in env.notice_sources]
+        )
+        self._step_times: deque[float] = deque(maxlen=16)
+        self._save_s = env.save_s
+        self._backup_s = env.backup_s
+        self._save_measured = False
+        self._backup_measured = False
+        self._in_step = False
+        self._last_step_end: float | None = None
+        self._pending_reason: str | None = None
+        self._notice: PreemptionNotice | None = None
+        self._notice_source: PreemptionNoticeSource | None = None
+        self._emergency_done = False
+        self._periodic_points: deque[float] = deque(maxlen=2)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rhizome-backup")
+        self._futures: list[Future[CommittedCheckpoint]] = []
+        self._lock = threading.Lock()
+        self.last_decision: policy.Decision | None = None
+        latest = self.store.latest()
+        self.steps_done = latest.step if latest else 0
+        self._last_save_point = time.monotonic()
+        for source in self.sources:
+            source.start(self._on_notice)
+
+    # -- notices -------------------------------------------------------------------
+    def _on_notice(self, notice: PreemptionNotice) -> None:
+        # Runs in a signal handler or a polling thread: only record, decide at the next
+        # step boundary.
+        if self._notice is None or notice.deadline < self._notice.deadline:
+            self._notice = notice
+            self._notice_source = next((s for s in self.sources if s.name == notice.source), None)
+
+    @property
+    def notice(self) -> PreemptionNotice | None:
+        return self._notice
+
+    def preempted(self) -> bool:
+        return self._notice is not None
+
+    # -- measurements -------------------------------------------------------------
+    @property
+    def step_s(self) -> float:
+        return max(self._step_times) if self._step_times else 0.0
+
+    @property
+    def save_s(self) -> float:
+        return self._save_s
+
+    @property
+    def backup_s(self) -> float:
+        return self._backup_s
+
+    @property
+    def expected_grace_s(self) -> float:
+        graces = [NOMINAL_GRACE_S.get(s.name, self.env.grace_s) for s in self.sources]
+        return min(graces) if graces else 0.0
+
+    def interval_s(self) -> float:
+        return policy.daly_interval(self._save_s, self.env.mttp_s, self.env.restart_s)
+
+    # -- SDK calls ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        start = time.monotonic()
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+        end = time.monotonic()
+        self._step_times.append(end - start)
+        self._last_step_end = end
+        self.steps_done += 1
+
+    def _next_periodic_in(self, now: float) -> float | None:
+        if not self._periodic_points:
+            return None
+        period = self.env.periodic_every_s
+        if period is None and len(self._periodic_points) == 2:
+            period = self._periodic_points[1] - self._periodic_points[0]
+        if period is None:
+            return None
+        return self._periodic_points[-1] + period - now
+
+    def should_save(self) -> bool:
+        now = time.monotonic()
+        notice = self._notice
+        if notice is not None and not self._emergency_done:
+            left = notice.time_left(time.time())
+            # The step has finished by now, so only the save and the backup must fit.
+            if policy.emergency_save_fits(0.0, self._save_s, self._backup_s, left):
+                self._pending_reason = "emergency"
+                self.last_decision = policy.Decision(True, "emergency", self.interval_s())
+                return True
+            if self._pending_reason != "emergency-missed":
+                log.warning(
+                    "preemption notice from %s leaves %.2fs, too little for a save (%.2fs) "
+                    "and backup (%.2fs): resume will use the last committed checkpoint",
+                    notice.source,
+                    left,
+                    self._save_s,
+                    self._backup_s,
+                )
+                self._pending_reason = "emergency-missed"
+        decision = policy.insurance_decision(
+            since_last_save_s=now - self._last_save_point,
+            step_s=self.step_s,
+            save_s=self._save_s,
+            backup_s=self._backup_s,
+            mttp_s=self.env.mttp_s,
+            restart_s=self.env.restart_s,
+            grace_s=self.expected_grace_s,
+            mode=self.env.insurance,
+            next_periodic_in_s=self._next_periodic_in(now),
+        )
+        self.last_decision = decision
+        if decision.save:
+            self._pending_reason = "insurance"
+        return decision.save
+
+    def staging_path(self, name: str) -> Path:
+        """A fresh local path to save into; `backup()` removes it once committed."""
+        path = self.staging / f"{uuid.uuid4().hex[:8]}-{name}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def backup(self, path: str | Path, *, step: int | None = None) -> Future[CommittedCheckpoint]:
+        now = time.monotonic()
+        source = Path(path)
+        reason = self._pending_reason if self._pending_reason != "emergency-missed" else None
+        self._pending_reason = None
+        kind = {
+            "emergency": CheckpointKind.EMERGENCY,
+            "insurance": CheckpointKind.INSURANCE,
+        }.get(reason or "", CheckpointKind.PERIODIC)
+        if self._last_step_end is not None and not self._in_step:
+            self._save_s = now - self._last_step_end
+            self._save_measured = True
+        point = self._last_step_end if self._last_step_end is not None else now
+        self._last_save_point = point
+        if kind is CheckpointKind.PERIODIC:
+            self._periodic_points.append(point)
+        at_step = self.steps_done if step is None else step
+        meta: dict[str, Any] = {
+            "reason": kind.value,
+            "step_s": self.step_s,
+            "save_s": self._save_s,
+            "backup_s": self._backup_s,
+            "interval_s": self.interval_s(),
+            "mttp_s": self.env.mttp_s,
+            "restart_s": self.env.restart_s,
+            "job_id": self.env.job_id,
+            "learner_id": self.env.learner_id,
+        }
+        if self._notice is not None:
+            meta["notice"] = {"source": self._notice.source, "deadline": self._notice.deadline}
+        future = self._executor.submit(self._commit, source, at_step, kind, meta)
+        self._futures = [f for f in self._futures if not f.done()] + [future]
+        if kind is CheckpointKind.EMERGENCY:
+            committed = future.result()
+            self._emergency_done = True
+            self._acknowledge(committed)
+        return future
+
+    def _commit(
+        self, source: Path, step: int, kind: CheckpointKind, meta: dict[str, Any]
+    ) -> CommittedCheckpoint:
+        start = time.monotonic()
+        committed = self.store.commit(source, step=step, kind=kind, metadata=meta)
+        with self._lock:
+            self._backup_s = time.monotonic() - start
+            self._backup_measured = True
+        if isinstance(self.store, LocalDirectoryStore):
+            self.store.collect_garbage()
+        with contextlib.suppress(ValueError):
+            if source.resolve().is_relative_to(self.staging.resolve()):
+                if source.is_dir():
+                    shutil.rmtree(source, ignore_errors=True)
+                else:
+                    source.unlink(missing_ok=True)
+        self._record({"event": "committed", "kind": kind.value, "step": step, **meta})
+        return committed
+
+    def _record(self, event: dict[str, Any]) -> None:
+        event["time"] = time.time()
+        with self._lock, open(self.root / "events.jsonl", "a") as fh:
+            fh.write(json.dumps(event, sort_keys=True) + "\n")
+
+    def _acknowledge(self, committed: CommittedCheckpoint) -> None:
+        notice = self._notice
+        if notice is not None and self._notice_source is not None:
+            self._notice_source.acknowledge(notice)
+        self._record({"event": "acknowledged", "step": committed.step, "name": committed.name})
+        log.warning(
+            "emergency checkpoint %s committed at step %d after a %s notice",
+            committed.name,
+            committed.step,
+            notice.source if notice else "?",
+        )
+        if self.env.emergency_exit:
+            self.close(wait=False)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    def latest_checkpoint(self) -> CommittedCheckpoint | None:
+        return self.store.latest()
+
+    def wait_backups(self) -> list[CommittedCheckpoint]:
+        """Block until every queued backup is committed; re-raises a failed one."""
+        done = [f.result() for f in list(self._futures)]
+        self._futures = []
+        return done
+
+    def close(self, wait: bool = True) -> None:
+        if wait:
+            self.wait_backups()
+        for source in self.sources:
+            source.stop()
+        self._executor.shutdown(wait=wait)
+
+
+class DummyContext:
+    """The bare twin: same calls, no platform. `step()` just runs the block, `should_save()`
+    is always False, `backup()` does nothing, `latest_checkpoint()` is None."""
+
+    enabled = False
+    steps_done = 0
+    notice = None
+    last_decision = None
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        yield
+        self.steps_done += 1
+
+    def should_save(self) -> bool:
+        return False
+
+    def preempted(self) -> bool:
+        return False
+
+    def staging_path(self, name: str) -> Path:
+        return Path(name)
+
+    def backup(self, path: str | Path, *, step: int | None = None) -> Future[CommittedCheckpoint]:
+        future: Future[CommittedCheckpoint] = Future()
+        future.cancel()
+        return future
+
+    def latest_checkpoint(self) -> CommittedCheckpoint | None:
+        return None
+
+    def wait_backups(self) -> list[CommittedCheckpoint]:
+        return []
+
+    def close(self, wait: bool = True) -> None:
+        return None

@@ -1,0 +1,3 @@
+from services.injector.cli import main
+
+main()

@@ -1,0 +1,132 @@
+"""`rhizome inject` / `python -m services.injector`: preempt a running job's learners."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from services.injector.injector import (
+    Injector,
+    InjectorError,
+    exponential_schedule,
+    trace_schedule,
+)
+from services.sim.traces import TraceError
+
+
+@click.command(name="inject")
+@click.option(
+    "--pid",
+    "pids",
+    type=int,
+    multiple=True,
+    required=True,
+    help="A learner process id to target; repeat for each learner.",
+)
+@click.option(
+    "--trace",
+    type=str,
+    default=None,
+    help="Trace to replay (a path, or a name in ../shared/data/traces/ such as "
+    "aws-p3-64.csv); each 'remove' preempts one target.",
+)
+@click.option(
+    "--mttp",
+    type=float,
+    default=None,
+    help="Instead of a trace: exponential inter-arrivals with this mean time to "
+    "preemption, in seconds.",
+)
+@click.option(
+    "--count",
+    type=int,
+    default=1,
+    show_default=True,
+    help="With --mttp: how many preemptions to draw.",
+)
+@click.option(
+    "--notice",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL (the grace period the learners get).",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Divide trace times by this (1000 replays a day in under 90 s).",
+)
+@click.option(
+    "--start",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Trace time (seconds) to start the replay from.",
+)
+@click.option(
+    "--delay",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Seconds added before every scheduled preemption (lets the job start).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for draws and targets.")
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Append one JSON line per preemption here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the injections as JSON.")
+def inject(
+    pids: tuple[int, ...],
+    trace: str | None,
+    mttp: float | None,
+    count: int,
+    notice: float,
+    time_scale: float,
+    start: float,
+    delay: float,
+    seed: int,
+    log_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Preempt learner processes: SIGTERM, then SIGKILL when the notice runs out.
+
+    Give exactly one of --trace or --mttp.
+    """
+    if (trace is None) == (mttp is None):
+        raise click.UsageError("give exactly one of --trace FILE or --mttp SECONDS")
+    try:
+        if trace is not None:
+            schedule = trace_schedule(trace, time_scale=time_scale, start_s=start)
+        else:
+            assert mttp is not None
+            schedule = exponential_schedule(mttp, count, seed=seed)
+        schedule = [t + delay for t in schedule]
+        injector = Injector(list(pids), schedule, notice_s=notice, seed=seed, log_path=log_path)
+    except (InjectorError, TraceError) as err:
+        raise click.BadParameter(str(err)) from err
+    done = injector.run()
+    if as_json:
+        click.echo(json.dumps([asdict(i) for i in done], indent=2))
+    else:
+        for i in done:
+            left = f"{i.left_after_s:.2f}s" if i.left_after_s is not None else "-"
+            click.echo(
+                f"t={i.at_s:9.2f}s pid={i.pid} {'+'.join(i.events) or '-'} -> {i.outcome} ({left})"
+            )
+
+
+def main() -> None:
+    inject(prog_name="python -m services.injector")
+
+
+if __name__ == "__main__":
+    main()

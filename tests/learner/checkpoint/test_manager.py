@@ -1,0 +1,143 @@
+"""The manager's decisions and save kinds, in-process, with a local store and no sources."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from learner.checkpoint.api import (
+    CheckpointKind,
+    NoticeCallback,
+    PreemptionNotice,
+    PreemptionNoticeSource,
+)
+from learner.checkpoint.env import PREEMPTED_EXIT_CODE, CheckpointEnv
+from learner.checkpoint.manager import CheckpointManager
+
+
+class SilentSigterm(PreemptionNoticeSource):
+    """Stands in for the SIGTERM source (its grace counts) without touching signals."""
+
+    name = "sigterm"
+
+    def start(self, callback: NoticeCallback) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+def _manager(
+    tmp_path: Path, sources: list[PreemptionNoticeSource] | None = None, **kw: object
+) -> CheckpointManager:
+    env = CheckpointEnv(enabled=True, job_id="j", checkpoint_dir=tmp_path / "ck", **kw)  # type: ignore[arg-type]
+    return CheckpointManager(env, sources=sources or [])
+
+
+def _save(m: CheckpointManager, text: str) -> Path:
+    p = m.staging_path("model.pt")
+    p.write_text(text)
+    return p
+
+
+def test_emergency_save_on_notice_is_committed_before_backup_returns(tmp_path: Path) -> None:
+    m = _manager(tmp_path, insurance="never", emergency_exit=False)
+    with m.step():
+        pass
+    assert not m.should_save()
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))
+    assert m.preempted()
+    assert m.should_save()
+    future = m.backup(_save(m, "state@1"))
+    assert future.done()
+    committed = future.result()
+    assert committed.kind is CheckpointKind.EMERGENCY and committed.step == 1
+    assert not m.should_save()  # one emergency save per notice
+    m.close()
+
+
+def test_emergency_save_exits_with_the_preempted_status(tmp_path: Path) -> None:
+    m = _manager(tmp_path, insurance="never")
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))
+    assert m.should_save()
+    with pytest.raises(SystemExit) as exc:
+        m.backup(_save(m, "x"))
+    assert exc.value.code == PREEMPTED_EXIT_CODE
+    latest = m.latest_checkpoint()
+    assert latest is not None and latest.kind is CheckpointKind.EMERGENCY
+
+
+def test_notice_with_no_time_left_falls_back_to_insurance(tmp_path: Path) -> None:
+    # save_s = 0 makes the Daly interval 0, so insurance is due at every boundary.
+    m = _manager(tmp_path, insurance="auto", save_s=0.0, backup_s=0.0, grace_s=0.0)
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now - 1, now))
+    with m.step():
+        pass
+    assert m.should_save()
+    assert m.last_decision is not None and m.last_decision.reason == "insurance"
+    got = m.backup(_save(m, "i")).result()
+    assert got.kind is CheckpointKind.INSURANCE
+    m.close()
+
+
+def test_auto_mode_takes_no_insurance_when_an_emergency_save_fits(tmp_path: Path) -> None:
+    m = _manager(
+        tmp_path, [SilentSigterm()], insurance="auto", save_s=0.0, backup_s=0.0, grace_s=30.0
+    )
+    with m.step():
+        pass
+    assert not m.should_save()
+    assert m.last_decision is not None and m.last_decision.reason == "no-insurance"
+    m.close()
+
+
+def test_without_notice_sources_insurance_is_needed_in_auto_mode(tmp_path: Path) -> None:
+    m = _manager(tmp_path, [], insurance="auto", save_s=0.0, backup_s=0.0, grace_s=30.0)
+    with m.step():
+        pass
+    assert m.should_save()
+    m.close()
+
+
+def test_unprompted_backups_are_periodic_and_gc_drops_older_insurance(tmp_path: Path) -> None:
+    m = _manager(tmp_path, insurance="always", save_s=0.0, backup_s=0.0, keep=0)
+    with m.step():
+        pass
+    assert m.should_save()
+    m.backup(_save(m, "ins")).result()
+    with m.step():
+        pass
+    periodic = m.backup(_save(m, "per")).result()
+    assert periodic.kind is CheckpointKind.PERIODIC and periodic.step == 2
+    assert [c.name for c in m.store.list_committed()] == [periodic.name]
+    # staged sources are removed once committed
+    assert list(m.staging.iterdir()) == []
+    m.close()
+
+
+def test_a_new_manager_resumes_the_step_count_from_the_latest_checkpoint(tmp_path: Path) -> None:
+    m = _manager(tmp_path)
+    for _ in range(3):
+        with m.step():
+            pass
+    m.backup(_save(m, "s3")).result()
+    m.close()
+    again = _manager(tmp_path)
+    assert again.steps_done == 3
+    latest = again.latest_checkpoint()
+    assert latest is not None and latest.path.read_text() == "s3"
+    again.close()
+
+
+def test_save_time_is_measured_from_step_end_to_backup(tmp_path: Path) -> None:
+    m = _manager(tmp_path, save_s=1234.0)
+    with m.step():
+        pass
+    m.backup(_save(m, "x")).result()
+    assert m.save_s < 1234.0  # replaced by the measurement
+    m.close()
