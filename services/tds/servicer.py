@@ -235,7 +235,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             raise InvalidRequest(f"learner {request.learner}: use -1 for all learners or >= 0")
         if request.page_size < 0:
             raise InvalidRequest(f"page_size {request.page_size}: use 0 (no limit) or > 0")
-        since = time_us(request) if request.HasField("since") else None  # type: ignore[arg-type]
+        since = request.since.ToMicroseconds() if request.HasField("since") else None
         return Query(
             job_id=request.job_id,
             learner=None if request.learner == -1 else request.learner,

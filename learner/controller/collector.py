@@ -1,0 +1,417 @@
+"""The log and metric collector of one learner: files in, TDS batches out, nothing lost.
+
+The learner controller runs the user command with stdout and stderr redirected to
+`<job_dir>/learners/<rank>/stdout.log` and `stderr.log`. The collector tails those files
+and the learner's metric sources (`evaluation_metrics`), and ships them to the training
+data service in batches, flushed when `batch_lines` lines wait or `flush_interval_s`
+has passed since the oldest one was read.
+
+Exactly once, in order, across crashes of the collector, the TDS or Elasticsearch:
+- every line gets a per-(learner, stream) sequence number, every sample a per-source
+  one; the TDS stores them under deterministic document ids, so a re-sent batch
+  overwrites itself;
+- `collector.offsets.json` beside the logs holds, per stream, the byte offset and next
+  seq just past the last *acknowledged* batch, and every metric source's state; it is
+  written atomically (temp file, fsync, rename) only after the TDS acknowledged both
+  the lines and the samples. A restarted collector re-reads from there: it cuts the same
+  lines (see `tail.py`) and numbers them the same, so whatever the TDS already had is
+  overwritten with identical documents and nothing is skipped;
+- while the TDS is unreachable the collector retries with exponential backoff
+  (tenacity), holding its place; the learner keeps writing to its files meanwhile.
+
+Two ways to run it:
+- in the controller: `c = Collector(job_id, rank, job_dir, tds_address,
+  metric_sources=manifest.get("evaluation_metrics")); c.start()` and, once the user
+  command has exited, `c.stop(drain=True)` before the learner's final status is
+  recorded (so that follow streams, which end with the job, see the last lines);
+- as a process: `python -m learner.controller.collector --job-id J --learner 0
+  --job-dir D --tds 127.0.0.1:PORT` (SIGTERM drains and exits, SIGINT exits at once).
+
+This module talks to the platform only through the TDS RPCs (learner/ never imports
+services/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import tenacity
+from rhizome.v1 import tds_pb2, tds_pb2_grpc
+
+from learner.controller.metric_sources import MetricSource, Sample, create_sources
+from learner.controller.metric_sources.tail import LineTailer
+
+log = logging.getLogger(__name__)
+
+STREAMS = ("stdout", "stderr")
+OFFSETS_FILE = "collector.offsets.json"
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+class CollectorError(RuntimeError):
+    """The collector cannot go on (bad configuration, unreadable offsets file)."""
+
+
+class Stopped(Exception):
+    """Raised inside a retry loop when the collector was told to stop without draining."""
+
+
+def learner_dir(job_dir: str | Path, learner: int) -> Path:
+    return Path(job_dir) / "learners" / str(learner)
+
+
+def write_json_atomically(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
+
+
+class Collector:
+    def __init__(
+        self,
+        job_id: str,
+        learner: int,
+        job_dir: str | Path,
+        tds_address: str,
+        metric_sources: Any = None,
+        *,
+        batch_lines: int = 5000,
+        flush_interval_s: float = 0.2,
+        poll_interval_s: float = 0.05,
+        rpc_timeout_s: float = 30.0,
+        max_backoff_s: float = 2.0,
+        drain_timeout_s: float = 60.0,
+        clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+    ) -> None:
+        if not job_id:
+            raise CollectorError("job_id is empty")
+        if learner < 0:
+            raise CollectorError(f"learner rank {learner} must be >= 0")
+        self.job_id = job_id
+        self.learner = learner
+        self.dir = learner_dir(job_dir, learner)
+        self.tds_address = tds_address
+        self.batch_lines = batch_lines
+        self.flush_interval_s = flush_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.drain_timeout_s = drain_timeout_s
+        self.clock_us = clock_us
+        self.sources: list[MetricSource] = create_sources(metric_sources, self.dir)
+        self.tailers = {s: LineTailer(self.dir / f"{s}.log") for s in STREAMS}
+        self.next_seq = dict.fromkeys(STREAMS, 0)
+        self.metric_seq = {src.source_id: 0 for src in self.sources}
+        self.pending_lines: list[tds_pb2.LogLine] = []
+        self.pending_samples: list[tds_pb2.MetricSample] = []
+        self._oldest_pending: float | None = None
+        self._last_us = 0
+        self._stop = threading.Event()
+        self._drain = True
+        self._deadline: float | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.sent_lines = 0
+        self.sent_samples = 0
+        self._channel = grpc.insecure_channel(
+            tds_address,
+            options=[
+                # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        self._stub = tds_pb2_grpc.TrainingDataStub(self._channel)
+        self._load_offsets()
+
+    # -- durable position -------------------------------------------------------------
+    @property
+    def offsets_path(self) -> Path:
+        return self.dir / OFFSETS_FILE
+
+    def _load_offsets(self) -> None:
+        try:
+            raw = self.offsets_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        try:
+            st = json.loads(raw)
+            if st.get("job_id") != self.job_id or st.get("learner") != self.learner:
+                raise CollectorError(
+                    f"{self.offsets_path} belongs to job {st.get('job_id')!r} learner "
+                    f"{st.get('learner')!r}, not {self.job_id!r} learner {self.learner}; "
+                    "remove it or use the right job directory"
+                )
+            for s in STREAMS:
+                pos = st["streams"].get(s, {})
+                self.tailers[s].seek(int(pos.get("offset", 0)))
+                self.next_seq[s] = int(pos.get("seq", 0))
+            for src in self.sources:
+                src.restore(st.get("sources", {}).get(src.source_id, {}))
+                self.metric_seq[src.source_id] = int(st.get("metric_seq", {}).get(src.source_id, 0))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CollectorError(
+                f"{self.offsets_path} is unreadable ({exc}); it is written atomically, so "
+                "this is not a crash artefact: inspect it, or remove it to resend everything"
+            ) from exc
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "job_id": self.job_id,
+            "learner": self.learner,
+            "streams": {
+                s: {"offset": self.tailers[s].offset, "seq": self.next_seq[s]} for s in STREAMS
+            },
+            "sources": {src.source_id: src.state() for src in self.sources},
+            "metric_seq": dict(self.metric_seq),
+        }
+
+    # -- reading ----------------------------------------------------------------------
+    def _now_us(self) -> int:
+        # Never backwards: the TDS orders a learner's lines by time first.
+        self._last_us = max(self.clock_us(), self._last_us)
+        return self._last_us
+
+    def _add_samples(self, src: MetricSource, samples: Sequence[Sample], now_us: int) -> None:
+        for smp in samples:
+            seq = self.metric_seq[src.source_id]
+            self.metric_seq[src.source_id] = seq + 1
+            msg = tds_pb2.MetricSample(
+                job_id=self.job_id,
+                learner=self.learner,
+                seq=seq,
+                name=smp.name,
+                value=smp.value,
+                step=smp.step,
+                source=src.source_id,
+            )
+            t = smp.time_us if smp.time_us is not None else now_us
+            msg.time.seconds, msg.time.nanos = t // 1_000_000, (t % 1_000_000) * 1000
+            self.pending_samples.append(msg)
+
+    def collect(self, final: bool = False) -> int:
+        """Read what is new into the pending batch; return how many records were read."""
+        budget = max(self.batch_lines - len(self.pending_lines), 1)
+        now_us = self._now_us()
+        secs, nanos = now_us // 1_000_000, (now_us % 1_000_000) * 1000
+        n = 0
+        for stream in STREAMS:
+            texts = self.tailers[stream].read_lines(budget, final)
+            if not texts and not final:
+                continue
+            seq = self.next_seq[stream]
+            for text in texts:
+                msg = tds_pb2.LogLine(
+                    job_id=self.job_id, learner=self.learner, stream=stream, seq=seq, line=text
+                )
+                msg.time.seconds, msg.time.nanos = secs, nanos
+                self.pending_lines.append(msg)
+                seq += 1
+            self.next_seq[stream] = seq
+            n += len(texts)
+            for src in self.sources:
+                if src.stream == stream:
+                    self._add_samples(src, src.feed(texts, final), now_us)
+        for src in self.sources:
+            if src.stream is None:
+                got = src.poll(final, budget)
+                self._add_samples(src, got, now_us)
+                n += len(got)
+        if (self.pending_lines or self.pending_samples) and self._oldest_pending is None:
+            self._oldest_pending = time.monotonic()
+        return n
+
+    # -- shipping ---------------------------------------------------------------------
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        def give_up_on_stop(_: tenacity.RetryCallState) -> bool:
+            if self._stop.is_set() and not self._drain:
+                return True
+            return self._deadline is not None and time.monotonic() > self._deadline
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retryable),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=self.max_backoff_s),
+            stop=give_up_on_stop,
+            before_sleep=lambda rs: log.warning(
+                "TDS at %s unavailable (%s); retrying",
+                self.tds_address,
+                rs.outcome.exception() if rs.outcome else "?",
+            ),
+            reraise=True,
+        )
+        return retrying(fn)
+
+    def flush(self) -> None:
+        """Send the pending batch and, once acknowledged, commit the offsets."""
+        if not self.pending_lines and not self.pending_samples:
+            return
+        snapshot = self._snapshot()
+        lines, samples = self.pending_lines, self.pending_samples
+        try:
+            for i in range(0, len(lines), self.batch_lines):
+                chunk = lines[i : i + self.batch_lines]
+                req = tds_pb2.AddLogLinesRequest(lines=chunk)
+                self._call(
+                    functools.partial(self._stub.AddLogLines, req, timeout=self.rpc_timeout_s)
+                )
+            for i in range(0, len(samples), self.batch_lines):
+                mreq = tds_pb2.AddMetricsRequest(samples=samples[i : i + self.batch_lines])
+                self._call(
+                    functools.partial(self._stub.AddMetrics, mreq, timeout=self.rpc_timeout_s)
+                )
+        except grpc.RpcError as exc:
+            if _retryable(exc):
+                raise  # stopping or past the drain deadline: keep the old offsets
+            # The TDS refused the data itself; resending cannot help and must not stall
+            # the learner's logs behind it.
+            log.error("TDS refused a batch of %d lines, skipping it: %s", len(lines), exc)
+        write_json_atomically(self.offsets_path, snapshot)
+        self.sent_lines += len(lines)
+        self.sent_samples += len(samples)
+        self.pending_lines, self.pending_samples = [], []
+        self._oldest_pending = None
+
+    def _due(self) -> bool:
+        if len(self.pending_lines) >= self.batch_lines:
+            return True
+        return (
+            self._oldest_pending is not None
+            and time.monotonic() - self._oldest_pending >= self.flush_interval_s
+        )
+
+    # -- running ----------------------------------------------------------------------
+    def run(self) -> None:
+        """Collect and ship until stopped; with drain, until everything is shipped."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            while not self._stop.is_set():
+                n = self.collect()
+                if self._due():
+                    self.flush()
+                if n == 0:
+                    self._stop.wait(self.poll_interval_s)
+            if self._drain:
+                while True:
+                    n = self.collect(final=True)
+                    self.flush()
+                    if n == 0:
+                        break
+        except grpc.RpcError as exc:
+            self.error = exc
+            log.warning("collector stopped before its data was shipped: %s", exc)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            for t in self.tailers.values():
+                t.close()
+            for src in self.sources:
+                src.close()
+
+    def start(self) -> Collector:
+        self._thread = threading.Thread(
+            target=self.run, name=f"collector-{self.job_id}-{self.learner}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> bool:
+        """Stop; with `drain`, first ship everything written so far (the learner has
+        exited). Returns True when all data was shipped and committed."""
+        self._drain = drain
+        if timeout is not None:
+            self.drain_timeout_s = timeout
+        # Bounds the retries of a batch in flight too, not only the final drain.
+        self._deadline = time.monotonic() + (self.drain_timeout_s if drain else 0.0)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._channel.close()
+        return self.error is None and not self.pending_lines and not self.pending_samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m learner.controller.collector")
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--learner", type=int, required=True)
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--tds", required=True, help="host:port of the training data service")
+    p.add_argument(
+        "--metric-sources", default=None, help="evaluation_metrics as JSON (mapping or list)"
+    )
+    p.add_argument("--batch-lines", type=int, default=5000)
+    p.add_argument("--flush-interval-s", type=float, default=0.2)
+    p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    p.add_argument(
+        "--once", action="store_true", help="ship everything there is now, then exit (a drain)"
+    )
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s collector %(levelname)s %(message)s"
+    )
+    try:
+        sources: Mapping[str, Any] | list[Any] | None = (
+            json.loads(args.metric_sources) if args.metric_sources else None
+        )
+        c = Collector(
+            args.job_id,
+            args.learner,
+            args.job_dir,
+            args.tds,
+            sources,
+            batch_lines=args.batch_lines,
+            flush_interval_s=args.flush_interval_s,
+            drain_timeout_s=args.drain_timeout_s,
+        )
+    except (CollectorError, ValueError) as exc:
+        print(f"collector: {exc}", file=sys.stderr)
+        return 2
+    c.start()
+    if args.once:
+        return 0 if c.stop(drain=True) else 1
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    drain = [True]
+
+    def interrupt(*_: Any) -> None:
+        drain[0] = False  # Ctrl-C: leave now; the offsets file says where to resume
+        done.set()
+
+    signal.signal(signal.SIGINT, interrupt)
+    print(f"collector running for {args.job_id} learner {args.learner}", flush=True)
+    done.wait()
+    return 0 if c.stop(drain=drain[0]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
