@@ -72,6 +72,20 @@ class JobRecord:
         }
 
 
+def _shape(job: JobRequest) -> tuple[Any, ...]:
+    """What placement depends on: two jobs of one shape fit or fail alike."""
+    return (
+        job.pool,
+        job.learners,
+        job.gpus,
+        job.cpus,
+        job.memory_mb,
+        job.max_nodes,
+        job.zone_aware,
+        tuple(sorted(job.node_selector.items())),
+    )
+
+
 class GangScheduler:
     """See the module docstring. ``policy`` is a registered name or a PlacementPolicy."""
 
@@ -172,6 +186,9 @@ class GangScheduler:
         placements: list[Placement] = []
         preempted: list[str] = []
         blocked: dict[str, str] = {}  # pool -> the job at its head that could not fit
+        # Free resources only shrink during a pass (until a preemption), so a shape that
+        # failed once fails again: skip the policy for it. Keeps per-pod passes cheap.
+        failed_shapes: set[tuple[Any, ...]] = set()
         for entry in self.queue.ordered():
             job = entry.job
             rec = self.records[job.job_id]
@@ -184,11 +201,15 @@ class GangScheduler:
             if cls in (QuotaClass.OVER_LIMIT, QuotaClass.OVER_QUOTA):
                 rec.blocked_by = None
                 continue  # its owner's business: it does not hold the pool back
-            assignment = self._propose(job)
+            shape = _shape(job)
+            assignment = None if shape in failed_shapes else self._propose(job)
             victims: list[str] = []
             if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
                 assignment, victims = self._place_by_preemption(job)
+                if victims:
+                    failed_shapes.clear()
             if assignment is None:
+                failed_shapes.add(shape)
                 blocked.setdefault(job.pool, job.job_id)
                 rec.blocked_by = None
                 continue
@@ -359,4 +380,5 @@ class GangScheduler:
                         self.restored_reservations.append(job.job_id)
                     continue
             self.queue.push(job, seq=rec.seq, batch=rec.batch)
-            self._save(rec)
+            if state != SchedState.QUEUED:
+                self._save(rec)

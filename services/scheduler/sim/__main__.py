@@ -1,0 +1,3 @@
+from services.scheduler.sim.cli import main
+
+main()

@@ -1,0 +1,286 @@
+"""``python -m services.scheduler.sim``: replay traces, reproduce FfDL §5.3 and §5.2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from services.scheduler.cluster import load_cluster_config
+from services.scheduler.placement import policy_names
+from services.scheduler.sim.engine import PER_POD, SimResult, simulate
+from services.scheduler.sim.trace import (
+    ffdl_day_trace,
+    ffdl_gang_cluster,
+    ffdl_gang_trace,
+    ffdl_pack_cluster,
+    load_trace,
+)
+
+JSON_HELP = "Print the results as JSON (one object) instead of tables."
+
+
+def _table(title: str, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(str(key))
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console(width=max(140, shutil.get_terminal_size().columns)).print(table)
+
+
+def _mean(results: Sequence[SimResult], key: str) -> float:
+    return round(sum(float(r.summary()[key]) for r in results) / len(results), 1)
+
+
+def gang_experiment(
+    runs: int, seed: int, jobs_per_shape: int, deploy_gap_s: float, pod_spread_s: float
+) -> dict[str, Any]:
+    """FfDL §5.3 for per-pod, gang+SPREAD and gang+PACK over ``runs`` seeds."""
+    out: dict[str, Any] = {"runs": {}, "summary": []}
+    for policy in (PER_POD, "spread", "pack"):
+        results: list[SimResult] = [
+            simulate(
+                ffdl_gang_trace(seed + r, jobs_per_shape),
+                ffdl_gang_cluster(),
+                policy,
+                seed=seed + r,
+                deploy_gap_s=deploy_gap_s,
+                pod_spread_s=pod_spread_s,
+            )
+            for r in range(runs)
+        ]
+        out["runs"][policy] = [r.summary() for r in results]
+        with_dead = [r for r in results if r.deadlocked_learners_max > 0]
+        out["summary"].append(
+            {
+                "policy": policy,
+                "runs": runs,
+                "runs_with_deadlocked_learners": len(with_dead),
+                "runs_with_deadlock_pct": round(100 * len(with_dead) / runs, 1),
+                "deadlocked_learners_max": max(r.deadlocked_learners_max for r in results),
+                "idle_gpu_pct_max": round(100 * max(r.idle_gpu_frac_max for r in results), 1),
+                "permanent_deadlocks": sum(r.permanent_deadlock for r in results),
+                "mean_makespan_h": round(sum(r.makespan_s for r in results) / runs / 3600, 2),
+            }
+        )
+    return out
+
+
+def pack_experiment(
+    seeds: int, seed: int, hours: float, load: float, backfill: bool
+) -> dict[str, Any]:
+    """FfDL §5.2 shape: jobs queued over 15 minutes, SPREAD vs PACK, on a 400-GPU day."""
+    out: dict[str, Any] = {"runs": {}, "summary": []}
+    per_policy: dict[str, list[SimResult]] = {}
+    for policy in ("spread", "pack"):
+        per_policy[policy] = [
+            simulate(
+                ffdl_day_trace(seed + r, hours, load),
+                ffdl_pack_cluster(),
+                policy,
+                seed=seed + r,
+                backfill=backfill,
+            )
+            for r in range(seeds)
+        ]
+        out["runs"][policy] = [r.summary() for r in per_policy[policy]]
+    for policy, results in per_policy.items():
+        out["summary"].append(
+            {
+                "policy": policy,
+                "jobs": sum(r.jobs for r in results),
+                "queued_over_15min": sum(r.queued_over_15min for r in results),
+                "queue_delay_p50_min": _mean(results, "queue_delay_p50_min"),
+                "utilization_pct": round(100 * sum(r.utilization for r in results) / seeds, 1),
+                "jct_mean_min": _mean(results, "jct_mean_min"),
+            }
+        )
+    spread = sum(r.queued_over_15min for r in per_policy["spread"])
+    pack = sum(r.queued_over_15min for r in per_policy["pack"])
+    out["spread_over_pack_queued_over_15min"] = round(spread / pack, 2) if pack else None
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Rhizome's cluster simulator: replays job traces through the real gang scheduler.
+
+    \b
+    Subcommands:
+      ffdl-gang  FfDL §5.3: is a job ever left holding GPUs without all its learners?
+      ffdl-pack  FfDL §5.2: how many jobs wait over 15 minutes, SPREAD vs PACK?
+      replay     any trace file against any cluster config and policy
+    """
+
+
+@main.command("ffdl-gang")
+@click.option(
+    "--runs",
+    default=20,
+    show_default=True,
+    help="Repetitions, each with its own seed (seed, seed+1, ...).",
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    help="First seed: shuffles submit order, durations, pod timing.",
+)
+@click.option(
+    "--jobs-per-shape",
+    default=50,
+    show_default=True,
+    help="Jobs of each shape 2×1, 2×2, 4×1 (learners × GPUs).",
+)
+@click.option(
+    "--deploy-gap",
+    "deploy_gap_s",
+    default=0.5,
+    show_default=True,
+    help="Per-pod baseline: mean seconds between the deployments of consecutive jobs.",
+)
+@click.option(
+    "--pod-spread",
+    "pod_spread_s",
+    default=5.0,
+    show_default=True,
+    help="Per-pod baseline: seconds over which one job's pods appear (they interleave with other jobs' pods).",
+)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def ffdl_gang(
+    runs: int,
+    seed: int,
+    jobs_per_shape: int,
+    deploy_gap_s: float,
+    pod_spread_s: float,
+    as_json: bool,
+) -> None:
+    """FfDL §5.3 on 15 nodes × 4 GPUs: 150 jobs submitted together, per-pod vs gang scheduling.
+
+    Reports, per policy, in how many runs learners were left holding GPUs while waiting
+    for their siblings (deadlocked learners) and the largest share of GPUs so held idle.
+    FfDL measured deadlocks in 60 % of runs, up to 46 % GPUs idle, without gang
+    scheduling; zero with it.
+    """
+    out = gang_experiment(runs, seed, jobs_per_shape, deploy_gap_s, pod_spread_s)
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+    else:
+        _table(
+            "FfDL §5.3: deadlocked learners, 15 nodes × 4 GPUs, 150 jobs submitted together",
+            out["summary"],
+        )
+
+
+@main.command("ffdl-pack")
+@click.option(
+    "--seeds",
+    default=1,
+    show_default=True,
+    help="Number of synthetic days (seed, seed+1, ...); totals are summed.",
+)
+@click.option("--seed", default=0, show_default=True, help="First seed of the synthetic trace.")
+@click.option(
+    "--hours", default=24.0, show_default=True, help="Length of the arrival trace in hours."
+)
+@click.option(
+    "--load",
+    default=0.9,
+    show_default=True,
+    help="Offered load: mean GPU demand as a share of the 400 GPUs.",
+)
+@click.option(
+    "--backfill/--no-backfill",
+    default=False,
+    show_default=True,
+    help="Let jobs pass a queue head that cannot fit (default: strict FCFS per GPU type, as FfDL).",
+)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def ffdl_pack(
+    seeds: int, seed: int, hours: float, load: float, backfill: bool, as_json: bool
+) -> None:
+    """FfDL §5.2 shape on 400 GPUs (180 K80 + 220 V100): jobs queued over 15 min, SPREAD vs PACK.
+
+    FfDL measured more than 3× fewer such jobs with PACK.
+    """
+    out = pack_experiment(seeds, seed, hours, load, backfill)
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+    else:
+        _table("FfDL §5.2 shape: 400 GPUs, synthetic day", out["summary"])
+        click.echo(
+            f"SPREAD / PACK jobs queued over 15 min: {out['spread_over_pack_queued_over_15min']}"
+        )
+
+
+@main.command("replay")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Trace file: JSON list or CSV with job_id, arrival_s, duration_s, learners, gpus, gpu_type.",
+)
+@click.option(
+    "--cluster",
+    "cluster_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Cluster config YAML (format: services/scheduler/cluster.py, e.g. deploy/cluster-local.yaml).",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    default=("pack",),
+    show_default=True,
+    help=f"Policy to compare; repeat the option for several. One of: {PER_POD}, "
+    + ", ".join(policy_names())
+    + ".",
+)
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed for BSA sampling and per-pod timing."
+)
+@click.option(
+    "--backfill/--no-backfill",
+    default=False,
+    show_default=True,
+    help="Let jobs pass a queue head that cannot fit.",
+)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def replay(
+    trace_path: str,
+    cluster_path: str,
+    policies: tuple[str, ...],
+    seed: int,
+    backfill: bool,
+    as_json: bool,
+) -> None:
+    """Replay a trace against a cluster under one or more policies and compare the metrics."""
+    trace = load_trace(trace_path)
+    nodes = load_cluster_config(cluster_path).nodes
+    known = {PER_POD, *policy_names()}
+    for p in policies:
+        if p not in known:
+            raise click.BadParameter(
+                f"unknown policy {p!r}; choose from {', '.join(sorted(known))}",
+                param_hint="--policy",
+            )
+    rows = [simulate(trace, nodes, p, seed=seed, backfill=backfill).summary() for p in policies]
+    if as_json:
+        click.echo(json.dumps({"results": rows}, indent=1))
+    else:
+        _table(f"replay of {trace_path}", rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
