@@ -68,10 +68,8 @@ class TrainerCore:
             raise errors.BadRequest(f"bad manifest: {exc}") from None
         if model_zip:
             check_zip(model_zip)
-        if idempotency_key:
-            existing = self._wrap(self.jobs.find_by_idempotency_key, owner, idempotency_key)
-            if existing is not None:
-                return self._same_or_conflict(existing, manifest.data, idempotency_key)
+        # A retried key is caught by the unique index on insert (JobsRepository.create),
+        # which saves every first submit a lookup.
         resources = manifest.resources()
         if self.admit is not None:
             admitted, reason = self.admit(owner, resources, int(manifest.data.get("priority", 50)))
@@ -107,15 +105,6 @@ class TrainerCore:
         if existing_flag and model_key:
             self.objects.delete(model_key)
         return Created(stored, existing_flag)
-
-    def _same_or_conflict(
-        self, existing: JobRecord, manifest: dict[str, object], key: str
-    ) -> Created:
-        from services.store.jobs import manifest_digest
-
-        if existing.manifest_digest != manifest_digest(dict(manifest)):
-            raise errors.Conflict(str(IdempotencyConflict(key, existing.job_id)))
-        return Created(existing, True)
 
     # -- read -------------------------------------------------------------------------------
     def get(self, owner: str, job_id: str) -> JobRecord:

@@ -229,12 +229,12 @@ def status(obj: Ctx, as_json: bool) -> None:
     info = platform.status(obj.data_dir)
     if as_json:
         emit_json(info)
-        return
+        sys.exit(0 if info["running"] else 1)
     if not info["components"]:
         out.print(
-            f"not running (no platform state in {info['data_dir']}); start with `rhizome up --embedded`"
+            f"not running (data dir {info['data_dir']}); start it with `rhizome up --embedded`"
         )
-        return
+        sys.exit(1)
     table = Table("component", "pid", "state", "address", "log")
     for name, comp in info["components"].items():
         state = "[green]up[/green]" if comp["alive"] else "[red]down[/red]"

@@ -71,7 +71,9 @@ class JobRecord:
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["_id"] = doc.pop("job_id")
+        doc["_id"] = doc["job_id"]
+        # Indexes and sorts use `job_id`, not `_id`: nx-27017 cannot index `_id` in a
+        # compound index.
         # Only keyed submits carry the unique idempotency field (a sparse unique index).
         doc.pop("idempotency_key")
         if self.idempotency_key:
@@ -104,9 +106,9 @@ class JobsRepository:
     @with_retries
     def ensure_indexes(self) -> None:
         # list/get by owner, newest first (ids are time-ordered)
-        self._col.create_index([("owner", pymongo.ASCENDING), ("_id", pymongo.DESCENDING)])
+        self._col.create_index([("owner", pymongo.ASCENDING), ("job_id", pymongo.DESCENDING)])
         # the scheduler's queue and the LCM's reconcile scan by status
-        self._col.create_index([("status", pymongo.ASCENDING), ("_id", pymongo.ASCENDING)])
+        self._col.create_index([("status", pymongo.ASCENDING), ("job_id", pymongo.ASCENDING)])
         # a retried submit finds its job
         self._col.create_index("idem", unique=True, sparse=True)
 
@@ -180,10 +182,10 @@ class JobsRepository:
         if wanted:
             query["status"] = {"$in": wanted}
         if page_token:
-            query["_id"] = {"$lt": page_token}
+            query["job_id"] = {"$lt": page_token}
         if name_prefix:
             query["name"] = {"$gte": name_prefix, "$lt": name_prefix + "\uffff"}
-        docs = list(self._col.find(query).sort("_id", pymongo.DESCENDING).limit(size + 1))
+        docs = list(self._col.find(query).sort("job_id", pymongo.DESCENDING).limit(size + 1))
         jobs = [JobRecord.from_doc(d) for d in docs[:size]]
         token = jobs[-1].job_id if len(docs) > size else ""
         return Page(jobs, token)
@@ -191,7 +193,9 @@ class JobsRepository:
     @with_retries
     def by_status(self, statuses: Iterable[str], limit: int = 0) -> list[JobRecord]:
         """Oldest first: the order the scheduler and the LCM serve jobs in."""
-        cursor = self._col.find({"status": {"$in": list(statuses)}}).sort("_id", pymongo.ASCENDING)
+        cursor = self._col.find({"status": {"$in": list(statuses)}}).sort(
+            "job_id", pymongo.ASCENDING
+        )
         if limit:
             cursor = cursor.limit(limit)
         return [JobRecord.from_doc(d) for d in cursor]

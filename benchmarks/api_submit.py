@@ -1,0 +1,164 @@
+"""Submit throughput and latency through gRPC and REST to the embedded daemon.
+
+Starts the embedded platform (real etcd, MongoDB-wire server, Elasticsearch-API server,
+`rhizomed` as its own process) in a temporary directory, then C concurrent clients
+submit N jobs each way. Every submit is acknowledged only after MongoDB stored it; the
+run checks the stored count at the end. The same run measures raw `insert_one` into the
+same MongoDB server as the floor the API is compared against.
+
+    .venv/bin/python benchmarks/api_submit.py [--jobs 600] [--clients 8] [--mongo secantus|nx-27017]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pymongo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.client.sdk import Client
+from services.embedded import platform
+
+MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_clients(
+    clients: int, per_client: int, submit: Callable[[int], None]
+) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(cid: int) -> None:
+        mine = []
+        try:
+            for i in range(per_client):
+                t0 = time.perf_counter()
+                submit(cid * per_client + i)
+                mine.append(time.perf_counter() - t0)
+        except BaseException as exc:
+            errors.append(exc)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return elapsed, latencies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=600, help="submits per protocol")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument(
+        "--mongo",
+        default=os.environ.get("RHIZOME_MONGO_SERVER", "secantus"),
+        help="embedded MongoDB-wire server: secantus or nx-27017",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = parser.parse_args()
+    os.environ["RHIZOME_MONGO_SERVER"] = args.mongo
+    per_client = max(1, args.jobs // args.clients)
+    total = per_client * args.clients
+    with tempfile.TemporaryDirectory(prefix="rz-bench-") as tmp:
+        data_dir = Path(tmp)
+        state = platform.up(
+            data_dir, 0, 0, services="api", progress=lambda m: print(f"  {m}", file=sys.stderr)
+        )
+        try:
+            results: dict[str, dict[str, float]] = {}
+            # Floor: raw inserts into the same server, same concurrency, no API in between.
+            mongo: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
+                state.urls["mongodb"]
+            )
+            col = mongo["bench_floor"]["jobs"]
+            doc = {"manifest": {"name": "bench", "framework": {"command": "x"}}, "status": "QUEUED"}
+            elapsed, lat = run_clients(
+                args.clients, per_client, lambda i: col.insert_one({**doc, "_id": f"f{i}"})
+            )
+            results["mongodb insert_one (floor)"] = summarize(total, elapsed, lat)
+
+            users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(args.clients)]
+            grpc_clients = [Client(state.api_address, u) for u in users]
+            elapsed, lat = run_clients(
+                args.clients,
+                per_client,
+                lambda i: grpc_clients[i // per_client].create_job(MANIFEST),
+            )
+            results["gRPC CreateJob"] = summarize(total, elapsed, lat)
+            stored = sum(len(list(c.iter_jobs())) for c in grpc_clients)
+            assert stored == total, f"only {stored} of {total} gRPC submits are stored"
+
+            rest_users = [f"bench-rest-{uuid.uuid4().hex[:6]}" for _ in range(args.clients)]
+            http = [
+                httpx.Client(base_url=state.rest_url, headers={"X-Rhizome-User": u}, timeout=30)
+                for u in rest_users
+            ]
+            files = {"manifest": ("manifest.yml", MANIFEST.encode())}
+
+            def rest_submit(i: int) -> None:
+                resp = http[i // per_client].post("/v1/models", files=files)
+                resp.raise_for_status()
+
+            elapsed, lat = run_clients(args.clients, per_client, rest_submit)
+            results["REST POST /v1/models"] = summarize(total, elapsed, lat)
+            stored = sum(len(list(Client(state.api_address, u).iter_jobs())) for u in rest_users)
+            assert stored == total, f"only {stored} of {total} REST submits are stored"
+        finally:
+            platform.down(data_dir)
+    print(
+        f"\n{total} submits per protocol, {args.clients} concurrent clients, MongoDB-wire server: {args.mongo}, "
+        f"{os.cpu_count()} cores (clients, daemon and database share them)\n"
+    )
+    print(f"{'path':<30} {'submits/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'vs floor':>9}")
+    floor = results["mongodb insert_one (floor)"]["per_s"]
+    for name, r in results.items():
+        print(
+            f"{name:<30} {r['per_s']:>10.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['per_s'] / floor:>8.2f}x"
+        )
+    goal = results["gRPC CreateJob"]
+    print(
+        f"\ngoal: gRPC >= 300 submits/s with p99 < 50 ms -> "
+        f"{'met' if goal['per_s'] >= 300 and goal['p99_ms'] < 50 else 'NOT met'}"
+    )
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+def summarize(total: int, elapsed: float, lat: list[float]) -> dict[str, float]:
+    return {
+        "per_s": total / elapsed,
+        "p50_ms": statistics.median(lat) * 1000,
+        "p99_ms": percentile(lat, 0.99) * 1000,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The REST gateway: FfDL routes, OpenAPI, JSON errors with the right status codes."""
+
+from __future__ import annotations
+
+import io
+import socket
+import uuid
+import zipfile
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from tests.integration.conftest import RunningApi
+
+pytestmark = pytest.mark.integration
+
+MANIFEST = b"name: rest-job\nlearners: 1\nframework:\n  command: python train.py\n"
+
+
+def headers() -> dict[str, str]:
+    return {"X-Rhizome-User": f"r-{uuid.uuid4().hex[:8]}"}
+
+
+def code_zip() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("train.py", "print('hi')\n")
+    return buf.getvalue()
+
+
+def submit(api: RunningApi, h: dict[str, str], manifest: bytes = MANIFEST) -> httpx.Response:
+    files = {"manifest": ("manifest.yml", manifest), "model_definition": ("model.zip", code_zip())}
+    return httpx.post(f"{api.rest}/v1/models", files=files, headers=h, timeout=10)
+
+
+def test_openapi_document_lists_the_ffdl_routes(api: RunningApi) -> None:
+    spec = httpx.get(f"{api.rest}/openapi.json", timeout=5).json()
+    assert spec["openapi"].startswith("3.")
+    for path in (
+        "/v1/models",
+        "/v1/models/{model_id}",
+        "/v1/models/{model_id}/logs",
+        "/v1/models/{model_id}/metrics",
+    ):
+        assert path in spec["paths"], path
+    assert {"get", "patch", "delete"} <= set(spec["paths"]["/v1/models/{model_id}"])
+
+
+def test_post_get_list_patch_delete(api: RunningApi) -> None:
+    h = headers()
+    created = submit(api, h)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["model_id"]
+    got = httpx.get(f"{api.rest}/v1/models/{job_id}", headers=h, timeout=5).json()
+    assert got["status"] == "QUEUED" and got["name"] == "rest-job"
+    listed = httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()
+    assert [m["model_id"] for m in listed["models"]] == [job_id]
+    halted = httpx.patch(
+        f"{api.rest}/v1/models/{job_id}", json={"status": "halt"}, headers=h, timeout=5
+    )
+    assert halted.json()["status"] == "HALTED"
+    bad = httpx.patch(
+        f"{api.rest}/v1/models/{job_id}", json={"status": "explode"}, headers=h, timeout=5
+    )
+    assert bad.status_code == 400 and "halt" in bad.json()["message"]
+    deleted = httpx.delete(f"{api.rest}/v1/models/{job_id}", headers=h, timeout=5)
+    assert deleted.json()["status"] == "DELETED"
+
+
+def test_errors_are_json_with_the_right_status(api: RunningApi) -> None:
+    h = headers()
+    bad = submit(api, h, manifest=b"name: x\nframework: {command: c}\ncpus: -1\n")
+    assert bad.status_code == 400
+    assert bad.json()["code"] == "bad_request" and "cpus" in bad.json()["message"]
+    missing = httpx.get(f"{api.rest}/v1/models/job-unknown", headers=h, timeout=5)
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    anon = httpx.get(f"{api.rest}/v1/models", timeout=5)
+    assert anon.status_code == 401 and "X-Rhizome-User" in anon.json()["message"]
+
+
+def test_idempotency_key_and_conflict(api: RunningApi) -> None:
+    h = {**headers(), "Idempotency-Key": "same"}
+    a = submit(api, h)
+    b = submit(api, h)
+    assert a.status_code == 201 and b.status_code == 200
+    assert a.json()["model_id"] == b.json()["model_id"] and b.json()["existing"]
+    c = submit(api, h, manifest=MANIFEST.replace(b"rest-job", b"another"))
+    assert c.status_code == 409 and c.json()["code"] == "conflict"
+
+
+def test_an_oversized_upload_is_413_and_stores_nothing(api: RunningApi) -> None:
+    h = headers()
+    big = b"0" * (66 * 1024 * 1024)
+    resp = httpx.post(
+        f"{api.rest}/v1/models",
+        files={"manifest": ("manifest.yml", MANIFEST), "model_definition": ("m.zip", big)},
+        headers=h,
+        timeout=30,
+    )
+    assert resp.status_code == 413 and resp.json()["code"] == "too_large"
+    assert httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()["models"] == []
+
+
+def test_ffdl_user_header_is_accepted(api: RunningApi) -> None:
+    user = f"w-{uuid.uuid4().hex[:6]}"
+    h = {"X-Watson-Userinfo": f"bluemix-instance-id={user}"}
+    assert submit(api, h).status_code == 201
+    mine = httpx.get(f"{api.rest}/v1/models", headers={"X-Rhizome-User": user}, timeout=5).json()
+    assert len(mine["models"]) == 1
+
+
+def test_a_connection_dropped_mid_upload_leaves_no_record(api: RunningApi) -> None:
+    h = headers()
+    url = urlparse(api.rest)
+    boundary = "XyZ"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="manifest"; filename="m.yml"\r\n\r\n'
+        ).encode()
+        + MANIFEST
+        + f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="model_definition"; filename="m.zip"\r\n\r\n'.encode()
+    )
+    head = (
+        f"POST /v1/models HTTP/1.1\r\nHost: {url.hostname}\r\nX-Rhizome-User: {h['X-Rhizome-User']}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body) + 100_000}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        sock.sendall(head + body + b"x" * 1000)  # then hang up long before the promised length
+    listed = httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()
+    assert listed["models"] == []

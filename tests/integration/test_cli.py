@@ -1,0 +1,139 @@
+"""The `rhizome` CLI end to end: up --embedded, train, list/show --json, errors, down, restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.embedded.process import ManagedServer, pid_alive
+
+pytestmark = pytest.mark.integration
+
+RHIZOME = [sys.executable, "-m", "services.client.cli"]
+
+
+def rz(
+    data_dir: Path, *args: str, check: bool = True, user: str = "cli-user"
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RHIZOME_USER": user, "COLUMNS": "200"}
+    proc = subprocess.run(
+        [*RHIZOME, "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    data_dir = Path(tmp_path_factory.mktemp("embedded"))
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        yield data_dir
+    finally:
+        rz(data_dir, "down", check=False)
+
+
+def write_manifest(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "train.py").write_text("print('hello from the learner')\n")
+    path = tmp_path / "manifest.yml"
+    path.write_text(body)
+    return path
+
+
+def test_train_list_show_json(embedded: Path, tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, "name: cli-job\nframework:\n  command: python train.py\n")
+    out = json.loads(rz(embedded, "train", str(manifest), "--json").stdout)
+    job_id = out["job_id"]
+    listed = json.loads(rz(embedded, "list", "--json").stdout)
+    assert job_id in [j["job_id"] for j in listed]
+    shown = json.loads(rz(embedded, "show", job_id, "--json").stdout)
+    assert shown["job_id"] == job_id and shown["name"] == "cli-job"
+    assert shown["history"][0]["status"] == "QUEUED"
+    text = rz(embedded, "show", job_id).stdout
+    assert job_id in text and "history" in text
+    status = json.loads(rz(embedded, "status", "--json").stdout)
+    assert status["running"] is True
+    assert set(status["components"]) == {"etcd", "mongodb", "elasticsearch", "api"}
+
+
+def test_errors_exit_non_zero_with_one_clear_line(embedded: Path, tmp_path: Path) -> None:
+    bad = write_manifest(tmp_path, "name: x\nframework: {command: c}\nlearners: 0\n")
+    proc = rz(embedded, "train", str(bad), check=False)
+    assert proc.returncode == 1
+    assert "learners: 0 is less than the minimum of 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = rz(embedded, "show", "job-nope", check=False)
+    assert proc.returncode == 1 and "no job 'job-nope'" in proc.stderr
+    proc = rz(embedded, "train", str(tmp_path / "missing.yml"), check=False)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_an_unreachable_api_is_named(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*RHIZOME, "--api", "127.0.0.1:1", "list"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert "cannot reach the Rhizome API at 127.0.0.1:1" in proc.stderr
+
+
+def test_down_stops_everything_by_pid_and_data_survives_up(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data_dir = Path(tmp_path_factory.mktemp("restart"))
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        manifest = write_manifest(
+            data_dir, "name: survives\nframework:\n  command: python train.py\n"
+        )
+        job_id = json.loads(rz(data_dir, "train", str(manifest), "--json").stdout)["job_id"]
+        pids = [
+            c["pid"]
+            for c in json.loads(rz(data_dir, "status", "--json").stdout)["components"].values()
+        ]
+        rz(data_dir, "down")
+        assert not any(pid_alive(p) for p in pids)
+        assert rz(data_dir, "status", check=False).returncode != 0
+        rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+        shown = json.loads(rz(data_dir, "show", job_id, "--json").stdout)
+        assert shown["name"] == "survives"
+    finally:
+        rz(data_dir, "down", check=False)
+
+
+def test_up_with_external_servers_uses_them(
+    tmp_path: Path,
+    etcd_server: ManagedServer,
+    mongo_server: ManagedServer,
+    es_server: ManagedServer,
+) -> None:
+    rz(
+        tmp_path,
+        "up",
+        "--etcd",
+        etcd_server.url,
+        "--mongodb-uri",
+        mongo_server.url,
+        "--elasticsearch-url",
+        es_server.url,
+        "--grpc-port",
+        "0",
+        "--rest-port",
+        "0",
+    )
+    try:
+        status = json.loads(rz(tmp_path, "status", "--json").stdout)
+        assert set(status["components"]) == {"api"}
+        assert status["urls"]["mongodb"] == mongo_server.url
+        assert json.loads(rz(tmp_path, "version", "--json").stdout)["server"]["api"] == "rhizome.v1"
+    finally:
+        rz(tmp_path, "down", check=False)
