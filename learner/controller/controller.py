@@ -1,0 +1,402 @@
+"""The learner controller: wraps the user command of one learner.
+
+`python -m learner.controller --spec <job_dir>/learners/<rank>/spec.json`
+
+Statuses, each recorded in etcd under `learners/<rank>/status` (with the history and
+timestamps) while the controller holds a lease; the last one is written without the
+lease, so it outlives the controller for the guardian to read:
+
+- ``STARTING``     the controller claimed its rank (create-if-absent: one controller a rank);
+- ``DOWNLOADING``  the code (the job's model zip) and data stores into the job directory;
+- ``PROCESSING``   the user command runs, its stdout/stderr appended to
+                   ``<job_dir>/learners/<rank>/stdout.log`` and ``stderr.log``;
+- ``STORING``      ``$RHIZOME_RESULT_DIR`` is copied to the job's result store;
+- ``COMPLETED`` / ``FAILED`` (with the exit code) / ``HALTED`` (a halt was requested).
+
+Restart safety: the phase and the command's (pid, start time) are kept in
+``controller.json`` beside the logs, and the command runs in its own session under a tiny
+shell wrapper that writes its exit code to a file. A controller restarted for the same
+deploy generation re-adopts a command that still runs, or reads its exit code, instead
+of running it twice; before starting a command it kills anything still labelled with its
+job and rank, so there are never two learners of one rank.
+
+Halt: the guardian writes ``{"action": "halt"}`` to the job's control key; the controller
+sends SIGTERM to the command's process group (the checkpoint SDK saves on it), waits
+``grace_s``, then SIGKILLs what is left. SIGTERM to the controller itself (the platform is
+shutting down) does the same but records nothing, so a later guardian restarts the learner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from learner.controller import keys, procs
+from learner.controller.etcdio import EtcdIO
+
+log = logging.getLogger("learner.controller")
+
+STARTING = "STARTING"
+DOWNLOADING = "DOWNLOADING"
+PROCESSING = "PROCESSING"
+STORING = "STORING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+HALTED = "HALTED"
+FINAL_STATES = frozenset({COMPLETED, FAILED, HALTED})
+
+EXIT_OK = 0
+EXIT_DUPLICATE = 3  # another live controller holds this rank
+EXIT_TERMINATED = 143
+KILLED_EXIT_CODE = 137  # the command vanished without writing its exit code
+
+# The wrapper keeps the command's exit code on disk, so a restarted controller (not the
+# command's parent any more) still learns it.
+_WRAPPER = '/bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp" && mv "$2.tmp" "$2"; exit $rc'
+
+
+@dataclass
+class LearnerSpec:
+    """What the guardian (through a backend) tells a controller; written as spec.json."""
+
+    job_id: str
+    rank: int
+    world_size: int
+    job_dir: str
+    command: str
+    etcd_url: str
+    generation: int = 1
+    restart: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    model_zip: str = ""
+    data_stores: list[dict[str, Any]] = field(default_factory=list)
+    result_store: str = ""
+    tds_address: str = ""
+    metric_sources: Any = None
+    grace_s: float = 10.0
+    lease_ttl_s: int = 2
+
+    @classmethod
+    def load(cls, path: Path) -> LearnerSpec:
+        data = json.loads(Path(path).read_text())
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown spec fields {', '.join(unknown)}")
+        return cls(**data)
+
+    def dump(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    @property
+    def learner_dir(self) -> Path:
+        return Path(self.job_dir) / "learners" / str(self.rank)
+
+    @property
+    def code_dir(self) -> Path:
+        return Path(self.job_dir) / "code"
+
+    @property
+    def result_dir(self) -> Path:
+        return Path(self.env.get("RHIZOME_RESULT_DIR") or Path(self.job_dir) / "results")
+
+    @property
+    def incarnation(self) -> list[int]:
+        return [self.generation, self.restart]
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.replace(path)
+
+
+class Controller:
+    def __init__(self, spec: LearnerSpec, etcd: EtcdIO) -> None:
+        self.spec = spec
+        self.etcd = etcd
+        self.key = keys.learner_status(spec.job_id, spec.rank)
+        self.lease = 0
+        self.history: list[list[Any]] = []
+        self.halt = threading.Event()
+        self.terminate = threading.Event()
+        self.wake = threading.Event()
+        self._stop_lease = threading.Event()
+        self.reaper = procs.Reaper()
+        self.state_path = spec.learner_dir / "controller.json"
+        self.exit_path = spec.learner_dir / f"exit-{spec.generation}-{spec.restart}"
+        self.state: dict[str, Any] = {}
+
+    # -- etcd status --------------------------------------------------------------------
+    def _value(self, status: str, exit_code: int | None, message: str) -> dict[str, Any]:
+        return {
+            "status": status,
+            "pid": os.getpid(),
+            "start": procs.start_ticks(os.getpid()),
+            "lease": self.lease,
+            "generation": self.spec.generation,
+            "restart": self.spec.restart,
+            "exit_code": exit_code,
+            "message": message,
+            "time": time.time(),
+            "history": self.history[-20:],
+        }
+
+    def record(self, status: str, exit_code: int | None = None, message: str = "") -> None:
+        self.history.append([status, round(time.time(), 3)])
+        final = status in FINAL_STATES
+        value = self._value(status, exit_code, message)
+        self.etcd.put(self.key, value, lease=None if final else self.lease)
+        log.info("learner %s/%d: %s %s", self.spec.job_id, self.spec.rank, status, message)
+
+    def claim(self) -> bool:
+        """Take the rank's status key; False if another live controller holds it."""
+        deadline = time.monotonic() + self.spec.lease_ttl_s + 5
+        while time.monotonic() < deadline:
+            self.history = [[STARTING, round(time.time(), 3)]]
+            if self.etcd.create(self.key, self._value(STARTING, None, ""), lease=self.lease):
+                return True
+            current = self.etcd.get(self.key)
+            if current is None:
+                continue
+            value, lease = current
+            holder_alive = isinstance(value, dict) and procs.ref_alive(
+                value.get("pid"), value.get("start")
+            )
+            if lease and holder_alive:
+                return False
+            if lease:
+                self.etcd.revoke(lease)  # its holder is dead: free the rank now, not at TTL
+            # A final status of an earlier incarnation waits for the guardian to clear it.
+            time.sleep(0.1)
+        return False
+
+    # -- local state --------------------------------------------------------------------
+    def load_state(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(self.state_path.read_text())
+            if state.get("incarnation") == self.spec.incarnation:
+                self.state = state
+                return
+        self.state = {"incarnation": self.spec.incarnation, "phase": DOWNLOADING}
+        with contextlib.suppress(FileNotFoundError):
+            self.exit_path.unlink()
+        self.save_state()
+
+    def save_state(self) -> None:
+        write_json(self.state_path, self.state)
+
+    # -- phases -----------------------------------------------------------------------------
+    def download(self) -> None:
+        code = self.spec.code_dir
+        if self.spec.model_zip and not (code / ".rhizome-complete").exists():
+            tmp = code.with_name(f".code.tmp-{self.spec.rank}-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            with zipfile.ZipFile(self.spec.model_zip) as zf:
+                zf.extractall(tmp)
+            (tmp / ".rhizome-complete").write_text(str(self.spec.generation))
+            try:
+                tmp.rename(code)
+            except OSError:  # another learner of the job extracted it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        code.mkdir(parents=True, exist_ok=True)
+        data = Path(self.spec.job_dir) / "data"
+        for store in self.spec.data_stores:
+            source = (store.get("connection") or {}).get("path")
+            if not source:
+                continue
+            data.mkdir(parents=True, exist_ok=True)
+            link = data / str(store["id"])
+            if not link.exists():
+                with contextlib.suppress(FileExistsError):
+                    link.symlink_to(Path(source).expanduser().resolve())
+        self.spec.result_dir.mkdir(parents=True, exist_ok=True)
+        Path(
+            self.spec.env.get("RHIZOME_CHECKPOINT_DIR") or Path(self.spec.job_dir) / "checkpoints"
+        ).mkdir(parents=True, exist_ok=True)
+
+    def spawn(self) -> procs.ProcRef:
+        # Fencing: whatever still runs for this rank (an earlier incarnation whose
+        # controller died before it wrote the pid down) goes before a new command starts.
+        procs.kill_labelled(self.spec.job_id, self.spec.rank, procs.ROLE_LEARNER)
+        learner_dir = self.spec.learner_dir
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        env[procs.ROLE_ENV] = procs.ROLE_LEARNER
+        with (
+            open(learner_dir / "stdout.log", "ab") as out,
+            open(learner_dir / "stderr.log", "ab") as err,
+        ):
+            proc = subprocess.Popen(
+                [
+                    "/bin/sh",
+                    "-c",
+                    _WRAPPER,
+                    "rhizome-learner",
+                    self.spec.command,
+                    str(self.exit_path),
+                ],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=self.spec.code_dir,
+                env=env,
+                start_new_session=True,
+            )
+        ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
+        self.state.update(cmd_pid=ref.pid, cmd_start=ref.start)
+        self.save_state()
+        return ref
+
+    def command_exit_code(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int(self.exit_path.read_text().strip())
+        return None
+
+    def wait_command(self, ref: procs.ProcRef) -> int | None:
+        """Wait until the command ends (exit code) or a halt/terminate comes (None)."""
+        while True:
+            code = self.command_exit_code()
+            if code is not None and not procs.group_alive(ref.pid):
+                return code
+            if not ref.alive() and not procs.group_alive(ref.pid):
+                code = self.command_exit_code()
+                return code if code is not None else KILLED_EXIT_CODE
+            if self.halt.is_set() or self.terminate.is_set():
+                return None
+            self.wake.wait(0.1)
+            self.wake.clear()
+
+    def stop_command(self, ref: procs.ProcRef) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(ref.pid, signal.SIGTERM)
+        procs.kill_labelled(
+            self.spec.job_id, self.spec.rank, procs.ROLE_LEARNER, grace_s=self.spec.grace_s
+        )
+
+    def store_results(self) -> None:
+        if not self.spec.result_store:
+            return
+        source = self.spec.result_dir
+        if source.exists() and any(source.iterdir()):
+            shutil.copytree(source, Path(self.spec.result_store), dirs_exist_ok=True)
+
+    def _control_changed(self) -> None:
+        with contextlib.suppress(Exception):
+            current = self.etcd.get(keys.control(self.spec.job_id))
+            if (
+                current
+                and isinstance(current[0], dict)
+                and current[0].get("action")
+                in (
+                    "halt",
+                    "delete",
+                )
+            ):
+                self.halt.set()
+                self.wake.set()
+
+    def _start_collector(self) -> Any:
+        if not self.spec.tds_address:
+            return None
+        try:
+            from learner.controller.collector import Collector
+        except ImportError:
+            return None
+        try:
+            collector = Collector(
+                self.spec.job_id,
+                self.spec.rank,
+                self.spec.job_dir,
+                self.spec.tds_address,
+                metric_sources=self.spec.metric_sources,
+            )
+            collector.start()
+            return collector
+        except Exception:  # logs still land in the files; only streaming is lost
+            log.exception("cannot start the log collector")
+            return None
+
+    # -- the whole life ---------------------------------------------------------------------
+    def run(self) -> int:
+        self.spec.learner_dir.mkdir(parents=True, exist_ok=True)
+        procs.become_subreaper()
+        self.reaper.start()
+        self.lease = self.etcd.grant(self.spec.lease_ttl_s)
+        self.etcd.keep_alive(self.lease, self.spec.lease_ttl_s, self._stop_lease)
+        if not self.claim():
+            log.warning(
+                "rank %d of %s is held by another controller", self.spec.rank, self.spec.job_id
+            )
+            self.etcd.revoke(self.lease)
+            return EXIT_DUPLICATE
+        cancel = self.etcd.watch(keys.control(self.spec.job_id), self._control_changed)
+        self._control_changed()
+        try:
+            return self._lifecycle()
+        finally:
+            cancel()
+            self._stop_lease.set()
+            self.etcd.revoke(self.lease)
+            self.reaper.stop()
+
+    def _lifecycle(self) -> int:
+        self.load_state()
+        if self.state["phase"] == DOWNLOADING:
+            self.record(DOWNLOADING)
+            self.download()
+            self.state["phase"] = PROCESSING
+            self.save_state()
+        if self.halt.is_set():
+            self.record(HALTED, message="halted before the command started")
+            return EXIT_OK
+        code: int | None
+        if self.state["phase"] == PROCESSING:
+            self.record(PROCESSING)
+            ref = procs.ProcRef(
+                int(self.state.get("cmd_pid", 0)), int(self.state.get("cmd_start", -1))
+            )
+            code = self.command_exit_code()
+            if code is None and not ref.alive():
+                ref = self.spawn()
+            collector = self._start_collector()
+            if code is None:
+                code = self.wait_command(ref)
+            if code is None:
+                self.stop_command(ref)
+                if collector is not None:
+                    collector.stop(drain=True)
+                if self.terminate.is_set() and not self.halt.is_set():
+                    return EXIT_TERMINATED  # the lease goes with us: the guardian restarts us
+                self.record(HALTED, message="halted on request")
+                return EXIT_OK
+            if collector is not None:
+                collector.stop(drain=True)
+            self.state.update(phase=STORING if code == 0 else FAILED, exit_code=code)
+            self.save_state()
+        code = int(self.state.get("exit_code", 0))
+        if self.state["phase"] == STORING:
+            self.record(STORING)
+            self.store_results()
+            self.state["phase"] = COMPLETED
+            self.save_state()
+        if self.state["phase"] == COMPLETED:
+            self.record(COMPLETED, exit_code=0)
+            return EXIT_OK
+        self.record(FAILED, exit_code=code, message=f"the command exited with code {code}")
+        return EXIT_OK

@@ -1,0 +1,137 @@
+"""The collector against an in-process TDS over real gRPC, backed by the in-memory store."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from learner.controller.collector import OFFSETS_FILE, Collector, CollectorError, learner_dir
+from services.tds.api import Query
+from services.tds.memory_store import MemoryStore
+from tests.services.tds.helpers import tds_in_process
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def tds(store: MemoryStore) -> Iterator[str]:
+    with tds_in_process(store) as (addr, _):
+        yield addr
+
+
+def _write(job_dir: Path, stream: str, text: str, learner: int = 0) -> None:
+    d = learner_dir(job_dir, learner)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"{stream}.log", "a") as f:
+        f.write(text)
+
+
+def _stored(store: MemoryStore, job: str, stream: str) -> list[tuple[int, str]]:
+    return [(ln.seq, ln.line) for ln in store.query_logs(Query(job)) if ln.stream == stream]
+
+
+def _wait(cond: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+    assert cond(), "condition not reached"  # type: ignore[operator]
+
+
+def test_lines_are_shipped_numbered_and_their_offsets_committed(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    _write(tmp_path, "stdout", "".join(f"out {i}\n" for i in range(50)))
+    _write(tmp_path, "stderr", "err 0\nerr 1\nunterminated")
+    c = Collector("job1", 0, tmp_path, tds, batch_lines=7).start()
+    _wait(lambda: len(_stored(store, "job1", "stdout")) == 50)
+    # An unterminated line waits for its end while the learner runs...
+    assert _stored(store, "job1", "stderr") == [(0, "err 0"), (1, "err 1")]
+    assert c.stop(drain=True)
+    # ...and is shipped when the learner is done.
+    assert _stored(store, "job1", "stderr")[-1] == (2, "unterminated")
+    assert _stored(store, "job1", "stdout") == [(i, f"out {i}") for i in range(50)]
+    offsets = json.loads((learner_dir(tmp_path, 0) / OFFSETS_FILE).read_text())
+    assert offsets["streams"]["stdout"] == {
+        "offset": (learner_dir(tmp_path, 0) / "stdout.log").stat().st_size,
+        "seq": 50,
+    }
+
+
+def test_a_restart_from_an_older_commit_overwrites_instead_of_duplicating(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    _write(tmp_path, "stdout", "".join(f"a{i}\n" for i in range(10)))
+    assert Collector("job2", 0, tmp_path, tds).start().stop(drain=True)
+    stale = (learner_dir(tmp_path, 0) / OFFSETS_FILE).read_text()
+    _write(tmp_path, "stdout", "".join(f"b{i}\n" for i in range(10)))
+    assert Collector("job2", 0, tmp_path, tds).start().stop(drain=True)
+    # A crash between the TDS's ack and the commit leaves the older offsets behind.
+    (learner_dir(tmp_path, 0) / OFFSETS_FILE).write_text(stale)
+    _write(tmp_path, "stdout", "c0\n")
+    assert Collector("job2", 0, tmp_path, tds).start().stop(drain=True)
+    expected = [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(10)] + ["c0"]
+    assert _stored(store, "job2", "stdout") == list(enumerate(expected))
+
+
+def test_collector_holds_its_place_while_the_tds_is_down(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    store.available = False
+    _write(tmp_path, "stdout", "x\ny\n")
+    c = Collector("job3", 0, tmp_path, tds, max_backoff_s=0.1).start()
+    time.sleep(0.5)
+    assert not (learner_dir(tmp_path, 0) / OFFSETS_FILE).exists()  # nothing acknowledged
+    store.available = True
+    assert c.stop(drain=True)
+    assert _stored(store, "job3", "stdout") == [(0, "x"), (1, "y")]
+
+
+def test_stop_without_drain_gives_up_a_batch_the_tds_never_took(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    store.available = False
+    _write(tmp_path, "stdout", "x\n")
+    c = Collector("job4", 0, tmp_path, tds, max_backoff_s=0.05).start()
+    time.sleep(0.4)
+    t = threading.Thread(target=c.stop, kwargs={"drain": False})
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert not (learner_dir(tmp_path, 0) / OFFSETS_FILE).exists()
+
+
+def test_metric_sources_ship_samples_with_per_source_seqs(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    _write(tmp_path, "stdout", "step 1 loss=0.5\nhello\nstep 2 loss=0.25\n")
+    (learner_dir(tmp_path, 0) / "evaluation-metrics.txt").write_text('{"step": 2, "acc": 0.75}\n')
+    sources = [
+        {"type": "regex_extractor", "regex": r"step (?P<step>\d+) loss=(?P<loss>[\d.]+)"},
+        {"type": "emetrics_file"},
+    ]
+    assert Collector("job5", 0, tmp_path, tds, metric_sources=sources).start().stop(drain=True)
+    got = sorted(
+        (m.source, m.seq, m.name, m.step, m.value) for m in store.query_metrics(Query("job5"))
+    )
+    assert got == [
+        ("emetrics_file", 0, "acc", 2, 0.75),
+        ("regex_extractor", 0, "loss", 1, 0.5),
+        ("regex_extractor", 1, "loss", 2, 0.25),
+    ]
+    assert len(_stored(store, "job5", "stdout")) == 3
+
+
+def test_offsets_of_another_job_are_refused(tmp_path: Path, tds: str) -> None:
+    d = learner_dir(tmp_path, 0)
+    d.mkdir(parents=True)
+    (d / OFFSETS_FILE).write_text(json.dumps({"job_id": "other", "learner": 0, "streams": {}}))
+    with pytest.raises(CollectorError, match="belongs to job 'other'"):
+        Collector("job6", 0, tmp_path, tds)
