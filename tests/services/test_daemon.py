@@ -1,0 +1,68 @@
+"""rhizomed: refuses unknown services clearly and shuts down cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.embedded.platform import grpc_serving
+from services.embedded.process import ManagedServer, free_port
+
+DAEMON = [sys.executable, "-m", "services.daemon"]
+
+
+def test_an_unknown_service_is_a_clear_usage_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*DAEMON, "--services", "api,frobnicator", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown service frobnicator" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_malformed_peer_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*DAEMON, "--services", "api", "--peer", "tds", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "SERVICE=HOST:PORT" in proc.stderr
+
+
+def test_an_unreachable_mongodb_is_named(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*DAEMON, "--services", "api", "--data-dir", str(tmp_path),
+         "--mongodb-uri", f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=300",
+         "--grpc-address", f"127.0.0.1:{free_port()}", "--rest-address", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "MongoDB at mongodb://127.0.0.1" in proc.stderr and "unreachable" in proc.stderr
+
+
+@pytest.mark.integration
+def test_sigterm_shuts_the_daemon_down_cleanly(tmp_path: Path, mongo_server: ManagedServer) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [*DAEMON, "--services", "api", "--data-dir", str(tmp_path), "--mongodb-uri", mongo_server.url,
+         "--grpc-address", address, "--rest-address", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not grpc_serving(address) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.1)
+        assert grpc_serving(address)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert not grpc_serving(address)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
