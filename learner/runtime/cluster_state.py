@@ -1,0 +1,293 @@
+"""The runtime's cluster state and where it is kept (etcd, or memory for unit tests).
+
+Keys under ``/rhizome/jobs/<job_id>/runtime/`` (every value is small JSON, < 1 KB):
+
+``state``                  generation, P, D, dead workers, fatal reason (see ``ClusterState``)
+``members/<worker>``       present while the worker's lease lives: liveness
+``failures/<rep>-<sus>``   what a worker saw when a peer failed (reporter, suspect, reason)
+``rendezvous/<gen>/<w>``   a survivor's report when it joins generation ``gen``
+``partition``              the layer boundaries every worker uses
+
+``state`` changes only by compare-and-set on its etcd ``mod_revision`` (the fencing
+token), exactly like torch.distributed.elastic's rendezvous ``get_state()`` /
+``set_state(state, token)``, so concurrent reporters of the same failure converge on
+one generation and a transition is never applied twice.
+
+Status of a configuration as read from ``state``:
+
+- ``generation`` g, ``fatal`` null: running; a worker whose own generation is older
+  must join generation g (rendezvous) before its next all-reduce.
+- ``dead`` grows by exactly the newly lost workers at each generation; a dead worker
+  that is still running (it was only slow) finds itself there and exits (evicted).
+- ``fatal`` set: some block has no live holder; every worker stops and the job
+  restarts from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from learner.runtime.api import ConfigError
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    generation: int
+    stages: int
+    pipelines: int
+    dead: tuple[int, ...] = ()
+    fatal: str | None = None
+    # (pipeline, stages) of the fatal loss, for the restart hook
+    fatal_pipeline: int = -1
+    fatal_stages: tuple[int, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ClusterState:
+        data = json.loads(raw)
+        data["dead"] = tuple(data.get("dead", ()))
+        data["fatal_stages"] = tuple(data.get("fatal_stages", ()))
+        return cls(**data)
+
+    def bump(self, **changes: Any) -> ClusterState:
+        return replace(self, generation=self.generation + 1, **changes)
+
+
+Token = int
+
+
+class ClusterStateStore(abc.ABC):
+    """Cluster state, liveness and small per-generation records of one job's runtime."""
+
+    @abc.abstractmethod
+    def get_state(self) -> tuple[ClusterState | None, Token]:
+        """The state and its fencing token (0 when there is no state yet)."""
+
+    @abc.abstractmethod
+    def set_state(self, state: ClusterState, token: Token) -> bool:
+        """Write ``state`` if nobody wrote since ``token`` was read; True when written."""
+
+    @abc.abstractmethod
+    def register(self, worker: int, ttl_s: float) -> None:
+        """Mark ``worker`` alive under a lease of ``ttl_s`` seconds."""
+
+    @abc.abstractmethod
+    def keepalive(self) -> None:
+        """Refresh this process's lease."""
+
+    @abc.abstractmethod
+    def alive_members(self) -> set[int]:
+        """Workers whose lease has not expired."""
+
+    @abc.abstractmethod
+    def put(self, key: str, value: dict[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    @abc.abstractmethod
+    def get_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Key (relative to the job's runtime prefix) -> value, for keys under ``prefix``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop keeping the lease (the key expires) and release the client."""
+
+    def record_failure(self, reporter: int, suspect: int, reason: str, step: int) -> None:
+        self.put(
+            f"failures/{reporter}-{suspect}",
+            {
+                "reporter": reporter,
+                "suspect": suspect,
+                "reason": reason[:300],
+                "step": step,
+                "time": time.time(),
+            },
+        )
+
+
+def _check_small(key: str, raw: str) -> None:
+    if len(raw) >= 1024:
+        raise ConfigError(f"value of {key} is {len(raw)} bytes; runtime values must stay < 1 KB")
+
+
+class InMemoryClusterStateStore(ClusterStateStore):
+    """A shared in-process twin of the etcd store (unit tests, in-process runs).
+
+    Several workers share one ``Shared`` backing; each gets its own view via ``view()``.
+    """
+
+    class Shared:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.revision = 0
+            self.data: dict[str, tuple[str, int]] = {}
+            self.leases: dict[int, float] = {}  # worker -> expiry (monotonic)
+
+    def __init__(self, shared: Shared | None = None) -> None:
+        self._shared = shared or InMemoryClusterStateStore.Shared()
+        self._worker: int | None = None
+        self._ttl = 0.0
+
+    def view(self) -> InMemoryClusterStateStore:
+        return InMemoryClusterStateStore(self._shared)
+
+    def get_state(self) -> tuple[ClusterState | None, Token]:
+        with self._shared.lock:
+            got = self._shared.data.get("state")
+        if got is None:
+            return None, 0
+        return ClusterState.from_json(got[0]), got[1]
+
+    def set_state(self, state: ClusterState, token: Token) -> bool:
+        raw = state.to_json()
+        _check_small("state", raw)
+        with self._shared.lock:
+            current = self._shared.data.get("state")
+            if (current[1] if current else 0) != token:
+                return False
+            self._shared.revision += 1
+            self._shared.data["state"] = (raw, self._shared.revision)
+            return True
+
+    def register(self, worker: int, ttl_s: float) -> None:
+        self._worker, self._ttl = worker, ttl_s
+        self.keepalive()
+
+    def keepalive(self) -> None:
+        if self._worker is not None:
+            with self._shared.lock:
+                self._shared.leases[self._worker] = time.monotonic() + self._ttl
+
+    def expire(self, worker: int) -> None:
+        """Test hook: the worker's lease runs out now."""
+        with self._shared.lock:
+            self._shared.leases.pop(worker, None)
+
+    def alive_members(self) -> set[int]:
+        now = time.monotonic()
+        with self._shared.lock:
+            return {w for w, exp in self._shared.leases.items() if exp > now}
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        raw = json.dumps(value, separators=(",", ":"))
+        _check_small(key, raw)
+        with self._shared.lock:
+            self._shared.revision += 1
+            self._shared.data[key] = (raw, self._shared.revision)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._shared.lock:
+            got = self._shared.data.get(key)
+        return None if got is None else dict(json.loads(got[0]))
+
+    def get_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
+        with self._shared.lock:
+            items = [(k, v[0]) for k, v in self._shared.data.items() if k.startswith(prefix)]
+        return {k: dict(json.loads(v)) for k, v in items}
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self.expire(self._worker)
+
+
+class EtcdClusterStateStore(ClusterStateStore):
+    """The cluster state in etcd, through the ``pyetcd`` client (python-etcd3 API)."""
+
+    def __init__(self, endpoint: str, job_id: str) -> None:
+        import pyetcd  # local: only this class talks to etcd
+
+        host, port = _parse_endpoint(endpoint)
+        self._client = pyetcd.client(host=host, port=port, timeout=10)
+        self.prefix = f"/rhizome/jobs/{job_id}/runtime/"
+        self._lease: Any = None
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def get_state(self) -> tuple[ClusterState | None, Token]:
+        value, meta = self._client.get(self._key("state"))
+        if value is None:
+            return None, 0
+        return ClusterState.from_json(value), int(meta.mod_revision)
+
+    def set_state(self, state: ClusterState, token: Token) -> bool:
+        raw = state.to_json()
+        _check_small("state", raw)
+        key = self._key("state")
+        tx = self._client.transactions
+        compare = [tx.version(key) == 0] if token == 0 else [tx.mod(key) == token]
+        ok, _ = self._client.transaction(compare=compare, success=[tx.put(key, raw)], failure=[])
+        return bool(ok)
+
+    def register(self, worker: int, ttl_s: float) -> None:
+        self._lease = self._client.lease(max(1, round(ttl_s)))
+        self._client.put(self._key(f"members/{worker}"), str(worker), lease=self._lease)
+
+    def keepalive(self) -> None:
+        if self._lease is not None:
+            self._lease.refresh()
+
+    def alive_members(self) -> set[int]:
+        prefix = self._key("members/")
+        return {
+            int(meta.key.decode()[len(prefix) :]) for _, meta in self._client.get_prefix(prefix)
+        }
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        raw = json.dumps(value, separators=(",", ":"))
+        _check_small(key, raw)
+        self._client.put(self._key(key), raw)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        value, _ = self._client.get(self._key(key))
+        return None if value is None else dict(json.loads(value))
+
+    def get_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for value, meta in self._client.get_prefix(self._key(prefix)):
+            out[meta.key.decode()[len(self.prefix) :]] = dict(json.loads(value))
+        return out
+
+    def delete_all(self) -> None:
+        self._client.delete_prefix(self.prefix)
+
+    def close(self) -> None:
+        if self._lease is not None:
+            try:
+                self._lease.revoke()
+            except Exception:
+                pass
+            self._lease = None
+        self._client.close()
+
+
+def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+    rest = endpoint.split("://", 1)[-1].rstrip("/")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"etcd endpoint {endpoint!r}: expected host:port or http://host:port")
+    return host, int(port)
+
+
+def initial_state(store: ClusterStateStore, stages: int, pipelines: int) -> ClusterState:
+    """Create generation 0 if nobody has (first writer wins), then return the state."""
+    state, _ = store.get_state()
+    if state is None:
+        store.set_state(ClusterState(generation=0, stages=stages, pipelines=pipelines), 0)
+        state, _ = store.get_state()
+    assert state is not None
+    if (state.stages, state.pipelines) != (stages, pipelines):
+        raise ConfigError(
+            f"cluster state has {state.stages} stages x {state.pipelines} pipelines but this "
+            f"worker was started for {stages} x {pipelines}: the job id is reused or the "
+            "launcher flags differ"
+        )
+    return state

@@ -1,0 +1,215 @@
+"""Point-to-point links and all-reduce groups, rebuilt per configuration generation.
+
+Every link (a pair of workers) and every all-reduce group (the owners of one block) is
+its own process group, built directly — not the default group — from
+``PrefixStore(f"gen{g}/...", store)``. Consequences, all on purpose:
+
+- A dead worker breaks only the groups it is in; survivors keep their processes,
+  parameters and optimizer state, and build generation ``g+1`` groups in milliseconds.
+- Old groups are never destroyed (``_graveyard``): destroying one closes its sockets,
+  which a peer still blocked on it would read as "Connection closed by peer", i.e. a
+  false failure.
+- gloo closes a pair when a ``wait(timeout)`` expires ("Application timeout caused pair
+  closure", seen on torch 2.13) and ``is_completed()`` never reports a dead peer, so we
+  never poll with short timeouts: a blocking wait runs in a thread the caller can walk
+  away from (``interruptible``), with the group's own timeout as the last resort.
+
+Backends are registered by name (``gloo`` on CPU, ``nccl`` on GPU) like
+torch.distributed.elastic's rendezvous handlers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from learner.runtime.api import ConfigError, Interrupted, LinkError
+
+GroupFactory = Callable[[dist.Store, int, int, timedelta], Any]
+_BACKENDS: dict[str, GroupFactory] = {}
+
+
+def register_backend(name: str, factory: GroupFactory) -> None:
+    _BACKENDS[name] = factory
+
+
+def _gloo(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def _nccl(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, opts)
+
+
+register_backend("gloo", _gloo)
+register_backend("nccl", _nccl)
+
+
+def make_group(backend: str, store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
+    try:
+        factory = _BACKENDS[backend]
+    except KeyError:
+        raise ConfigError(
+            f"backend {backend!r} is unknown; use one of {sorted(_BACKENDS)}"
+        ) from None
+    return factory(store, rank, size, timeout)
+
+
+T = TypeVar("T")
+
+
+def interruptible(fn: Callable[[], T], stop: threading.Event, what: str) -> T:
+    """Run ``fn`` in a daemon thread; raise ``Interrupted`` as soon as ``stop`` is set.
+
+    The thread is abandoned, not killed: it must only touch private copies.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"wait-{what}", daemon=True).start()
+    while not done.wait(0.02):
+        if stop.is_set():
+            raise Interrupted(f"configuration changed while waiting for {what}")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+# Tags identify a message within a link of one generation: kind, sending block, step, mb.
+ACT, GRAD, BRC_GRAD, SYNC = 1, 2, 3, 4
+
+
+def tag(kind: int, block: int, step: int, microbatch: int) -> int:
+    return ((kind * 64 + block) * 1024 + step % 1024) * 256 + (microbatch % 256)
+
+
+class Transport:
+    """Messages of one worker in one generation: gloo/NCCL links to peers, a mailbox to itself."""
+
+    def __init__(
+        self,
+        me: int,
+        generation: int,
+        backend: str,
+        store: dist.Store,
+        timeout: timedelta,
+        device: torch.device,
+    ) -> None:
+        self.me = me
+        self.generation = generation
+        self.backend = backend
+        self.store = store
+        self.timeout = timeout
+        self.device = device
+        self.links: dict[int, Any] = {}
+        self._mail: dict[int, torch.Tensor] = {}
+        self._mail_cv = threading.Condition()
+        self.closed = False
+
+    def connect(self, peers: list[int], stop: threading.Event) -> None:
+        # Sorted global order (every link built lowest pair first) cannot deadlock.
+        for peer in sorted(peers):
+            a, b = sorted((self.me, peer))
+            prefix = dist.PrefixStore(f"gen{self.generation}/link{a}-{b}", self.store)
+            rank = 0 if self.me == a else 1
+            self.links[peer] = interruptible(
+                lambda prefix=prefix, rank=rank: make_group(  # type: ignore[misc]
+                    self.backend, prefix, rank, 2, self.timeout
+                ),
+                stop,
+                f"link {a}-{b} of generation {self.generation}",
+            )
+
+    def _peer_rank(self, peer: int) -> int:
+        return 0 if peer < self.me else 1
+
+    def send(self, peer: int, tag_: int, tensor: torch.Tensor) -> Any:
+        if peer == self.me:
+            with self._mail_cv:
+                self._mail[tag_] = tensor.detach().clone()
+                self._mail_cv.notify_all()
+            return None
+        try:
+            return self.links[peer].send([tensor.contiguous()], self._peer_rank(peer), tag_)
+        except KeyError:
+            raise LinkError(
+                peer, f"no link to worker {peer} in generation {self.generation}"
+            ) from None
+        except RuntimeError as exc:
+            raise LinkError(peer, str(exc).splitlines()[0]) from exc
+
+    def recv(self, peer: int, tag_: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        if peer == self.me:
+            with self._mail_cv:
+                while tag_ not in self._mail:
+                    if self.closed:
+                        raise Interrupted("transport closed")
+                    self._mail_cv.wait(0.1)
+                return self._mail.pop(tag_)
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        try:
+            self.links[peer].recv([buf], self._peer_rank(peer), tag_).wait()
+        except KeyError:
+            raise LinkError(
+                peer, f"no link to worker {peer} in generation {self.generation}"
+            ) from None
+        except RuntimeError as exc:
+            raise LinkError(peer, str(exc).splitlines()[0]) from exc
+        return buf
+
+    def close(self) -> None:
+        with self._mail_cv:
+            self.closed = True
+            self._mail_cv.notify_all()
+
+
+class Groups:
+    """All-reduce groups of one generation, built on first use in block order."""
+
+    def __init__(
+        self, me: int, generation: int, backend: str, store: dist.Store, timeout: timedelta
+    ) -> None:
+        self.me = me
+        self.generation = generation
+        self.backend = backend
+        self.store = store
+        self.timeout = timeout
+        self.groups: dict[int, Any] = {}
+
+    def allreduce(
+        self, block: int, members: list[int], flat: torch.Tensor, stop: threading.Event
+    ) -> torch.Tensor:
+        """Sum of ``flat`` over ``members`` (a copy; ``flat`` itself is left untouched)."""
+        if len(members) == 1:
+            return flat.clone()
+        if block not in self.groups:
+            prefix = dist.PrefixStore(f"gen{self.generation}/block{block}", self.store)
+            rank = members.index(self.me)
+            self.groups[block] = interruptible(
+                lambda: make_group(self.backend, prefix, rank, len(members), self.timeout),
+                stop,
+                f"all-reduce group of block {block}",
+            )
+        group = self.groups[block]
+        work_buf = flat.clone()
+
+        def run() -> torch.Tensor:
+            group.allreduce([work_buf]).wait()
+            return work_buf
+
+        return interruptible(run, stop, f"all-reduce of block {block}")

@@ -1,0 +1,110 @@
+"""Per-stage instruction lists (1F1B or GPipe order) with Bamboo's redundant work inserted.
+
+A stage's list covers one training step. The pipeline part (everything before
+``ALLREDUCE``) runs in one thread per block the worker owns; the sync part
+(``ALLREDUCE``, ``OPTIMIZER``) runs once per worker over all its blocks, because after a
+failover one worker owns two blocks and both must reach the all-reduce together.
+
+Where redundant computation goes (Bamboo §4.1):
+
+- ``FRC(m)`` — forward of the replica (the successor's layers) for microbatch ``m``. A
+  stage runs it for the previous microbatch just before sending the current one's
+  activation, i.e. while the successor is still busy with that previous microbatch;
+  the last one goes right after the last send. The last stage, whose replica is stage 0
+  and whose input is the data itself, runs it while it waits for the activation.
+- ``BRC(m)`` — backward of the replica, only with eager BRC. It needs the gradient the
+  successor received, so it follows the stage's own backward of ``m`` (the successor's
+  backward of ``m`` happened before); the last stage runs them at the end.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Op(enum.StrEnum):
+    LOAD = "load"
+    RECV_ACT = "recv_act"
+    FORWARD = "forward"
+    SEND_ACT = "send_act"
+    RECV_GRAD = "recv_grad"
+    BACKWARD = "backward"
+    SEND_GRAD = "send_grad"
+    FRC = "frc"
+    BRC = "brc"
+    ALLREDUCE = "allreduce"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True)
+class Instr:
+    op: Op
+    microbatch: int = -1
+
+    def __str__(self) -> str:
+        return f"{self.op.value}({self.microbatch})" if self.microbatch >= 0 else self.op.value
+
+
+PIPELINE_OPS = frozenset(Op) - {Op.ALLREDUCE, Op.OPTIMIZER}
+
+
+def order(stage: int, stages: int, microbatches: int, kind: str = "1f1b") -> list[tuple[str, int]]:
+    """The ('F'|'B', microbatch) order of one stage."""
+    m = microbatches
+    if kind == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    if kind != "1f1b":
+        raise ValueError(f"schedule {kind!r}: use '1f1b' or 'gpipe'")
+    warmup = min(stages - stage - 1, m)
+    out = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        out += [("F", warmup + i), ("B", i)]
+    out += [("B", i) for i in range(m - warmup, m)]
+    return out
+
+
+def build(
+    stage: int,
+    stages: int,
+    microbatches: int,
+    kind: str = "1f1b",
+    replica: int | None = None,
+    eager_frc: bool = False,
+    eager_brc: bool = False,
+) -> list[Instr]:
+    """Instructions of block ``stage`` for one step; ``replica`` is the block it shadows."""
+    first, last = stage == 0, stage == stages - 1
+    frc = replica is not None and eager_frc
+    brc = replica is not None and eager_brc
+    out: list[Instr] = []
+    for phase, m in order(stage, stages, microbatches, kind):
+        if phase == "F":
+            if frc and last:
+                out.append(Instr(Op.FRC, m))
+            if first or last:
+                out.append(Instr(Op.LOAD, m))
+            if not first:
+                out.append(Instr(Op.RECV_ACT, m))
+            out.append(Instr(Op.FORWARD, m))
+            if not last:
+                if frc and m > 0:
+                    out.append(Instr(Op.FRC, m - 1))
+                out.append(Instr(Op.SEND_ACT, m))
+                if frc and m == microbatches - 1:
+                    out.append(Instr(Op.FRC, m))
+        else:
+            if not last:
+                out.append(Instr(Op.RECV_GRAD, m))
+            out.append(Instr(Op.BACKWARD, m))
+            if not first:
+                out.append(Instr(Op.SEND_GRAD, m))
+            if brc and not last:
+                out.append(Instr(Op.BRC, m))
+    if brc and last:
+        out += [Instr(Op.BRC, m) for m in range(microbatches)]
+    return [*out, Instr(Op.ALLREDUCE), Instr(Op.OPTIMIZER)]
+
+
+def pipeline_part(program: list[Instr]) -> list[Instr]:
+    return [i for i in program if i.op in PIPELINE_OPS]
