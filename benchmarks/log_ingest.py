@@ -1,0 +1,231 @@
+"""Log ingest: lines per second from a printing learner to searchable in Elasticsearch,
+and the lag from print to searchable (p50/p99), for 1 and for 8 concurrent learners.
+
+    .venv/bin/python benchmarks/log_ingest.py [--lines 20000] [--quick]
+
+Everything is real and local: learner processes print to their log files, one collector
+process per learner (`python -m learner.controller.collector`), the TDS process
+(`python -m services.tds`), the Elasticsearch-API server (noida-db). Each line carries
+its print time; a poller queries the search server for lines it has not seen yet and
+stamps each with the end of the query that first returned it (an upper bound on when it
+became searchable).
+
+Two loads per learner count:
+- burst: each learner prints its lines as fast as it can (the issue's load); the lag
+  then mostly measures the backlog, so the figure to read is the throughput;
+- paced: each learner prints 1,000 lines/s, well under capacity; the lag is then the
+  pipeline's own (flush interval + RPC + bulk + refresh interval + poll).
+Baseline measured in the same run: the same documents bulk-indexed straight into the
+search server by one client (no files, no collector, no TDS): the ceiling of the store
+on this machine. The pipeline's ratio to it is the comparable figure across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rhizome.v1 import tds_pb2  # noqa: E402
+
+from services.embedded.process import free_port, stop_process_group  # noqa: E402
+from services.embedded.servers import ElasticsearchServer  # noqa: E402
+from services.tds.api import Query  # noqa: E402
+from services.tds.es_store import ElasticsearchStore  # noqa: E402
+
+PRINTER = """
+import sys, time
+n, rate = int(sys.argv[1]), float(sys.argv[2])
+t0 = time.time()
+for i in range(n):
+    if rate > 0:
+        due = t0 + i / rate
+        while time.time() < due:
+            time.sleep(0.0005)
+    print(i, time.time_ns(), "epoch 3 step 1234 loss=0.123456 lr=0.001 throughput=812.5 samples/s")
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def start_tds(es_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.tds", "--address", f"127.0.0.1:{port}",
+             "--es-url", es_url],
+            cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while b"tds listening on" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"TDS did not start; see {log}")
+        time.sleep(0.05)
+    return proc
+
+
+def run_case(
+    store: ElasticsearchStore, tds: str, work: Path, learners: int, lines: int, rate: float
+) -> dict[str, float]:
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    job_dir = work / job
+    collectors, printers = [], []
+    for rank in range(learners):
+        ldir = job_dir / "learners" / str(rank)
+        ldir.mkdir(parents=True)
+        (ldir / "stderr.log").touch()
+        with open(work / f"{job}-collector-{rank}.log", "ab") as log:
+            collectors.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "learner.controller.collector",
+                        "--job-id",
+                        job,
+                        "--learner",
+                        str(rank),
+                        "--job-dir",
+                        str(job_dir),
+                        "--tds",
+                        tds,
+                    ],
+                    cwd=REPO,
+                    env=_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    time.sleep(1.0)  # collectors up (interpreter start) before the clock starts
+    for rank in range(learners):
+        with open(job_dir / "learners" / str(rank) / "stdout.log", "ab") as out:
+            printers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", PRINTER, str(lines), str(rate)],
+                    stdout=out,
+                    start_new_session=True,
+                )
+            )
+    total = learners * lines
+    lags: list[float] = []
+    first_print = float("inf")
+    last_seen = 0.0
+    after: dict[tuple[int, str], int] = {}
+    deadline = time.monotonic() + 600
+    while len(lags) < total and time.monotonic() < deadline:
+        got = list(store.query_logs(Query(job, after=dict(after))))
+        now = time.time()
+        for ln in got:
+            after[(ln.learner, ln.stream)] = max(ln.seq, after.get((ln.learner, ln.stream), -1))
+            printed = int(ln.line.split()[1]) / 1e9
+            first_print = min(first_print, printed)
+            lags.append(now - printed)
+        if got:
+            last_seen = now
+        else:
+            time.sleep(0.05)
+    for p in printers:
+        p.wait(60)
+    for c in collectors:
+        c.send_signal(signal.SIGTERM)
+    for c in collectors:
+        try:
+            c.wait(60)
+        except subprocess.TimeoutExpired:
+            stop_process_group(c.pid)
+    if len(lags) < total:
+        raise RuntimeError(f"only {len(lags)} of {total} lines became searchable")
+    store.delete_job(job)
+    lags.sort()
+    seconds = last_seen - first_print
+    return {
+        "lines_per_s": total / seconds,
+        "per_learner": total / seconds / learners,
+        "p50": statistics.median(lags),
+        "p99": lags[int(0.99 * (len(lags) - 1))],
+        "seconds": seconds,
+    }
+
+
+def raw_bulk_baseline(store: ElasticsearchStore, n: int) -> float:
+    job = f"raw-{uuid.uuid4().hex[:8]}"
+    now_us = time.time_ns() // 1000
+    batch: list[tds_pb2.LogLine] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        ln = tds_pb2.LogLine(
+            job_id=job, learner=0, stream="stdout", seq=i,
+            line=f"{i} {now_us} epoch 3 step 1234 loss=0.123456 lr=0.001 throughput=812.5 samples/s",
+        )  # fmt: skip
+        ln.time.FromMicroseconds(now_us)
+        batch.append(ln)
+        if len(batch) == 5000:
+            store.write_logs(batch)
+            batch = []
+    store.write_logs(batch)
+    store.refresh(job)
+    rate = n / (time.perf_counter() - t0)
+    store.delete_job(job)
+    return rate
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lines", type=int, default=20000, help="lines per learner (burst, 1 learner)")
+    ap.add_argument("--quick", action="store_true", help="a smaller run (a smoke test)")
+    args = ap.parse_args()
+    burst1 = 2000 if args.quick else args.lines
+    burst8 = max(burst1 // 8, 250)
+    paced_lines = 1000 if args.quick else 5000
+    with tempfile.TemporaryDirectory(prefix="rhizome-bench-") as tmp:
+        work = Path(tmp)
+        es = ElasticsearchServer(work / "es")
+        es.start()
+        tds_port = free_port()
+        tds_proc = start_tds(es.url, tds_port, work / "tds.log")
+        store = ElasticsearchStore(es.url)
+        results: dict[str, dict[str, float]] = {}
+        try:
+            baseline = raw_bulk_baseline(store, burst1)
+            tds = f"127.0.0.1:{tds_port}"
+            results["burst, 1 learner"] = run_case(store, tds, work, 1, burst1, 0)
+            results["burst, 8 learners"] = run_case(store, tds, work, 8, burst8, 0)
+            results["paced 1k/s, 1 learner"] = run_case(store, tds, work, 1, paced_lines, 1000)
+            results["paced 1k/s, 8 learners"] = run_case(
+                store, tds, work, 8, max(paced_lines // 8, 250), 1000
+            )
+        finally:
+            store.close()
+            stop_process_group(tds_proc.pid)
+            es.stop()
+    print(f"machine: {os.cpu_count()} cores; search server: noida-db (Elasticsearch 8.15 API)")
+    print(f"baseline, raw bulk into the search server by one client: {baseline:,.0f} lines/s")
+    print()
+    print("| load | lines/s (all) | lines/s per learner | vs raw bulk | p50 lag s | p99 lag s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['lines_per_s']:,.0f} | {r['per_learner']:,.0f} | "
+            f"{r['lines_per_s'] / baseline:.2f}x | {r['p50']:.2f} | {r['p99']:.2f} |"
+        )
+    print()
+    print("goal (issue #6): >= 20,000 lines/s per learner, p99 lag < 2 s")
+    print(json.dumps({"baseline_raw_bulk_lines_per_s": baseline, **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
