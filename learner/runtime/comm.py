@@ -94,6 +94,12 @@ def interruptible(fn: Callable[[], T], stop: threading.Event, what: str) -> T:
 ACT, GRAD, BRC_GRAD, SYNC = 1, 2, 3, 4
 
 
+def _short(exc: BaseException) -> str:
+    """gloo's messages run to several sentences; the first one says what happened."""
+    first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    return first.split(". ")[0]
+
+
 def tag(kind: int, block: int, step: int, microbatch: int) -> int:
     return ((kind * 64 + block) * 1024 + step % 1024) * 256 + (microbatch % 256)
 
@@ -151,7 +157,7 @@ class Transport:
                 peer, f"no link to worker {peer} in generation {self.generation}"
             ) from None
         except RuntimeError as exc:
-            raise LinkError(peer, str(exc).splitlines()[0]) from exc
+            raise LinkError(peer, _short(exc)) from exc
 
     def recv(self, peer: int, tag_: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         if peer == self.me:
@@ -169,7 +175,7 @@ class Transport:
                 peer, f"no link to worker {peer} in generation {self.generation}"
             ) from None
         except RuntimeError as exc:
-            raise LinkError(peer, str(exc).splitlines()[0]) from exc
+            raise LinkError(peer, _short(exc)) from exc
         return buf
 
     def close(self) -> None:

@@ -271,12 +271,18 @@ class Worker:
                 )
             time.sleep(self.opts.poll_s)
         self._members_complete.set()
+        t0 = time.monotonic()
         self._build()
+        t1 = time.monotonic()
         self._transport = Transport(
             self.me, 0, self.opts.backend, self.store, self.timeout, self.device
         )
         self._transport.connect(self.topo.peers(self.me), self._changed)
         self._groups = Groups(self.me, 0, self.opts.backend, self.store, self.group_timeout)
+        self._log(
+            f"started: layers {self.boundaries}, built in {t1 - t0:.2f} s, "
+            f"links in {time.monotonic() - t1:.2f} s"
+        )
 
     # ---------------------------------------------------------------- watcher
 
@@ -567,7 +573,7 @@ class Worker:
                 try:
                     work.wait()
                 except RuntimeError as exc:
-                    raise LinkError(-1, str(exc).splitlines()[0]) from exc
+                    raise LinkError(-1, str(exc).splitlines()[0].split('. ')[0]) from exc
 
     def _frc_forward(self, step: int, m: int, epoch: int) -> None:
         rep = self.replica

@@ -48,3 +48,31 @@ def toy_job(
         seed=0,
         dtype=torch.float64,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m learner.runtime.launch ... learner/runtime/toy.py --steps 3``."""
+    import argparse
+
+    from learner.runtime.worker import train
+
+    p = argparse.ArgumentParser(description="toy pipeline job (float64 MLP)")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--microbatches", type=int, default=3)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--redundancy", default=RedundancyMode.EAGER_FRC_LAZY_BRC.value)
+    a = p.parse_args(argv)
+    train(
+        toy_job(
+            steps=a.steps,
+            microbatches=a.microbatches,
+            redundancy=a.redundancy,
+            depth=a.depth,
+            optimizer=a.optimizer,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

