@@ -1,0 +1,1 @@
+"""The local backend: learners as process groups on this machine (see backend.py)."""

@@ -1,0 +1,118 @@
+"""Where learners run: the backend interface and the registry of backends by name.
+
+Modelled on torch.distributed.elastic's rendezvous handler registry: a backend is built
+by name (`get_backend("local", ...)`), so the guardian never depends on one, and docker or
+kubernetes backends only have to register themselves.
+
+A backend deploys the steps the guardian records in etcd (volume, secrets, learners,
+helper) and undoes them: `rollback` must remove everything labelled with the job id and
+be safe to call any number of times, at any point of a deploy.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BackendError(RuntimeError):
+    """A deploy step failed; the guardian rolls back and retries."""
+
+
+class UnknownBackend(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no learner backend named {name!r}; registered: {', '.join(sorted(_REGISTRY)) or 'none'}"
+        )
+
+
+@dataclass
+class JobSpec:
+    """What a backend needs to know to run a job's learners."""
+
+    job_id: str
+    command: str
+    learners: int
+    job_dir: str
+    checkpoint_dir: str
+    result_store: str
+    etcd_url: str
+    generation: int = 1
+    model_zip: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    placement: dict[str, Any] = field(default_factory=dict)
+    gpus_per_learner: float = 0.0
+    memory_mb: float = 0.0
+    master_port: int = 0
+    tds_address: str = ""
+    grace_s: float = 10.0
+
+
+class Backend(abc.ABC):
+    name: str = ""
+
+    @abc.abstractmethod
+    def prepare_volume(self, job: JobSpec) -> None:
+        """The job's directory (code, logs, checkpoints, results) exists and is clean."""
+
+    @abc.abstractmethod
+    def write_secrets(self, job: JobSpec) -> None:
+        """Data-store credentials, readable by the job's learners only."""
+
+    @abc.abstractmethod
+    def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
+        """Start the controller of learner `rank`; returns a handle (a pid locally)."""
+
+    @abc.abstractmethod
+    def start_helper(self, job: JobSpec) -> None:
+        """Per-job helper (FfDL's log collector / controller sidecar), if the backend needs one."""
+
+    @abc.abstractmethod
+    def learner_exited(self, handle: int) -> int | None:
+        """The exit code of a learner controller this process started, once it ended."""
+
+    @abc.abstractmethod
+    def stop_learners(self, job_id: str, grace_s: float) -> None:
+        """SIGTERM-then-kill every running learner of the job (halt, delete, failure)."""
+
+    @abc.abstractmethod
+    def rollback(self, job_id: str, job_dir: str) -> None:
+        """Remove everything a deploy created (idempotent); checkpoints and logs stay."""
+
+    @abc.abstractmethod
+    def running(self, job_id: str) -> list[int]:
+        """What still runs for the job (pids locally); empty after rollback/teardown."""
+
+    @abc.abstractmethod
+    def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
+        """The last lines a learner wrote (stderr, then stdout), for a failed job's record."""
+
+
+BackendFactory = Callable[..., Backend]
+_REGISTRY: dict[str, BackendFactory | str] = {
+    # Registered lazily by module path so that importing the registry stays cheap.
+    "local": "services.backends.local.backend:LocalBackend",
+}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def get_backend(name: str, **kwargs: Any) -> Backend:
+    target = _REGISTRY.get(name)
+    if target is None:
+        raise UnknownBackend(name)
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+        _REGISTRY[name] = target
+    assert callable(target)
+    return target(**kwargs)
+
+
+def backend_names() -> list[str]:
+    return sorted(_REGISTRY)

@@ -1,0 +1,272 @@
+"""The local backend: every learner is a process group on this machine.
+
+Layout of a job directory (`<data_dir>/jobs/<job_id>/`):
+
+    code/                 the job's model zip, extracted by the learners (DOWNLOADING)
+    data/<store id>       links to local data stores
+    checkpoints/          $RHIZOME_CHECKPOINT_DIR, kept across halt/resume and rollbacks
+    results/<rank>/       $RHIZOME_RESULT_DIR, copied to the result store when a learner ends
+    secrets/env           data-store credentials (mode 0600)
+    learners/<rank>/      spec.json, controller.json, controller.log, stdout.log, stderr.log
+
+Each learner controller runs in a session of its own, labelled in its environment with
+the job id, its rank and its role; the user command it starts inherits the labels. That
+label is how `rollback` and `stop_learners` find every process of a job, including ones
+whose parents died. Memory limits use a memory cgroup when this process may create one
+(cgroup v1 or v2, as root or with delegation) and are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from learner.controller import procs
+from learner.controller.controller import LearnerSpec
+from services.backends.api import Backend, BackendError, JobSpec, register_backend
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
+    """The environment a distributed learner expects (torch.distributed's env:// names)."""
+    nodes = {str(k): str(v) for k, v in (job.placement.get("learner_nodes") or {}).items()}
+    node = nodes.get(str(rank), "local")
+    same_node = [r for r in range(job.learners) if nodes.get(str(r), "local") == node]
+    local_rank = same_node.index(rank) if rank in same_node else 0
+    env = {str(k): str(v) for k, v in (job.manifest.get("env") or {}).items()}
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(job.learners),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(len(same_node)),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(job.master_port),
+        CUDA_VISIBLE_DEVICES=visible_devices(job, rank, local_rank),
+        PYTHONUNBUFFERED="1",
+        RHIZOME_JOB_ID=job.job_id,
+        RHIZOME_RANK=str(rank),
+        RHIZOME_LEARNER_ID=str(rank),
+        RHIZOME_JOB_DIR=job.job_dir,
+        RHIZOME_CHECKPOINT_DIR=job.checkpoint_dir,
+        RHIZOME_RESULT_DIR=str(Path(job.job_dir) / "results" / str(rank)),
+        RHIZOME_SECRETS=str(Path(job.job_dir) / "secrets" / "env"),
+    )
+    return env
+
+
+def visible_devices(job: JobSpec, rank: int, local_rank: int) -> str:
+    """GPU ids from the placement (`gpu_ids: {rank: [..]}`), else consecutive per node."""
+    explicit = (job.placement.get("gpu_ids") or {}).get(str(rank))
+    if explicit is not None:
+        return ",".join(str(g) for g in explicit)
+    per = int(job.gpus_per_learner) if job.gpus_per_learner >= 1 else 0
+    if job.gpus_per_learner > 0 and per == 0:
+        per = 1  # a fractional GPU still needs a device to share
+    return ",".join(str(local_rank * per + i) for i in range(per))
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, python: str = sys.executable, reaper: procs.Reaper | None = None) -> None:
+        self.python = python
+        # With a reaper (a subreaper process reaps every child itself) exit codes come
+        # from it; Popen.poll would race it.
+        self.reaper = reaper
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._exited: dict[int, int] = {}
+        self._cgroups: dict[str, list[Path]] = defaultdict(list)
+
+    # -- deploy steps --------------------------------------------------------------------
+    def prepare_volume(self, job: JobSpec) -> None:
+        root = Path(job.job_dir)
+        if job.model_zip and not Path(job.model_zip).is_file():
+            raise BackendError(f"the job's code {job.model_zip} is missing from the object store")
+        # Code from an earlier deploy is stale; logs, checkpoints and results are not.
+        shutil.rmtree(root / "code", ignore_errors=True)
+        for sub in ("learners", "checkpoints", "results", "data"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+
+    def write_secrets(self, job: JobSpec) -> None:
+        secrets = Path(job.job_dir) / "secrets"
+        secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lines = []
+        for store in job.manifest.get("data_stores") or []:
+            for key, value in sorted((store.get("connection") or {}).items()):
+                name = f"{store['id']}_{key}".upper().replace("-", "_")
+                lines.append(f"{name}={value}")
+        path = secrets / "env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("\n".join(lines) + ("\n" if lines else ""))
+
+    def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
+        env_for_learner = learner_env(job, rank)
+        spec = LearnerSpec(
+            job_id=job.job_id,
+            rank=rank,
+            world_size=job.learners,
+            job_dir=job.job_dir,
+            command=job.command,
+            etcd_url=job.etcd_url,
+            generation=job.generation,
+            restart=restart,
+            env=env_for_learner,
+            model_zip=job.model_zip,
+            data_stores=list(job.manifest.get("data_stores") or []),
+            result_store=str(Path(job.result_store) / str(rank)),
+            tds_address=job.tds_address,
+            metric_sources=job.manifest.get("evaluation_metrics"),
+            grace_s=job.grace_s,
+        )
+        learner_dir = spec.learner_dir
+        spec_path = learner_dir / "spec.json"
+        spec.dump(spec_path)
+        env = dict(os.environ)
+        for key in [k for k in env if k.startswith("RHIZOME_")]:
+            env.pop(key)  # the platform's own settings are not the learner's business
+        env.update(
+            {
+                procs.JOB_ENV: job.job_id,
+                procs.RANK_ENV: str(rank),
+                procs.ROLE_ENV: procs.ROLE_CONTROLLER,
+                "PYTHONUNBUFFERED": "1",
+                # `python` in a manifest means the platform's interpreter on this machine.
+                "PATH": os.pathsep.join([str(Path(self.python).parent), env.get("PATH", "")]),
+            }
+        )
+        with open(learner_dir / "controller.log", "ab") as logf:
+            try:
+                proc = subprocess.Popen(
+                    [self.python, "-m", "learner.controller", "--spec", str(spec_path)],
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=learner_dir,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise BackendError(f"cannot start learner {rank}: {exc}") from exc
+        self._procs[proc.pid] = proc
+        if self.reaper is not None:
+            self.reaper.watch(proc.pid, self._on_exit)
+        if job.memory_mb:
+            self._limit_memory(job.job_id, rank, proc.pid, job.memory_mb)
+        return proc.pid
+
+    def start_helper(self, job: JobSpec) -> None:
+        """Locally each controller ships its own logs (the collector runs inside it), so
+        there is no per-job helper process; the step is recorded for the same shape of
+        deploy on every backend."""
+
+    def _on_exit(self, pid: int, code: int) -> None:
+        self._exited[pid] = code
+
+    def learner_exited(self, handle: int) -> int | None:
+        if self.reaper is not None:
+            if handle in self._exited:
+                self._procs.pop(handle, None)
+                return self._exited.pop(handle)
+            return None
+        proc = self._procs.get(handle)
+        if proc is None:
+            return None
+        code = proc.poll()
+        if code is not None:
+            self._procs.pop(handle, None)
+        return code
+
+    # -- undo ------------------------------------------------------------------------------
+    def stop_learners(self, job_id: str, grace_s: float) -> None:
+        procs.kill_labelled(job_id, grace_s=grace_s)
+        self._reap()
+
+    def rollback(self, job_id: str, job_dir: str) -> None:
+        procs.kill_labelled(job_id)
+        self._reap()
+        root = Path(job_dir)
+        shutil.rmtree(root / "code", ignore_errors=True)
+        shutil.rmtree(root / "secrets", ignore_errors=True)
+        if root.exists():
+            for tmp in root.glob(".code.tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+        for cgroup in self._cgroups.pop(job_id, []):
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+
+    def running(self, job_id: str) -> list[int]:
+        return procs.labelled(job_id)
+
+    def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
+        learner_dir = Path(job_dir) / "learners" / str(rank)
+        out: list[str] = []
+        for name in ("stderr.log", "stdout.log"):
+            path = learner_dir / name
+            with contextlib.suppress(OSError):
+                with open(path, "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 16384))
+                    text = fh.read().decode(errors="replace").splitlines()
+                out.extend(f"[{name.split('.')[0]}] {line}" for line in text[-lines:])
+            if len(out) >= lines:
+                break
+        return out[-lines:]
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        if self.reaper is not None:
+            return
+        for pid, proc in list(self._procs.items()):
+            if proc.poll() is not None:
+                self._procs.pop(pid, None)
+
+    def _limit_memory(self, job_id: str, rank: int, pid: int, memory_mb: float) -> None:
+        limit = str(int(memory_mb * 1024 * 1024))
+        name = f"rhizome-{job_id}-{rank}-{pid}"
+        try:
+            base = _memory_cgroup_dir()
+            if base is None:
+                return
+            group = base / name
+            group.mkdir(exist_ok=True)
+            v2 = (group / "memory.max").exists()
+            (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(limit)
+            (group / "cgroup.procs").write_text(str(pid))
+        except OSError as exc:
+            log.info("memory limit not enforced for %s/%d: %s", job_id, rank, exc)
+            return
+        self._cgroups[job_id].append(group)
+
+
+def _memory_cgroup_dir() -> Path | None:
+    """This process's memory cgroup directory, if we may create children in it."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                candidate = CGROUP_ROOT / "memory" / path.lstrip("/")
+            elif controllers == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
+                candidate = CGROUP_ROOT / path.lstrip("/")
+                if "memory" not in (candidate / "cgroup.subtree_control").read_text():
+                    continue
+            else:
+                continue
+            if candidate.is_dir() and os.access(candidate, os.W_OK):
+                return candidate
+    return None
+
+
+register_backend("local", LocalBackend)
+
+__all__ = ["LocalBackend", "learner_env", "visible_devices"]

@@ -1,0 +1,64 @@
+"""`python -m services.guardian --job-id J ...`: run one job's guardian (guardian.py).
+
+Started by the LCM; exit codes: 0 the job left the guardian's hands (ended, halted),
+3 another guardian holds the job, 4 the guardian lost its lease, 143 terminated."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from learner.controller import procs
+from services.backends.api import get_backend
+from services.guardian.guardian import Guardian, GuardianConfig
+from services.store.errors import StoreUnavailable
+from services.store.etcd import EtcdStore
+from services.store.jobs import JobsRepository
+from services.store.mongo import connect
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.guardian", description=__doc__)
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--etcd", required=True, help="etcd client URL")
+    parser.add_argument("--mongodb-uri", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--backend", default="local")
+    parser.add_argument("--tds", default="", help="TDS address for the learners' log collectors")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s guardian[{args.job_id}]: %(message)s"
+    )
+    try:
+        config = GuardianConfig.from_env(
+            job_id=args.job_id,
+            etcd_url=args.etcd,
+            mongodb_uri=args.mongodb_uri,
+            data_dir=args.data_dir,
+            backend=args.backend,
+            tds_address=args.tds,
+        )
+        etcd = EtcdStore.connect(config.etcd_url)
+        jobs = JobsRepository(connect(config.mongodb_uri))
+    except (StoreUnavailable, ValueError) as exc:
+        print(f"guardian: {exc}", file=sys.stderr)
+        return 2
+    # Orphans of our learners (a controller died) land on us, and we reap them.
+    procs.become_subreaper()
+    reaper = procs.Reaper().start()
+    backend = get_backend(config.backend, reaper=reaper)
+    guardian = Guardian(config, etcd, jobs, backend)
+
+    def on_term(*_: object) -> None:
+        guardian.terminate.set()
+        guardian.wake.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    return guardian.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""The guardian: one per job, the job's delegate from deploy to teardown (FfDL §3).
+
+A guardian is a process (`python -m services.guardian --job-id J ...`) started and
+restarted by the LCM. It holds the job's guardian key in etcd (created if absent, under
+its own lease), so two guardians never serve one job; if it dies, the lease — revoked at
+once by a supervisor that saw it die, or expiring after its TTL — frees the job for the
+next one.
+
+Deploy is a sequence of steps, each recorded in etcd before and after it runs:
+``keys`` (the job's coordination values), ``volume`` (the job directory), ``secrets``,
+``learners`` (one controller per rank), ``helper``, then ``complete``. If a step fails, or
+a guardian finds steps recorded without ``complete`` (its predecessor died mid-deploy),
+it rolls back everything labelled with the job id and starts over, up to
+``deploy_attempts`` times, then marks the job FAILED with the reason.
+
+Once deployed it watches the learners' statuses in etcd and moves the job record along
+``DOWNLOADING → PROCESSING → STORING → COMPLETED`` as the slowest learner does. It
+restarts a learner whose command failed up to the manifest's ``max_learner_restarts``
+(then fails the job with the exit code and the learner's last log lines), restarts a
+learner whose controller died (that is the platform's failure, not the job's: the new
+controller re-adopts the running command), and carries out halt and delete requests
+from the job's control key. Every end (completed, failed, halted, deleted) goes the same
+way: stop what runs, write the record, erase the job's keys from etcd.
+
+Every record write is a compare-and-set on the record's version (the fencing token); a
+lost race re-reads the record and decides again, so the loop is level-triggered and
+safe to restart at any point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from learner.controller import procs
+from services.backends.api import Backend, JobSpec
+from services.embedded.process import free_port
+from services.store import etcd_keys, states
+from services.store.errors import JobNotFound, StaleToken
+from services.store.etcd import EtcdStore, Lease
+from services.store.jobs import JobRecord, JobsRepository
+
+log = logging.getLogger("rhizome.guardian")
+
+EXIT_DONE = 0
+EXIT_ALREADY_GUARDED = 3
+EXIT_LEASE_LOST = 4
+EXIT_TERMINATED = 143
+
+STEPS = ("keys", "volume", "secrets", "learners", "helper")
+COMPLETE = "complete"
+RESTARTS = "restarts"
+
+# How far each learner status is along the happy path (the job follows the slowest).
+_LEVEL = {"STARTING": 0, "DOWNLOADING": 1, "PROCESSING": 2, "STORING": 3, "COMPLETED": 4}
+_JOB_LEVEL = {
+    states.PENDING: 0,
+    states.DEPLOYING: 0,
+    states.RESUMING: 0,
+    states.DOWNLOADING: 1,
+    states.PROCESSING: 2,
+    states.RECOVERING: 2,
+    states.RESCALING: 2,
+    states.STORING: 3,
+}
+_HAPPY = (states.DOWNLOADING, states.PROCESSING, states.STORING)
+_LEARNER_FINAL = frozenset({"COMPLETED", "FAILED", "HALTED"})
+
+
+class DeployStepFailed(RuntimeError):
+    """A deploy step failed (the message names the step); the guardian rolls back."""
+
+
+@dataclass
+class GuardianConfig:
+    job_id: str
+    etcd_url: str
+    mongodb_uri: str
+    data_dir: Path
+    backend: str = "local"
+    tds_address: str = ""
+    deploy_attempts: int = 3
+    lease_ttl_s: int = 2
+    learner_grace_s: float = 10.0
+    # A controller this guardian started must claim its rank within this time.
+    start_grace_s: float = 20.0
+    # Restarts after controller deaths (the platform's failures) before giving up.
+    platform_restarts: int = 50
+    # Test hooks: pause after recording each step as started; fail a step on attempts < N.
+    step_delay_s: float = 0.0
+    fail_step: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.data_dir / "objects"
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> GuardianConfig:
+        env = os.environ
+        config = cls(**kwargs)
+        config.deploy_attempts = int(env.get("RHIZOME_DEPLOY_ATTEMPTS", config.deploy_attempts))
+        config.step_delay_s = float(env.get("RHIZOME_GUARDIAN_STEP_DELAY_S", config.step_delay_s))
+        config.fail_step = env.get("RHIZOME_GUARDIAN_FAIL_STEP", config.fail_step)
+        config.learner_grace_s = float(env.get("RHIZOME_LEARNER_GRACE_S", config.learner_grace_s))
+        if config.deploy_attempts < 1:
+            raise ValueError("RHIZOME_DEPLOY_ATTEMPTS must be at least 1")
+        return config
+
+
+class Guardian:
+    def __init__(
+        self, config: GuardianConfig, etcd: EtcdStore, jobs: JobsRepository, backend: Backend
+    ) -> None:
+        self.config = config
+        self.job_id = config.job_id
+        self.etcd = etcd
+        self.jobs = jobs
+        self.backend = backend
+        self.lease: Lease | None = None
+        self.terminate = threading.Event()
+        self.wake = threading.Event()
+        self.handles: dict[int, int] = {}
+        self.started_at: dict[int, float] = {}
+        self.platform_restarts = 0
+
+    # -- ownership ------------------------------------------------------------------------
+    def acquire(self) -> bool:
+        """Take the job's guardian key (create if absent, under our lease)."""
+        self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
+        key = etcd_keys.guardian_lease(self.job_id)
+        me = procs.ProcRef.of(os.getpid())
+        value = {"pid": os.getpid(), "start": me.start if me else 0, "lease": self.lease.id}
+        deadline = time.monotonic() + self.config.lease_ttl_s + 3
+        while time.monotonic() < deadline:
+            if self.etcd.create(key, value, self.lease):
+                return True
+            held = self.etcd.get(key)
+            if held is None:
+                continue
+            holder = held.value if isinstance(held.value, dict) else {}
+            if procs.ref_alive(holder.get("pid"), holder.get("start")):
+                return False
+            self.etcd.revoke(held.lease)  # the holder is dead: do not wait for its TTL
+            time.sleep(0.05)
+        return False
+
+    def run(self) -> int:
+        if not self.acquire():
+            log.info("job %s already has a live guardian", self.job_id)
+            if self.lease:
+                self.lease.revoke()
+            return EXIT_ALREADY_GUARDED
+        cancel = self.etcd.watch_prefix(etcd_keys.job_prefix(self.job_id), self.wake.set)
+        try:
+            return self._run()
+        finally:
+            cancel()
+            if self.lease:
+                self.lease.revoke()
+
+    def _run(self) -> int:
+        while True:
+            if self.terminate.is_set():
+                return self.detach()
+            if self.lease and self.lease.lost.is_set():
+                return EXIT_LEASE_LOST
+            try:
+                job = self.jobs.get(self.job_id)
+            except JobNotFound:
+                self.backend.rollback(self.job_id, self.job_dir)
+                self.erase()
+                return EXIT_DONE
+            if job.status in states.TERMINAL_STATES or job.status in (states.HALTED, states.QUEUED):
+                self.backend.rollback(self.job_id, self.job_dir)
+                self.erase()
+                return EXIT_DONE
+            try:
+                if self.etcd.get(etcd_keys.deploy_step(self.job_id, COMPLETE)) is None:
+                    done = self.deploy(job)
+                else:
+                    done = self.monitor(job)
+            except (StaleToken, states.IllegalTransition) as exc:
+                log.info("job %s changed under us (%s); deciding again", self.job_id, exc)
+                continue
+            if done is not None:
+                return done
+
+    # -- deploy ---------------------------------------------------------------------------
+    @property
+    def job_dir(self) -> str:
+        return str(self.config.jobs_dir / self.job_id)
+
+    def spec(self, job: JobRecord, generation: int, master_port: int) -> JobSpec:
+        manifest = job.manifest
+        checkpoint = manifest.get("checkpoint") or {}
+        return JobSpec(
+            job_id=job.job_id,
+            command=str(manifest["framework"]["command"]),
+            learners=int(job.resources.get("learners", manifest.get("learners", 1))),
+            job_dir=self.job_dir,
+            checkpoint_dir=str(Path(self.job_dir) / "checkpoints"),
+            result_store=str(self.config.objects_dir / "results" / job.job_id),
+            etcd_url=self.config.etcd_url,
+            generation=generation,
+            model_zip=str(self.config.objects_dir / job.model_path) if job.model_path else "",
+            manifest=manifest,
+            placement=dict(job.placement or {}),
+            gpus_per_learner=float(job.resources.get("gpus", 0)),
+            memory_mb=float(job.resources.get("memory_mb", 0)),
+            master_port=master_port,
+            tds_address=self.config.tds_address,
+            grace_s=float(checkpoint.get("grace_s", self.config.learner_grace_s)),
+        )
+
+    def control(self) -> dict[str, Any]:
+        entry = self.etcd.get(etcd_keys.control(self.job_id))
+        return entry.value if entry is not None and isinstance(entry.value, dict) else {}
+
+    def _fault(self, step: str, attempt: int) -> None:
+        name, _, upto = self.config.fail_step.partition(":")
+        if name == step and attempt < int(upto or 1_000_000):
+            raise DeployStepFailed(f"step {step} failed (injected fault, attempt {attempt})")
+
+    def deploy(self, job: JobRecord) -> int | None:
+        action = self.control().get("action")
+        if action in ("halt", "delete"):
+            return self.finish(
+                states.HALTED if action == "halt" else states.DELETED, self.control_reason()
+            )
+        recorded = self.etcd.get_prefix(etcd_keys.deploy_prefix(self.job_id))
+        if recorded:
+            # Steps without `complete`: a guardian died mid-deploy. Undo all, count it.
+            log.info(
+                "job %s: found a partial deploy (%s); rolling back", self.job_id, sorted(recorded)
+            )
+            self.rollback()
+            job = self.count_attempt(job, "the guardian restarted during the deploy")
+            if job.status == states.FAILED:
+                return EXIT_DONE
+        if job.status == states.PENDING:
+            job = self.jobs.transition(
+                self.job_id, states.DEPLOYING, "deploying", expect_version=job.version
+            )
+        generation = self.etcd.revision()
+        spec = self.spec(job, generation, free_port())
+        attempt = job.attempts
+        try:
+            for step in STEPS:
+                if self.control().get("action") in ("halt", "delete"):
+                    self.rollback()
+                    return None  # the next round sees the request and ends the job
+                key = etcd_keys.deploy_step(self.job_id, step)
+                self.etcd.put(
+                    key, {"state": "started", "generation": generation, "time": time.time()}
+                )
+                if self.config.step_delay_s:
+                    time.sleep(self.config.step_delay_s)
+                self._fault(step, attempt)
+                result = self.run_step(step, spec)
+                self.etcd.put(
+                    key,
+                    {"state": "done", "generation": generation, "time": time.time(), **result},
+                )
+            self.etcd.put(
+                etcd_keys.deploy_step(self.job_id, COMPLETE),
+                {"generation": generation, "master_port": spec.master_port, "time": time.time()},
+            )
+            log.info("job %s deployed (generation %d)", self.job_id, generation)
+            return None
+        except Exception as exc:
+            log.warning("job %s: deploy attempt %d failed: %s", self.job_id, attempt + 1, exc)
+            self.rollback()
+            job = self.count_attempt(job, str(exc))
+            if job.status == states.FAILED:
+                return EXIT_DONE
+            time.sleep(min(2.0, 0.2 * job.attempts))
+            return None
+
+    def run_step(self, step: str, spec: JobSpec) -> dict[str, Any]:
+        if step == "keys":
+            self.etcd.put(
+                etcd_keys.runtime_prefix(self.job_id) + "config",
+                {
+                    "world_size": spec.learners,
+                    "master_addr": "127.0.0.1",
+                    "master_port": spec.master_port,
+                    "generation": spec.generation,
+                },
+            )
+            return {}
+        if step == "volume":
+            self.backend.prepare_volume(spec)
+            return {"job_dir": spec.job_dir}
+        if step == "secrets":
+            self.backend.write_secrets(spec)
+            return {}
+        if step == "learners":
+            for rank in range(spec.learners):
+                self.handles[rank] = self.backend.start_learner(spec, rank, 0)
+                self.started_at[rank] = time.monotonic()
+            return {"handles": {str(r): h for r, h in self.handles.items()}}
+        if step == "helper":
+            self.backend.start_helper(spec)
+            return {}
+        raise DeployStepFailed(f"unknown deploy step {step!r}")
+
+    def count_attempt(self, job: JobRecord, reason: str) -> JobRecord:
+        attempts = job.attempts + 1
+        job = self.jobs.update_fields(self.job_id, attempts=attempts)
+        if attempts >= self.config.deploy_attempts:
+            self.finish(
+                states.FAILED,
+                f"deploy failed after {attempts} attempts: {reason}",
+            )
+            return self.jobs.get(self.job_id)
+        return job
+
+    def rollback(self) -> None:
+        """Undo a deploy: everything labelled with the job id, and its deploy keys."""
+        self.backend.rollback(self.job_id, self.job_dir)
+        for prefix in (
+            etcd_keys.deploy_prefix(self.job_id),
+            etcd_keys.learner_prefix(self.job_id),
+            etcd_keys.runtime_prefix(self.job_id),
+        ):
+            self.etcd.delete_prefix(prefix)
+        self.handles.clear()
+        self.started_at.clear()
+
+    # -- monitor -------------------------------------------------------------------------------
+    def monitor(self, job: JobRecord) -> int | None:
+        complete = self.etcd.get(etcd_keys.deploy_step(self.job_id, COMPLETE))
+        assert complete is not None
+        spec = self.spec(job, int(complete.value["generation"]), int(complete.value["master_port"]))
+        max_restarts = int(job.manifest.get("max_learner_restarts", 2))
+        while True:
+            self.wake.wait(0.25)
+            self.wake.clear()
+            if self.terminate.is_set():
+                return self.detach()
+            if self.lease and self.lease.lost.is_set():
+                return EXIT_LEASE_LOST
+            action = self.control().get("action")
+            if action == "halt":
+                return self.halt(spec)
+            if action == "delete":
+                self.backend.stop_learners(self.job_id, grace_s=2.0)
+                return self.finish(states.DELETED, self.control_reason())
+            statuses = self.learner_statuses(spec, max_restarts)
+            if isinstance(statuses, int):
+                return statuses
+            job = self.advance(job, statuses)
+            if all(s == "COMPLETED" for s in statuses.values()):
+                return self.finish(states.COMPLETED, "every learner finished", exit_code=0)
+
+    def learner_statuses(self, spec: JobSpec, max_restarts: int) -> dict[int, str] | int:
+        entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
+        restarts_entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, RESTARTS))
+        restarts: dict[str, int] = dict(restarts_entry.value) if restarts_entry else {}
+        statuses: dict[int, str] = {}
+        now = time.monotonic()
+        for rank in range(spec.learners):
+            entry = entries.get(etcd_keys.learner_status(self.job_id, rank))
+            value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
+            if entry is None:
+                handle = self.handles.get(rank)
+                exited = handle is not None and self.backend.learner_exited(handle) is not None
+                waited = now - self.started_at.get(rank, -1e9) > self.config.start_grace_s
+                if handle is None or exited or waited:
+                    self.platform_restarts += 1
+                    if self.platform_restarts > self.config.platform_restarts:
+                        return self.finish(
+                            states.FAILED,
+                            f"learner {rank}'s controller died {self.platform_restarts} times",
+                        )
+                    log.info("job %s: (re)starting the controller of learner %d", self.job_id, rank)
+                    self.handles[rank] = self.backend.start_learner(
+                        spec, rank, int(restarts.get(str(rank), 0))
+                    )
+                    self.started_at[rank] = now
+                statuses[rank] = "STARTING"
+            elif entry.lease:
+                if not procs.ref_alive(value.get("pid"), value.get("start")):
+                    self.etcd.revoke(entry.lease)  # its controller died: free the rank now
+                    self.wake.set()
+                statuses[rank] = str(value.get("status", "STARTING"))
+            elif value.get("status") == "FAILED":
+                done = int(restarts.get(str(rank), 0))
+                code = int(value.get("exit_code") or 1)
+                if done >= max_restarts:
+                    return self.fail_learner(rank, code, done)
+                restarts[str(rank)] = done + 1
+                self.etcd.put(etcd_keys.deploy_step(self.job_id, RESTARTS), restarts)
+                self.etcd.delete_if(entry.key, entry.mod_revision)
+                log.info(
+                    "job %s: learner %d exited %d; restart %d", self.job_id, rank, code, done + 1
+                )
+                self.handles[rank] = self.backend.start_learner(spec, rank, done + 1)
+                self.started_at[rank] = now
+                statuses[rank] = "STARTING"
+            else:
+                statuses[rank] = str(value.get("status"))
+        return statuses
+
+    def advance(self, job: JobRecord, statuses: dict[int, str]) -> JobRecord:
+        """Move the record along the happy path as far as the slowest learner is."""
+        slowest = min((_LEVEL.get(s, 0) for s in statuses.values()), default=0)
+        while True:
+            level = _JOB_LEVEL.get(job.status)
+            if level is None or level >= min(slowest, 3):
+                return job
+            target = (
+                _HAPPY[level]
+                if job.status not in (states.RECOVERING, states.RESCALING)
+                else states.PROCESSING
+            )
+            job = self.jobs.transition(
+                self.job_id, target, f"learners are {target}", expect_version=job.version
+            )
+
+    def halt(self, spec: JobSpec) -> int:
+        """Learners save and stop (they watch the same control key); then HALTED."""
+        deadline = time.monotonic() + spec.grace_s + 5
+        while time.monotonic() < deadline:
+            entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
+            busy = [
+                e
+                for e in entries.values()
+                if e.lease
+                and isinstance(e.value, dict)
+                and procs.ref_alive(e.value.get("pid"), e.value.get("start"))
+            ]
+            if not busy:
+                break
+            self.wake.wait(0.2)
+            self.wake.clear()
+        self.backend.stop_learners(self.job_id, grace_s=1.0)
+        return self.finish(states.HALTED, self.control_reason())
+
+    def fail_learner(self, rank: int, code: int, restarts: int) -> int:
+        self.backend.stop_learners(self.job_id, grace_s=2.0)
+        lines = self.backend.log_tail(self.job_dir, rank)
+        return self.finish(
+            states.FAILED,
+            f"learner {rank} exited with code {code}"
+            + (f" after {restarts} restarts" if restarts else ""),
+            exit_code=code,
+            last_log_lines=lines,
+        )
+
+    def control_reason(self) -> str:
+        control = self.control()
+        return str(control.get("reason") or f"{control.get('action', 'stopped')} requested")
+
+    # -- endings -----------------------------------------------------------------------------
+    def finish(self, target: str, message: str, **fields: Any) -> int:
+        """Stop everything, write the record, erase the job's keys (in that order: the
+        record is the truth; keys left by a crash here are garbage the LCM collects)."""
+        self.backend.rollback(self.job_id, self.job_dir)
+        with contextlib.suppress(states.IllegalTransition):
+            current = self.jobs.get(self.job_id)
+            if current.status != target:
+                self.jobs.transition(self.job_id, target, message, **fields)
+        self.erase()
+        log.info("job %s: %s (%s)", self.job_id, target, message)
+        return EXIT_DONE
+
+    def erase(self) -> None:
+        """Every key of the job except our own lease key (revoked last, on exit)."""
+        for prefix in (
+            etcd_keys.deploy_prefix(self.job_id),
+            etcd_keys.learner_prefix(self.job_id),
+            etcd_keys.runtime_prefix(self.job_id),
+        ):
+            self.etcd.delete_prefix(prefix)
+        self.etcd.delete(etcd_keys.control(self.job_id))
+
+    def detach(self) -> int:
+        """The platform is shutting down: learners save and stop, the job stays as it is,
+        and the next guardian restarts them where they were."""
+        self.backend.stop_learners(self.job_id, grace_s=self.config.learner_grace_s)
+        return EXIT_TERMINATED

@@ -1,0 +1,38 @@
+"""How the daemon hosts the LCM: the LifecycleManager RPCs plus the reconcile loop."""
+
+from __future__ import annotations
+
+import click
+
+from services.daemon import DaemonContext, Hosted, jobs_repository
+
+
+def build(ctx: DaemonContext) -> Hosted:
+    from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
+
+    from services.lcm.manager import LcmConfig, LifecycleManager
+    from services.lcm.service import LifecycleServicer
+    from services.store.etcd import EtcdStore
+
+    config = ctx.config
+    if not config.etcd_url:
+        raise click.UsageError(
+            "the lcm needs etcd: pass --etcd http://HOST:PORT or set RHIZOME_ETCD"
+        )
+    tds = config.grpc_address if "tds" in config.services else config.peers.get("tds", "")
+    has_scheduler = "scheduler" in config.services or "scheduler" in config.peers
+    manager = LifecycleManager(
+        LcmConfig(
+            data_dir=config.data_dir,
+            etcd_url=config.etcd_url,
+            mongodb_uri=config.mongodb_uri,
+            tds_address=tds,
+            place_locally=not has_scheduler,
+        ),
+        jobs_repository(ctx),
+        EtcdStore.connect(config.etcd_url),
+    )
+    ctx.shared["lcm"] = manager
+    lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LifecycleServicer(manager), ctx.server)
+    name = lcm_pb2.DESCRIPTOR.services_by_name["LifecycleManager"].full_name
+    return Hosted([name], manager.start, manager.stop)

@@ -1,0 +1,299 @@
+"""The lifecycle manager: keeps exactly one live guardian for every job that needs one.
+
+Level-triggered, like a Kubernetes controller: every round (a short period, or at once
+when woken by an RPC or a guardian's exit) the leader reads the active jobs from MongoDB
+and the job keys from etcd, then
+
+1. (no scheduler hosted) places QUEUED jobs on the local machine (`placement.py`);
+2. for every active job makes sure a guardian runs: one it started and still supervises,
+   or one it finds alive through the job's guardian key (re-adopted after an LCM restart),
+   or else a new one — restarted at once the first time, then with exponential backoff;
+3. collects garbage: keys of jobs that are no longer active and have no live guardian are
+   erased, and anything still running for them is stopped.
+
+Two LCMs never both act: only the holder of the `leaders/lcm` key (an etcd lease) runs
+rounds, and the per-job guardian key makes a second guardian exit at once anyway.
+The LCM is a child subreaper: learners and commands orphaned by a dying guardian are
+re-parented to it and reaped, so none is left a zombie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from learner.controller import procs
+from services.backends.api import get_backend
+from services.lcm.placement import place_queued_locally
+from services.store import etcd_keys, states
+from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
+from services.store.etcd import EtcdStore, Lease
+from services.store.jobs import JobsRepository
+
+log = logging.getLogger("rhizome.lcm")
+
+GUARDIAN_ALREADY_GUARDED = 3
+
+
+@dataclass
+class LcmConfig:
+    data_dir: Path
+    etcd_url: str
+    mongodb_uri: str
+    tds_address: str = ""
+    backend: str = "local"
+    place_locally: bool = True
+    poll_s: float = 0.2
+    lease_ttl_s: int = 2
+    max_backoff_s: float = 10.0
+    stop_timeout_s: float = 15.0
+    guardian_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Supervised:
+    job_id: str
+    ref: procs.ProcRef
+    child: bool
+    started: float = field(default_factory=time.monotonic)
+
+
+class LifecycleManager:
+    def __init__(self, config: LcmConfig, jobs: JobsRepository, etcd: EtcdStore) -> None:
+        self.config = config
+        self.jobs = jobs
+        self.etcd = etcd
+        self.id = uuid.uuid4().hex[:8]
+        self.guardians: dict[str, Supervised] = {}
+        self.failures: dict[str, int] = {}
+        self.not_before: dict[str, float] = {}
+        self.reaper = procs.Reaper()
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._leader_lease: Lease | None = None
+        self.backend = get_backend(config.backend)
+
+    # -- life ------------------------------------------------------------------------------
+    def start(self) -> None:
+        procs.become_subreaper()
+        self.reaper.start()
+        self._thread = threading.Thread(target=self._loop, name="lcm", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the rounds and the guardians this LCM runs (they stop their learners and
+        leave the jobs as they are; the next LCM starts guardians that carry on)."""
+        self._stop.set()
+        self.wake.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        with self._lock:
+            running = [g for g in self.guardians.values() if g.ref.alive()]
+        for g in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(g.ref.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_timeout_s
+        while time.monotonic() < deadline and any(g.ref.alive() for g in running):
+            time.sleep(0.05)
+        for g in running:
+            if g.ref.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(g.ref.pid, signal.SIGKILL)
+        self.reaper.reap_once()
+        self.reaper.stop()
+        if self._leader_lease:
+            self._leader_lease.revoke()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.is_leader():
+                    self.reconcile()
+            except (StoreUnavailable, OSError) as exc:
+                log.warning("lcm round failed, retrying: %s", exc)
+            except Exception:
+                log.exception("lcm round failed")
+            self.wake.wait(self.config.poll_s)
+            self.wake.clear()
+
+    # -- leadership ----------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        lease = self._leader_lease
+        if lease is not None and not lease.lost.is_set():
+            return True
+        lease = self.etcd.grant(self.config.lease_ttl_s)
+        me = procs.ProcRef.of(os.getpid())
+        value = {
+            "id": self.id,
+            "pid": os.getpid(),
+            "start": me.start if me else 0,
+            "lease": lease.id,
+        }
+        key = etcd_keys.leader("lcm")
+        if self.etcd.create(key, value, lease):
+            self._leader_lease = lease.keep_alive()
+            log.info("lcm %s is the leader", self.id)
+            return True
+        lease.revoke()
+        held = self.etcd.get(key)
+        if held is not None and isinstance(held.value, dict):
+            holder = held.value
+            # A leader on this machine that died: free the key now instead of at its TTL.
+            if holder.get("id") != self.id and not procs.ref_alive(
+                holder.get("pid"), holder.get("start")
+            ):
+                self.etcd.revoke(held.lease)
+        return False
+
+    # -- rounds ---------------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        if self.config.place_locally:
+            place_queued_locally(self.jobs)
+        active = self.jobs.by_status(states.ACTIVE_STATES)
+        keys = self.etcd.get_prefix(f"{etcd_keys.ROOT}/jobs/")
+        guardian_keys = {k: e for k, e in keys.items() if k.endswith("/guardian")}
+        active_ids = {j.job_id for j in active}
+        for job in active:
+            self.ensure_guardian(
+                job.job_id, guardian_keys.get(etcd_keys.guardian_lease(job.job_id))
+            )
+        with self._lock:
+            for job_id in [j for j in self.guardians if j not in active_ids]:
+                if not self.guardians[job_id].ref.alive():
+                    self.guardians.pop(job_id)
+                    self.failures.pop(job_id, None)
+        leftover = {k.split("/")[3] for k in keys} - active_ids
+        for job_id in leftover:
+            self.collect(job_id, guardian_keys.get(etcd_keys.guardian_lease(job_id)))
+
+    def ensure_guardian(self, job_id: str, held: object) -> None:
+        with self._lock:
+            current = self.guardians.get(job_id)
+            if current is not None and current.ref.alive():
+                return
+            entry = held if held is not None else None
+            if entry is not None:
+                value = getattr(entry, "value", {})
+                if isinstance(value, dict) and procs.ref_alive(
+                    value.get("pid"), value.get("start")
+                ):
+                    self.guardians[job_id] = Supervised(
+                        job_id, procs.ProcRef(int(value["pid"]), int(value["start"])), child=False
+                    )
+                    return
+                self.etcd.revoke(int(getattr(entry, "lease", 0)))  # its guardian is dead
+            if time.monotonic() < self.not_before.get(job_id, 0.0):
+                return
+            self.spawn(job_id)
+
+    def spawn(self, job_id: str) -> None:
+        job_dir = self.config.data_dir / "jobs" / job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "services.guardian",
+            f"--job-id={job_id}",
+            f"--etcd={self.config.etcd_url}",
+            f"--mongodb-uri={self.config.mongodb_uri}",
+            f"--data-dir={self.config.data_dir}",
+            f"--backend={self.config.backend}",
+        ]
+        if self.config.tds_address:
+            argv.append(f"--tds={self.config.tds_address}")
+        env = dict(os.environ, **self.config.guardian_env)
+        with open(job_dir / "guardian.log", "ab") as logf:
+            proc = subprocess.Popen(
+                argv,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
+        self.guardians[job_id] = Supervised(job_id, ref, child=True)
+        self.reaper.watch(proc.pid, lambda pid, code: self._guardian_exited(job_id, pid, code))
+        log.info("job %s: started guardian pid %d", job_id, proc.pid)
+
+    def _guardian_exited(self, job_id: str, pid: int, code: int) -> None:
+        with self._lock:
+            current = self.guardians.get(job_id)
+            lived = time.monotonic() - current.started if current else 0.0
+            if current is not None and current.ref.pid == pid:
+                self.guardians.pop(job_id)
+            if code in (0, GUARDIAN_ALREADY_GUARDED):
+                self.failures.pop(job_id, None)
+                self.not_before.pop(job_id, None)
+            else:
+                # The first restart is immediate; a guardian that keeps dying backs off.
+                failures = 0 if lived > 30 else self.failures.get(job_id, 0) + 1
+                self.failures[job_id] = failures
+                delay = 0.0 if failures <= 1 else min(self.config.max_backoff_s, 0.25 * 2**failures)
+                self.not_before[job_id] = time.monotonic() + delay
+                log.warning(
+                    "job %s: guardian pid %d exited with %d; restart in %.1fs",
+                    job_id,
+                    pid,
+                    code,
+                    delay,
+                )
+        with contextlib.suppress(StoreUnavailable):
+            held = self.etcd.get(etcd_keys.guardian_lease(job_id))
+            if held is not None and isinstance(held.value, dict) and held.value.get("pid") == pid:
+                self.etcd.revoke(held.lease)  # it is dead: the next guardian need not wait
+        self.wake.set()
+
+    def collect(self, job_id: str, held: object) -> None:
+        """Erase what a finished job left (a guardian that died after writing the end)."""
+        if held is not None:
+            value = getattr(held, "value", {})
+            if isinstance(value, dict) and procs.ref_alive(value.get("pid"), value.get("start")):
+                return  # its guardian is still finishing
+        try:
+            job = self.jobs.get(job_id)
+            if job.status in states.ACTIVE_STATES:
+                return
+        except JobNotFound:
+            pass  # purged: whatever it left is garbage too
+        self.backend.rollback(job_id, str(self.config.data_dir / "jobs" / job_id))
+        self.etcd.delete_prefix(etcd_keys.job_prefix(job_id))
+        log.info("job %s: collected leftover keys", job_id)
+
+    # -- requests (any replica answers them) -------------------------------------------------
+    def request(self, job_id: str, action: str, reason: str) -> str:
+        """Halt or delete: tell the guardian through the control key; with no guardian
+        (nothing deployed yet) move the record directly."""
+        self.etcd.put(
+            etcd_keys.control(job_id), {"action": action, "reason": reason, "time": time.time()}
+        )
+        target = states.HALTED if action == "halt" else states.DELETED
+        held = self.etcd.get(etcd_keys.guardian_lease(job_id))
+        job = self.jobs.get(job_id)
+        if held is None and job.status in (states.PENDING, states.QUEUED):
+            with contextlib.suppress(StaleToken, states.IllegalTransition):
+                self.jobs.transition(job_id, target, reason, expect_version=job.version)
+                self.etcd.delete(etcd_keys.control(job_id))
+                return f"job {job_id} {target.lower()}"
+        self.wake.set()
+        return f"{action} of job {job_id} requested"
+
+    def resume(self, job_id: str, reason: str) -> str:
+        job = self.jobs.get(job_id)
+        if job.status != states.HALTED:
+            raise states.IllegalTransition(job_id, job.status, states.RESUMING)
+        self.etcd.delete_prefix(etcd_keys.job_prefix(job_id))
+        self.jobs.transition(job_id, states.RESUMING, reason, expect_version=job.version)
+        self.wake.set()
+        return f"job {job_id} is resuming"
