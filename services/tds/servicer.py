@@ -370,14 +370,14 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
 
             # The store may hold lines written between the history query and subscribing.
             yield from catch_up(refresh=True)
-            last_poll = time.monotonic()
+            last_poll = last_check = time.monotonic()
             finished_at: float | None = None
+            dirty = False  # the store holds records the live feed could not deliver
             while context.is_active():
                 try:
                     batch = sub.queue.get(timeout=self.follow_poll_s)
                 except queue.Empty:
                     batch = None
-                dirty = False
                 if batch is not None:
                     if match is None:
                         dirty = True
@@ -406,14 +406,19 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
                     sub.overflowed = False
                     dirty = True
                 now = time.monotonic()
-                if dirty or now - last_poll >= self.store_poll_s:
-                    last_poll = now
+                # At most one store round trip per poll interval, however fast lines come.
+                if (dirty and now - last_poll >= self.follow_poll_s) or (
+                    now - last_poll >= self.store_poll_s
+                ):
                     yield from catch_up(refresh=dirty)
+                    last_poll, dirty = now, False
                 if not context.is_active():
                     return
                 if finished_at is None:
-                    if self._finished(query.job_id):
-                        finished_at = now
+                    if now - last_check >= self.follow_poll_s:
+                        last_check = now
+                        if self._finished(query.job_id):
+                            finished_at = now
                 elif now - finished_at >= self.finish_grace_s:
                     yield from catch_up(refresh=True)
                     return

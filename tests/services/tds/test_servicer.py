@@ -249,3 +249,26 @@ def test_empty_job_id_is_invalid(tds) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "job_id is empty" in (err.value.details() or "")
     channel.close()
+
+
+def test_follow_with_search_delivers_only_matching_new_lines(tds, finished: set[str]) -> None:
+    addr, _ = tds
+    channel, s = stub(addr)
+
+    def batch(start: int, n: int) -> tds_pb2.AddLogLinesRequest:
+        return tds_pb2.AddLogLinesRequest(
+            lines=[
+                log_line("j", 0, "stdout", i, f"{'warn' if i % 2 == 0 else 'info'} {i}", T0 + i)
+                for i in range(start, start + n)
+            ]
+        )
+
+    s.AddLogLines(batch(0, 3))
+    stream = s.GetLogs(tds_pb2.LogsRequest(job_id="j", learner=-1, follow=True, search="warn"))
+    assert [next(stream).seq for _ in range(2)] == [0, 2]
+    s.AddLogLines(batch(3, 7))
+    got = [next(stream).seq for _ in range(3)]
+    finished.add("j")
+    assert list(stream) == []
+    assert got == [4, 6, 8]
+    channel.close()
