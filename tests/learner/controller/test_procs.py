@@ -1,0 +1,73 @@
+"""Process labels, references and the reaper (real processes, no platform)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+from learner.controller import procs
+
+
+def _labelled_sleeper(job_id: str, rank: int, role: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, procs.JOB_ENV: job_id, procs.RANK_ENV: str(rank), procs.ROLE_ENV: role}
+    # A shell with a child: killing must take the whole group, not just the leader.
+    return subprocess.Popen(["/bin/sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
+
+
+def test_labelled_finds_by_job_rank_and_role_and_kill_takes_the_groups() -> None:
+    job = f"job-test-{uuid.uuid4().hex[:8]}"
+    a = _labelled_sleeper(job, 0, procs.ROLE_LEARNER)
+    b = _labelled_sleeper(job, 1, procs.ROLE_CONTROLLER)
+    try:
+        found = {}
+        for _ in range(100):
+            found = {
+                "all": procs.labelled(job),
+                "rank0": procs.labelled(job, rank=0),
+                "ctl": procs.labelled(job, role=procs.ROLE_CONTROLLER),
+            }
+            if len(found["all"]) == 4:
+                break
+            procs.time.sleep(0.02)
+        assert len(found["all"]) == 4  # two shells and two sleeps
+        assert a.pid in found["rank0"] and b.pid not in found["rank0"]
+        assert b.pid in found["ctl"] and a.pid not in found["ctl"]
+        assert procs.labelled("job-someone-else") == []
+        assert procs.kill_labelled(job, rank=0) == 2
+        a.wait(timeout=5)
+        assert procs.labelled(job, rank=0) == []
+        assert procs.labelled(job, rank=1) != []
+    finally:
+        procs.kill_labelled(job)
+        a.wait(timeout=5)
+        b.wait(timeout=5)
+    assert procs.labelled(job) == []
+
+
+def test_procref_tells_a_reused_pid_from_the_original() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ref = procs.ProcRef.of(proc.pid)
+    assert ref is not None and ref.alive()
+    assert not procs.ProcRef(proc.pid, ref.start + 1).alive()
+    assert not procs.ref_alive(None, ref.start)
+    proc.kill()
+    proc.wait()
+    assert not ref.alive()
+
+
+def test_reaper_reports_exit_codes_of_watched_children() -> None:
+    reaper = procs.Reaper(interval_s=0.01)
+    codes: dict[int, int] = {}
+    proc = subprocess.Popen(["/bin/sh", "-c", "exit 5"])
+    reaper.watch(proc.pid, lambda pid, code: codes.__setitem__(pid, code))
+    reaper.start()
+    try:
+        for _ in range(500):
+            if proc.pid in codes:
+                break
+            procs.time.sleep(0.01)
+    finally:
+        reaper.stop()
+    assert codes == {proc.pid: 5}
