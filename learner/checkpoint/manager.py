@@ -10,12 +10,16 @@ What it measures, and how:
   `RHIZOME_BACKUP_S`.
 - MTTP and R come from the platform (`RHIZOME_MTTP_S`, `RHIZOME_RESTART_S`).
 
+Emergency timing: after a notice the script trains on while one more step plus twice
+(step + save + backup) still fit in the time left, then `should_save()` says "emergency" —
+the checkpoint then holds every step done before the preemption.
+
 Save kinds: a `backup()` that follows a `should_save()` that said "emergency" or
 "insurance" is of that kind; any other `backup()` is the script's own periodic save, which
 resets the insurance clock like any save. Periodic and insurance backups run on one
 background thread (so they commit in order); an emergency backup runs in the caller,
 after the queued ones, then the notice is acknowledged and — unless
-`RHIZOME_EMERGENCY_EXIT=0` — the process exits with status 143.
+`RHIZOME_EMERGENCY_EXIT=0` — the process exits at once (`os._exit`) with status 143.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -157,6 +162,13 @@ class CheckpointManager:
         notice = self._notice
         if notice is not None and not self._emergency_done:
             left = notice.time_left(time.time())
+            # Train on while the next step and twice (step + save + backup) still fit —
+            # a safety factor of 2 on estimates that may be priors: the emergency
+            # checkpoint then holds as much work as it safely can.
+            margin = self.step_s + 2 * (self.step_s + self._save_s + self._backup_s)
+            if margin < left:
+                self.last_decision = policy.Decision(False, "emergency-deferred", self.interval_s())
+                return False
             # The step has finished by now, so only the save and the backup must fit.
             if policy.emergency_save_fits(0.0, self._save_s, self._backup_s, left):
                 self._pending_reason = "emergency"
@@ -271,7 +283,9 @@ class CheckpointManager:
             self.close(wait=False)
             sys.stdout.flush()
             sys.stderr.flush()
-            raise SystemExit(PREEMPTED_EXIT_CODE)
+            # Leave now: the checkpoint is committed and the node is about to go; a normal
+            # interpreter shutdown (torch teardown, atexit) can outlast the grace period.
+            os._exit(PREEMPTED_EXIT_CODE)
 
     def latest_checkpoint(self) -> CommittedCheckpoint | None:
         return self.store.latest()

@@ -43,13 +43,19 @@ def _save(m: CheckpointManager, text: str) -> Path:
 
 
 def test_emergency_save_on_notice_is_committed_before_backup_returns(tmp_path: Path) -> None:
-    m = _manager(tmp_path, insurance="never", emergency_exit=False)
+    m = _manager(tmp_path, insurance="never", emergency_exit=False, save_s=1.0, backup_s=1.0)
     with m.step():
         pass
+    m._step_times.append(1.0)  # a 1 s step, so the timing below is exact
     assert not m.should_save()
     now = time.time()
     m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))
     assert m.preempted()
+    # 1 + 2 * (1 + 1 + 1) = 7 s < 100 s left: train on
+    assert not m.should_save()
+    assert m.last_decision is not None and m.last_decision.reason == "emergency-deferred"
+    m._on_notice(PreemptionNotice("sigterm", now, now + 3.0))
+    # 7 s no longer fit, save + backup (2 s) do: save now
     assert m.should_save()
     future = m.backup(_save(m, "state@1"))
     assert future.done()
@@ -59,14 +65,24 @@ def test_emergency_save_on_notice_is_committed_before_backup_returns(tmp_path: P
     m.close()
 
 
-def test_emergency_save_exits_with_the_preempted_status(tmp_path: Path) -> None:
-    m = _manager(tmp_path, insurance="never")
+def test_emergency_save_exits_with_the_preempted_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = _manager(tmp_path, insurance="never", save_s=1.0, backup_s=1.0)
+    m._step_times.append(1.0)
     now = time.time()
-    m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))
+    m._on_notice(PreemptionNotice("sigterm", now, now + 3.9))
     assert m.should_save()
-    with pytest.raises(SystemExit) as exc:
+    exits: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr("learner.checkpoint.manager.os._exit", fake_exit)
+    with pytest.raises(SystemExit):
         m.backup(_save(m, "x"))
-    assert exc.value.code == PREEMPTED_EXIT_CODE
+    assert exits == [PREEMPTED_EXIT_CODE]
     latest = m.latest_checkpoint()
     assert latest is not None and latest.kind is CheckpointKind.EMERGENCY
 

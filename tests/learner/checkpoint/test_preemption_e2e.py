@@ -1,6 +1,7 @@
 """A real training script using the SDK, preempted by the real injector, then resumed.
 
-- Long enough grace: SIGTERM -> emergency save -> exit 143 before SIGKILL; the resume
+- Long enough grace: SIGTERM -> train on while it fits -> emergency save -> exit 143
+  before SIGKILL; the resume
   starts from the emergency checkpoint with zero lost steps, and ends with exactly the
   parameters of an uninterrupted run.
 - Grace too short for an emergency save: SIGTERM then SIGKILL; the resume starts from the
@@ -112,21 +113,24 @@ def _resume_and_compare(tmp_path: Path, env: dict[str, str], from_step: int) -> 
 
 
 def test_sigterm_emergency_save_resumes_with_zero_lost_steps(tmp_path: Path) -> None:
-    env = _env(tmp_path, RHIZOME_GRACE_S="20", RHIZOME_SAVE_S="0.01", RHIZOME_BACKUP_S="0.01")
+    env = _env(tmp_path, RHIZOME_GRACE_S="3", RHIZOME_SAVE_S="0.2", RHIZOME_BACKUP_S="0.5")
     progress = tmp_path / "run1.jsonl"
     args = ["--steps", "100000", "--step-sleep", "0.02", "--progress", str(progress)]
     proc = _train(env, *args)
     try:
         _wait_steps(proc, progress, 5)
-        injections = _inject(proc.pid, notice=20.0, delay=0.0)
+        injections = _inject(proc.pid, notice=3.0, delay=0.0)
         rc = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert len(injections) == 1
-    assert injections[0]["events"] == ["sigterm"] and injections[0]["outcome"] == "exited"
-    assert rc == 143
+    assert len(injections) == 1 and injections[0]["events"][0] == "sigterm"
+    # Normally the learner leaves within the grace (143); on a very loaded machine the
+    # injector's SIGKILL may still win the race after the checkpoint is committed.
+    assert (rc, injections[0]["outcome"]) in ((143, "exited"), (-9, "killed"))
+    events = (tmp_path / "ck" / "e2e" / "0" / "events.jsonl").read_text()
+    assert '"event": "acknowledged"' in events
     latest = LocalDirectoryStore(tmp_path / "ck" / "e2e" / "0", clean_partial=False).latest()
     assert latest is not None and latest.kind is CheckpointKind.EMERGENCY
     last_done = _steps(progress)[-1]["step"]

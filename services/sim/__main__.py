@@ -1,0 +1,3 @@
+from services.sim.cli import main
+
+main()

@@ -1,0 +1,150 @@
+"""Run every strategy over N seeded runs and average; render the strategy table."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from services.sim.engine import BUCKETS, RunResult, Sim
+from services.sim.model import JobSpec, PreemptionModel, Prices
+from services.sim.strategies import StrategyFactory
+
+
+@dataclass
+class Row:
+    strategy: str
+    runs: int
+    finished: int
+    time_h: float
+    time_vs_ideal: float
+    cost: float
+    cost_vs_on_demand: float
+    samples_per_dollar: float
+    value_vs_on_demand: float
+    training_share: float
+    in_training_share: float
+    breakdown_share: dict[str, float]
+    preemptions: float
+    restarts: float
+    failovers: float
+    saves: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def simulate(
+    job: JobSpec,
+    model: PreemptionModel,
+    prices: Prices,
+    strategies: list[StrategyFactory],
+    *,
+    runs: int = 10,
+    seed: int = 0,
+) -> list[Row]:
+    """Average each strategy over `runs` seeded runs (the same preemptions per seed)."""
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    per_strategy: dict[str, list[RunResult]] = {}
+    order: list[str] = []
+    for factory in strategies:
+        for i in range(runs):
+            strategy = factory()
+            result = Sim(job, model, strategy, prices, seed * 100_003 + i).run()
+            if result.strategy not in per_strategy:
+                per_strategy[result.strategy] = []
+                order.append(result.strategy)
+            per_strategy[result.strategy].append(result)
+    ideal_h = job.ideal_s / 3600.0
+    od_cost = ideal_h * job.nodes * prices.on_demand_hr
+    od_value = job.steps * job.samples_per_step / od_cost
+    rows = []
+    for name in order:
+        results = per_strategy[name]
+        mean = statistics.fmean
+        time_s = mean(r.time_s for r in results)
+        cost = mean(r.cost for r in results)
+        spd = mean(r.samples_per_dollar for r in results)
+        shares = {
+            b: mean(r.breakdown[b] / r.time_s if r.time_s else 0.0 for r in results)
+            for b in BUCKETS
+        }
+        rows.append(
+            Row(
+                strategy=name,
+                runs=len(results),
+                finished=sum(r.finished for r in results),
+                time_h=time_s / 3600.0,
+                time_vs_ideal=time_s / job.ideal_s,
+                cost=cost,
+                cost_vs_on_demand=cost / od_cost,
+                samples_per_dollar=spd,
+                value_vs_on_demand=spd / od_value,
+                training_share=shares["compute"],
+                in_training_share=shares["compute"] + shares["redundancy"],
+                breakdown_share=shares,
+                preemptions=mean(r.preemptions for r in results),
+                restarts=mean(r.restarts for r in results),
+                failovers=mean(r.failovers for r in results),
+                saves=mean(r.saves for r in results),
+            )
+        )
+    return rows
+
+
+def table(rows: list[Row], title: str) -> Table:
+    t = Table(title=title, show_lines=False)
+    t.add_column("strategy", style="bold")
+    t.add_column("time h", justify="right")
+    t.add_column("×ideal", justify="right")
+    t.add_column("cost $", justify="right")
+    t.add_column("cost ×OD", justify="right")
+    t.add_column("samples/$", justify="right")
+    t.add_column("value ×OD", justify="right")
+    for b in BUCKETS:
+        t.add_column(b[:8], justify="right")
+    t.add_column("preempt", justify="right")
+    t.add_column("restarts", justify="right")
+    t.add_column("done", justify="right")
+    for r in rows:
+        t.add_row(
+            r.strategy,
+            f"{r.time_h:.2f}",
+            f"{r.time_vs_ideal:.3f}",
+            f"{r.cost:,.0f}",
+            f"{r.cost_vs_on_demand:.3f}",
+            f"{r.samples_per_dollar:,.1f}",
+            f"{r.value_vs_on_demand:.2f}",
+            *[f"{100 * r.breakdown_share[b]:.1f}%" for b in BUCKETS],
+            f"{r.preemptions:.1f}",
+            f"{r.restarts:.1f}",
+            f"{r.finished}/{r.runs}",
+        )
+    return t
+
+
+def render(rows: list[Row], title: str, console: Console | None = None) -> None:
+    (console or Console(width=200)).print(table(rows, title))
+
+
+def markdown(rows: list[Row]) -> str:
+    head = (
+        "| strategy | time h | ×ideal | cost $ | cost ×OD | samples/$ | value ×OD | "
+        + " | ".join(BUCKETS)
+        + " | preemptions | restarts | finished |"
+    )
+    sep = "|" + "---|" * (10 + len(BUCKETS))
+    lines = [head, sep]
+    for r in rows:
+        lines.append(
+            f"| {r.strategy} | {r.time_h:.2f} | {r.time_vs_ideal:.3f} | {r.cost:,.0f} | "
+            f"{r.cost_vs_on_demand:.3f} | {r.samples_per_dollar:,.1f} | "
+            f"{r.value_vs_on_demand:.2f} | "
+            + " | ".join(f"{100 * r.breakdown_share[b]:.1f}%" for b in BUCKETS)
+            + f" | {r.preemptions:.1f} | {r.restarts:.1f} | {r.finished}/{r.runs} |"
+        )
+    return "\n".join(lines)
