@@ -96,6 +96,8 @@ class PreemptionModel:
     trace: Trace | None = None
     mttp_node_s: float | None = None
     name: str = field(default="")
+    # Start each run at a random point of the trace (False: at its start, for tests).
+    random_offset: bool = True
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.mttp_node_s is None):
@@ -132,7 +134,7 @@ class PreemptionModel:
         assert self.trace is not None
         removals = self.trace.removals_with_cluster_size()
         period = max(self.trace.duration_s, 1.0)
-        offset = rng.uniform(0.0, period)
+        offset = rng.uniform(0.0, period) if self.random_offset else 0.0
         lap = 0
         while True:
             for t, alive in removals:

@@ -3,8 +3,9 @@
 - `on-demand`: on-demand nodes, never preempted, no saves.
 - `checkpoint-restart`: spot; save every `interval_s` of training; on any preemption,
   wait for a replacement, prepare, resume from the last committed checkpoint.
-- `adaptive` (Spotify): spot; on a notice with `T_step + δ + β < T_left`, finish the step,
-  save, back up, stop until the preemption (nothing recomputed); otherwise insurance saves
+- `adaptive` (Spotify): spot; on a notice with `T_step + δ + β < T_left`, train on while
+  that stays safe (one step plus twice step + δ + β left), then finish the step, save,
+  back up and stop until the preemption (nothing recomputed); otherwise insurance saves
   every `τ_opt = sqrt(2·δ·(MTTP + R))`, recomputed after every save from the platform's
   MTTP (learned online from the preemptions the job sees, starting from the platform's
   estimate for the instance type) and R.
@@ -116,14 +117,24 @@ class Adaptive(Strategy):
             self.sim.schedule(wait, "insurance_due", guard="token")
 
     def _try_emergency(self) -> bool:
+        """Start the emergency save as late as safely possible (as the SDK does: while
+        one step plus twice (step + δ + β) still fit, keep training)."""
         sim = self.sim
-        assert self.notice_deadline is not None
-        if self.emergency or sim.state != "running":
+        if self.notice_deadline is None or self.emergency:
             return self.emergency
-        if not self._fits(self.notice_deadline - sim.now):
+        if sim.state != "running":
+            return False
+        left = self.notice_deadline - sim.now
+        if not self._fits(left):
+            return False
+        job = sim.job
+        step = job.step_s / sim.speed
+        start_in = left - (step + 2 * (step + job.save_s + job.backup_s))
+        if start_in > 1e-9:
+            sim.schedule(start_in, "emergency_start")
             return False
         sim.settle()
-        to_boundary = (math.ceil(sim.progress - 1e-9) - sim.progress) * sim.job.step_s / sim.speed
+        to_boundary = (math.ceil(sim.progress - 1e-9) - sim.progress) * step
         self.emergency = True
         sim.schedule(to_boundary, "step_boundary", guard="token")
         return True
@@ -141,12 +152,14 @@ class Adaptive(Strategy):
 
     def on_timer(self, name: str, data: dict[str, Any]) -> None:
         sim = self.sim
-        if name == "step_boundary" and sim.state == "running":
+        if name == "emergency_start":
+            self._try_emergency()
+        elif name == "step_boundary" and sim.state == "running":
             sim.settle()
             sim.progress = min(float(round(sim.progress)), float(sim.job.steps))
             self.emergency_saves += 1
             sim.start_save(backup_blocks=True, reason="emergency")
-        elif name == "insurance_due" and sim.state == "running":
+        elif name == "insurance_due" and sim.state == "running" and not self.emergency:
             self.insurance_saves += 1
             sim.start_save(reason="insurance")
 
@@ -198,12 +211,14 @@ class Redundant(Strategy):
             need = max(0, len(self.dead) + 1 - self.standby)
             self.dead.clear()
             self.standby = 0
+            sim.settle()  # account the time so far at the old speed
             sim.speed = self.base_speed
             sim.fail(need)
             return
         self.dead.add((d, s))
         sim.failovers += 1
         sim.request_nodes(1, purpose="standby")
+        sim.settle()
         sim.speed = self._speed()
         sim.pause(self.p.failover_s)
 
@@ -217,6 +232,7 @@ class Redundant(Strategy):
         for _ in range(filled):
             self.dead.pop()
         self.standby -= filled
+        sim.settle()
         sim.speed = self._speed()
         sim.pause(self.p.reconfig_s)
 
