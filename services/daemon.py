@@ -27,7 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.config import ALL_SERVICES, PlatformConfig
+from services.config import ALL_SERVICES, PlatformConfig, split_address
 
 log = logging.getLogger("rhizomed")
 
@@ -120,8 +120,11 @@ class Daemon:
                 f"available: {', '.join(have)}"
             )
         self.config = config
+        from services.metrics import GrpcMetricsInterceptor
+
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpc"),
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
+            interceptors=[GrpcMetricsInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", 80 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
@@ -131,6 +134,7 @@ class Daemon:
         self.hosted: list[Hosted] = []
         self.health = health.HealthServicer()
         self.port = 0
+        self.metrics_server: Any = None
 
     def start(self) -> None:
         for name in self.config.services:
@@ -144,6 +148,11 @@ class Daemon:
         if not self.port:
             raise RuntimeError(f"cannot listen on {self.config.grpc_address} (port in use?)")
         self.server.start()
+        if self.config.metrics_address:
+            from services.metrics import serve_metrics
+
+            host, port = split_address(self.config.metrics_address)
+            self.metrics_server = serve_metrics(port, host)
         for hosted in self.hosted:
             if hosted.start:
                 hosted.start()
@@ -158,6 +167,8 @@ class Daemon:
                 with contextlib.suppress(Exception):
                     hosted.stop()
         self.server.stop(grace=2).wait(5)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         for channel in self.ctx.channels.values():
             channel.close()
 
@@ -195,6 +206,13 @@ def _peers(values: tuple[str, ...]) -> dict[str, str]:
     envvar="RHIZOME_REST_ADDRESS",
     help="Where the REST gateway listens (with the api).",
 )
+@click.option(
+    "--metrics-address",
+    default="127.0.0.1:0",
+    show_default=True,
+    envvar="RHIZOME_METRICS_ADDRESS",
+    help="Where Prometheus /metrics is served (port 0: any free port; empty: off).",
+)
 @click.option("--mongodb-uri", envvar="RHIZOME_MONGODB_URI", default="", help="MongoDB URI.")
 @click.option("--etcd", "etcd_url", envvar="RHIZOME_ETCD", default="", help="etcd client URL.")
 @click.option(
@@ -231,6 +249,7 @@ def main(
     services: str,
     grpc_address: str,
     rest_address: str,
+    metrics_address: str,
     mongodb_uri: str,
     etcd_url: str,
     elasticsearch_url: str,
@@ -253,6 +272,7 @@ def main(
         or tuple(available_services()),
         grpc_address=grpc_address,
         rest_address=rest_address,
+        metrics_address=metrics_address,
         peers=_peers(peers),
         cluster_config=cluster_config,
     )
@@ -276,12 +296,19 @@ def main(
                     "pid": os.getpid(),
                     "grpc": config.grpc_address,
                     "rest": config.rest_address,
+                    "metrics_port": daemon.metrics_server.port if daemon.metrics_server else 0,
                     "services": list(config.services),
                 }
             )
         )
         tmp.replace(state_file)
-    log.info("serving %s on %s (REST %s)", ",".join(config.services), grpc_address, rest_address)
+    log.info(
+        "serving %s on %s (REST %s, metrics port %s)",
+        ",".join(config.services),
+        grpc_address,
+        rest_address,
+        daemon.metrics_server.port if daemon.metrics_server else "off",
+    )
     stop.wait()
     log.info("shutting down")
     daemon.stop()

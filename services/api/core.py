@@ -7,6 +7,7 @@ import io
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pymongo.errors
 
@@ -20,9 +21,9 @@ from services.store.objects import LocalObjectStore
 MAX_MODEL_BYTES = 64 * 1024 * 1024
 MAX_IDEMPOTENCY_KEY = 128
 
-# (owner, resources, priority) -> (admitted, reason). The scheduler refuses at submit
-# what can never fit the cluster.
-AdmitFn = Callable[[str, dict[str, object], int], tuple[bool, str]]
+# (job_id, owner, resources, priority) -> (admitted, reason). The scheduler refuses at
+# submit what can never fit the cluster.
+AdmitFn = Callable[[str, str, dict[str, Any], int], tuple[bool, str]]
 # (job_id, action, reason) -> message; forwards halt/resume/delete of deployed jobs to the LCM.
 LifecycleFn = Callable[[str, str, str], str]
 
@@ -71,11 +72,12 @@ class TrainerCore:
         # A retried key is caught by the unique index on insert (JobsRepository.create),
         # which saves every first submit a lookup.
         resources = manifest.resources()
+        job_id = new_job_id()
         if self.admit is not None:
-            admitted, reason = self.admit(owner, resources, int(manifest.data.get("priority", 50)))
+            priority = int(manifest.data.get("priority", 50))
+            admitted, reason = self.admit(job_id, owner, resources, priority)
             if not admitted:
                 raise errors.BadRequest(f"job cannot be scheduled: {reason}")
-        job_id = new_job_id()
         model_key = ""
         if model_zip:
             # The code is stored before the record, so an acknowledged job always has it.

@@ -7,12 +7,14 @@ import time
 from typing import Any
 
 import grpc
-from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
+from rhizome.v1 import job_pb2, lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 from services.api import errors
-from services.api.core import LifecycleFn
+from services.api.core import AdmitFn, LifecycleFn
 from services.config import split_address
 from services.daemon import DaemonContext, Hosted, jobs_repository
+
+GAUGE_INTERVAL_S = 5.0
 
 
 def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
@@ -44,6 +46,37 @@ def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
     return call
 
 
+def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
+    """The submit-time check: the scheduler refuses what can never fit, with its reason."""
+    if channel is None:
+        return None
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    def admit(
+        job_id: str, owner: str, resources: dict[str, Any], priority: int
+    ) -> tuple[bool, str]:
+        req = scheduler_pb2.AdmitRequest(
+            job_id=job_id,
+            owner=owner,
+            priority=priority,
+            check_only=True,
+            resources=job_pb2.Resources(
+                learners=int(resources["learners"]),
+                gpus=float(resources["gpus"]),
+                cpus=float(resources["cpus"]),
+                memory_mb=float(resources["memory_mb"]),
+                gpu_type=str(resources["gpu_type"]),
+            ),
+        )
+        try:
+            resp = stub.Admit(req, timeout=10)
+        except grpc.RpcError as exc:
+            raise errors.Unavailable(f"the scheduler is unavailable: {exc.details()}") from None
+        return bool(resp.admitted), str(resp.reason)
+
+    return admit
+
+
 def build(ctx: DaemonContext) -> Hosted:
     """Host the Trainer gRPC service and the REST gateway."""
     from rhizome.v1 import trainer_pb2, trainer_pb2_grpc
@@ -56,6 +89,7 @@ def build(ctx: DaemonContext) -> Hosted:
     core = TrainerCore(
         jobs_repository(ctx),
         LocalObjectStore(ctx.config.objects_dir),
+        admit=admit_client(ctx.channel("scheduler")),
         lifecycle=lifecycle_client(ctx.channel("lcm")),
     )
     ctx.shared["trainer_core"] = core
@@ -85,8 +119,25 @@ def build(ctx: DaemonContext) -> Hosted:
             time.sleep(0.02)
         if not server.started:
             raise RuntimeError(f"the REST gateway could not listen on {ctx.config.rest_address}")
+        gauges.start()
+
+    def publish_job_gauges() -> None:
+        from services.metrics import JOBS_BY_STATE, QUEUE_LENGTH
+
+        while not gauges_stop.wait(GAUGE_INTERVAL_S):
+            try:
+                counts = core.jobs.count_by_status()
+            except Exception:  # a store hiccup: try again next tick
+                continue
+            for state, n in counts.items():
+                JOBS_BY_STATE.labels(state=state).set(n)
+            QUEUE_LENGTH.labels(queue="all").set(counts.get("QUEUED", 0))
+
+    gauges_stop = threading.Event()
+    gauges = threading.Thread(target=publish_job_gauges, name="job-gauges", daemon=True)
 
     def stop() -> None:
+        gauges_stop.set()
         if "server" in rest:
             rest["server"].should_exit = True
             rest["thread"].join(timeout=5)

@@ -356,9 +356,23 @@ def show(obj: Ctx, job_id: str, as_json: bool) -> None:
     for h in job.history:
         table.add_row(fmt_time(h.time), status_name(h.status), h.message)
     out.print(table)
-    if job.last_log_lines:
+    if status_name(job.status) == "FAILED":
+        _print_last_lines(obj.client, job)
+
+
+def _print_last_lines(client: Client, job: job_pb2.Job, count: int = 20) -> None:
+    """A failed job's last lines: from the log store, which outlives the learners, else
+    the tail the guardian kept on the record."""
+    lines: list[str] = []
+    try:
+        req = tds_pb2.LogsRequest(job_id=job.job_id, learner=-1, pos=-count)
+        lines = [f"[{ln.learner}/{ln.stream}] {ln.line}" for ln in client.logs(req)]
+    except ClientError:
+        pass  # no log service reachable: the record's copy below
+    lines = lines or list(job.last_log_lines)
+    if lines:
         out.print(f"last log lines (exit code {job.exit_code}):")
-        for line in job.last_log_lines:
+        for line in lines:
             out.print(f"  {line}", markup=False)
 
 

@@ -197,7 +197,9 @@ def up(
     rport = _pick(state.ports.get("rest") or rest_port)
     if rport == gport:
         rport = free_port()
+    mport = _pick(state.ports.get("metrics"))
     args = [
+        f"--metrics-address=127.0.0.1:{mport}",
         f"--mongodb-uri={state.urls['mongodb']}",
         f"--etcd={state.urls['etcd']}",
         f"--elasticsearch-url={state.urls['elasticsearch']}",
@@ -211,6 +213,8 @@ def up(
     state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
     state.ports["rest"] = rport
     state.urls["rest"] = f"http://127.0.0.1:{rport}"
+    state.ports["metrics"] = mport
+    state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
     save_state(state)
     return state
 

@@ -10,8 +10,8 @@
                of a job it already placed as a no-op).
 - ``Release``, ``Explain``, ``GetCluster`` as named.
 
-Jobs halted to return borrowed quota are logged; ``rhizome.v1.ScheduleResponse`` has
-no field for them yet (see docs/scheduler.md).
+Jobs to halt so that borrowed quota returns to its owner are in
+``ScheduleResponse.preempted_job_ids``. ``Confirm`` turns a reservation into a binding.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ def request_from_proto(req: scheduler_pb2.AdmitRequest, arrival: float) -> JobRe
         owner=req.owner,
         priority=int(req.priority),
         arrival=arrival,
+        max_nodes=int(req.max_nodes) or None,
+        zone_aware=bool(req.zone_aware),
+        node_selector=dict(req.node_selector),
     )
 
 
@@ -78,7 +81,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         with self._lock:
             try:
                 job = request_from_proto(request, self.clock())
-                result = self.scheduler.submit(job)
+                if request.check_only:
+                    result = self.scheduler.admit(job)
+                else:
+                    result = self.scheduler.submit(job)
             except SchedulerError as exc:
                 return scheduler_pb2.AdmitResponse(admitted=False, reason=str(exc))
         return scheduler_pb2.AdmitResponse(admitted=result.admitted, reason=result.reason)
@@ -100,8 +106,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             placements=[
                 scheduler_pb2.JobPlacement(job_id=p.job_id, placement=placement_to_proto(p))
                 for p in placements
-            ]
+            ],
+            preempted_job_ids=list(result.preempted),
         )
+
+    def Confirm(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            try:
+                self.scheduler.confirm(request.job_id)
+            except SchedulerError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                raise
+        return scheduler_pb2.ConfirmResponse(confirmed=True)
 
     def Release(self, request: Any, context: Any) -> Any:
         with self._lock:

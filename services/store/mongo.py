@@ -20,8 +20,15 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def connect(uri: str, db_name: str = DEFAULT_DB, timeout_ms: int = 5000) -> Database[Any]:
-    """Return the database, or raise StoreUnavailable naming the URI."""
+def database_name(uri: str) -> str:
+    """The database named in the URI's path (mongodb://host/NAME), else `rhizome`."""
+    from pymongo.uri_parser import parse_uri
+
+    return str(parse_uri(uri).get("database") or DEFAULT_DB)
+
+
+def connect(uri: str, db_name: str | None = None, timeout_ms: int = 5000) -> Database[Any]:
+    """Return the database (the URI's, else `rhizome`), or raise StoreUnavailable naming the URI."""
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(
         uri,
         serverSelectionTimeoutMS=timeout_ms,
@@ -37,4 +44,4 @@ def connect(uri: str, db_name: str = DEFAULT_DB, timeout_ms: int = 5000) -> Data
             f"MongoDB at {uri} is unreachable ({type(exc).__name__}); start it with "
             "`rhizome up --embedded` or point --mongodb-uri / RHIZOME_MONGODB_URI at a running one"
         ) from exc
-    return client[db_name]
+    return client[db_name or database_name(uri)]
