@@ -520,7 +520,21 @@ def version(obj: Ctx, as_json: bool) -> None:
         )
 
 
+# Commands whose code lives with the part they drive (the spot simulator, the preemption
+# injector); they are plain click commands registered here so `rhizome` is the one door.
+PLUGGED_COMMANDS = (("services.sim.cli", "estimate"), ("services.injector.cli", "inject"))
+
+
+def _plug_commands() -> None:
+    import importlib
+
+    for module, name in PLUGGED_COMMANDS:
+        command = getattr(importlib.import_module(module), name)
+        cli.add_command(command, name)
+
+
 def main() -> None:
+    _plug_commands()
     try:
         cli(prog_name="rhizome")
     except Exception as exc:  # the last line of defence: no traceback to the user
