@@ -133,13 +133,19 @@ class Transport:
             a, b = sorted((self.me, peer))
             prefix = dist.PrefixStore(f"gen{self.generation}/link{a}-{b}", self.store)
             rank = 0 if self.me == a else 1
-            self.links[peer] = interruptible(
+            self.links[peer] = self._make_link(peer, prefix, rank, stop)
+
+    def _make_link(self, peer: int, prefix: dist.Store, rank: int, stop: threading.Event) -> Any:
+        try:
+            return interruptible(
                 lambda prefix=prefix, rank=rank: make_group(  # type: ignore[misc]
                     self.backend, prefix, rank, 2, self.timeout
                 ),
                 stop,
-                f"link {a}-{b} of generation {self.generation}",
+                f"link to worker {peer} of generation {self.generation}",
             )
+        except RuntimeError as exc:
+            raise LinkError(peer, _short(exc)) from exc
 
     def _peer_rank(self, peer: int) -> int:
         return 0 if peer < self.me else 1
@@ -206,11 +212,14 @@ class Groups:
         if block not in self.groups:
             prefix = dist.PrefixStore(f"gen{self.generation}/block{block}", self.store)
             rank = members.index(self.me)
-            self.groups[block] = interruptible(
-                lambda: make_group(self.backend, prefix, rank, len(members), self.timeout),
-                stop,
-                f"all-reduce group of block {block}",
-            )
+            try:
+                self.groups[block] = interruptible(
+                    lambda: make_group(self.backend, prefix, rank, len(members), self.timeout),
+                    stop,
+                    f"all-reduce group of block {block}",
+                )
+            except RuntimeError as exc:
+                raise LinkError(-1, f"all-reduce group of block {block}: {_short(exc)}") from exc
         group = self.groups[block]
         work_buf = flat.clone()
 
@@ -218,4 +227,8 @@ class Groups:
             group.allreduce([work_buf]).wait()
             return work_buf
 
-        return interruptible(run, stop, f"all-reduce of block {block}")
+        try:
+            return interruptible(run, stop, f"all-reduce of block {block}")
+        except RuntimeError as exc:
+            # which member failed is not known here; its neighbours or its lease will say
+            raise LinkError(-1, f"all-reduce of block {block}: {_short(exc)}") from exc

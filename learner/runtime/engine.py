@@ -363,6 +363,8 @@ class Worker:
                     redo = True
                 except (Interrupted, LinkError) as exc:
                     self._log(f"step {step}: {exc}")
+                    if isinstance(exc, LinkError):
+                        self._on_link_error(exc)
                     step, redo = self._failover()
         except FatalFailure as exc:
             if self.job.on_fatal is not None:
@@ -441,12 +443,10 @@ class Worker:
                 continue
             pending.discard(b)
             if err is not None:
-                if isinstance(err, LinkError):
-                    self._on_link_error(err)
                 raise err
 
     def _on_link_error(self, err: LinkError) -> None:
-        if self._changed.is_set():
+        if self._changed.is_set() or err.peer < 0:
             return
         self._declare_dead(err.peer, err.reason)
 
@@ -558,9 +558,9 @@ class Worker:
                     pgrads = list(grads[len(targets) :])
                 with self._lock:
                     self._guard(epoch)
-                    for acc, g in zip(blk.acc, pgrads, strict=True):
-                        if g is not None:
-                            acc.add_(g)
+                    for acc, pg in zip(blk.acc, pgrads, strict=True):
+                        if pg is not None:
+                            acc.add_(pg)
                 if igrad is not None:
                     in_grads[m] = igrad
             elif ins.op is Op.SEND_GRAD:
@@ -573,7 +573,7 @@ class Worker:
                 try:
                     work.wait()
                 except RuntimeError as exc:
-                    raise LinkError(-1, str(exc).splitlines()[0].split('. ')[0]) from exc
+                    raise LinkError(-1, str(exc).splitlines()[0].split(". ")[0]) from exc
 
     def _frc_forward(self, step: int, m: int, epoch: int) -> None:
         rep = self.replica
@@ -706,6 +706,15 @@ class Worker:
                 return step, redo
             except Interrupted:
                 continue
+            except LinkError as exc:  # another loss while joining
+                self._log(f"joining generation {self.generation}: {exc}")
+                self._on_link_error(exc)
+                if not self._changed.wait(
+                    self.opts.detection_timeout_s + 2 * self.opts.lease_ttl_s
+                ):
+                    raise RuntimeFailure(
+                        f"joining failed and no failure was declared: {exc}"
+                    ) from exc
 
     def _read_state(self) -> ClusterState:
         state, _ = self.cluster.get_state()

@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                 [sys.executable, args.script, *args.script_args],
                 env={**env, f"{ENV_PREFIX}WORKER": str(w)},
             )
+            print(f"rhizome-runtime: worker {w} pid {procs[w].pid}", file=sys.stderr, flush=True)
         print(
             f"rhizome-runtime: job {job_id}: {n} workers ({args.stages} stages x "
             f"{args.pipelines} pipelines), etcd {etcd}",
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
                     break
                 time.sleep(0.05)
         finally:
-            for w, proc in procs.items():
+            for proc in procs.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()

@@ -1,0 +1,171 @@
+"""Multi-process runs through the launcher, with real SIGKILLs, against a real etcd.
+
+Each worker that is told to (``--kill worker:step:op[:microbatch]``) SIGKILLs itself
+right before that instruction: a real preemption at a controlled instant. One test kills
+a worker from outside at whatever instant it happens to be in. Each run must end with
+the parameters of the uninterrupted single-process reference (allclose, float64).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from learner.runtime.reference import reference_train
+from learner.runtime.toy import toy_job
+from services.embedded.process import ManagedServer
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+TOY = REPO / "learner" / "runtime" / "toy.py"
+
+
+def launcher_argv(
+    etcd: ManagedServer, out: Path, stages: int, pipelines: int, steps: int, kill: str = ""
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "learner.runtime.launch",
+        "--stages",
+        str(stages),
+        "--pipelines",
+        str(pipelines),
+        "--etcd",
+        etcd.url,
+        "--job-id",
+        f"t-{uuid.uuid4().hex[:10]}",
+        "--detection-timeout",
+        "5",
+        "--out-dir",
+        str(out),
+        *(["--kill", kill] if kill else []),
+        str(TOY),
+        "--steps",
+        str(steps),
+    ]
+
+
+def launch(
+    etcd: ManagedServer, tmp: Path, stages: int, pipelines: int, steps: int, kill: str = ""
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        launcher_argv(etcd, tmp / "params", stages, pipelines, steps, kill),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def saved_params(out: Path) -> dict[str, torch.Tensor]:
+    merged: dict[str, torch.Tensor] = {}
+    for f in sorted(out.glob("worker*.pt")):
+        for key, value in torch.load(f).items():
+            if key in merged:  # another pipeline's copy must be identical
+                assert torch.equal(merged[key], value), key
+            merged[key] = value
+    return merged
+
+
+def assert_equals_reference(out: Path, pipelines: int, steps: int) -> None:
+    got = saved_params(out)
+    ref = reference_train(toy_job(steps=steps), pipelines)
+    assert set(got) == set(ref)
+    for key in ref:
+        torch.testing.assert_close(got[key], ref[key], rtol=1e-9, atol=1e-11, msg=key)
+
+
+def assert_survived(proc: subprocess.CompletedProcess[str], victim: int, steps: int) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"worker {victim} killed by signal 9" in proc.stderr
+    assert re.search(r"joined generation 1 .*resume at step", proc.stderr), proc.stderr[-3000:]
+    # every step reported once in the end, the last after the failover
+    assert f"step {steps - 1} loss" in proc.stdout
+    assert "generation 1" in proc.stdout.splitlines()[-1]
+
+
+def test_no_failure_multiprocess_two_pipelines(etcd_server: ManagedServer, tmp_path: Path) -> None:
+    proc = launch(etcd_server, tmp_path, stages=2, pipelines=2, steps=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_equals_reference(tmp_path / "params", pipelines=2, steps=3)
+
+
+@pytest.mark.parametrize(
+    "stages,pipelines,kill,victim",
+    [
+        pytest.param(3, 1, "1:1:forward:1", 1, id="middle-stage-during-forward"),
+        pytest.param(3, 1, "1:1:backward:0", 1, id="middle-stage-during-backward"),
+        pytest.param(3, 1, "0:1:forward:2", 0, id="first-stage"),
+        pytest.param(3, 1, "2:1:backward:1", 2, id="last-stage"),
+        pytest.param(2, 2, "1:1:allreduce", 1, id="allreduce-pending-in-other-pipeline"),
+    ],
+)
+def test_sigkill_fails_over_without_restart(
+    etcd_server: ManagedServer, tmp_path: Path, stages: int, pipelines: int, kill: str, victim: int
+) -> None:
+    proc = launch(etcd_server, tmp_path, stages, pipelines, steps=3, kill=kill)
+    assert_survived(proc, victim, steps=3)
+    assert_equals_reference(tmp_path / "params", pipelines=pipelines, steps=3)
+    shadow = (victim - 1) % stages + (victim // stages) * stages
+    assert f"[worker {shadow}] promoted replica of block {victim % stages}" in proc.stderr
+
+
+def test_sigkill_from_outside_at_any_instant(etcd_server: ManagedServer, tmp_path: Path) -> None:
+    steps = 25
+    argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids: dict[int, int] = {}
+    err_lines: list[str] = []
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err_lines.append(line)
+            m = re.match(r"rhizome-runtime: worker (\d+) pid (\d+)", line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
+    out_lines: list[str] = []
+    assert proc.stdout is not None
+    killed = False
+    for line in proc.stdout:
+        out_lines.append(line)
+        if not killed and line.startswith("step 2 "):
+            os.kill(pids[1], signal.SIGKILL)
+            killed = True
+    proc.wait(timeout=240)
+    reader.join(timeout=10)
+    stderr = "".join(err_lines)
+    assert killed
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "worker 1 killed by signal 9" in stderr
+    assert f"step {steps - 1} loss" in "".join(out_lines)
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_two_consecutive_stages_lost_is_fatal_with_a_clear_error(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    proc = launch(etcd_server, tmp_path, 3, 1, steps=3, kill="1:1:forward:1,2:1:forward:0")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    fatal = [
+        line for line in proc.stderr.splitlines() if line.startswith("rhizome-runtime: fatal:")
+    ]
+    assert len(fatal) == 1
+    assert "lost consecutive stages 1 and 2" in fatal[0]
+    assert "restart from the latest checkpoint" in fatal[0]
