@@ -26,10 +26,10 @@ from pathlib import Path
 import httpx
 import pymongo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from services.api.manifest import parse_manifest
 from services.client.sdk import Client
 from services.embedded import platform
+from services.store.jobs import JobRecord, JobsRepository
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
 
@@ -81,6 +81,7 @@ def main() -> int:
         default=os.environ.get("RHIZOME_MONGO_SERVER", "secantus"),
         help="embedded MongoDB-wire server: secantus or nx-27017",
     )
+    parser.add_argument("--services", default="", help="services the daemon hosts (default: all)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
     os.environ["RHIZOME_MONGO_SERVER"] = args.mongo
@@ -93,15 +94,27 @@ def main() -> int:
         )
         try:
             results: dict[str, dict[str, float]] = {}
-            # Floor: raw inserts into the same server, same concurrency, no API in between.
+            # Floor: the same job document inserted straight into an identically indexed
+            # collection of the same server, same concurrency, no API in between.
             mongo: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
                 state.urls["mongodb"]
             )
-            col = mongo["bench_floor"]["jobs"]
-            doc = {"manifest": {"name": "bench", "framework": {"command": "x"}}, "status": "QUEUED"}
-            elapsed, lat = run_clients(
-                args.clients, per_client, lambda i: col.insert_one({**doc, "_id": f"f{i}"})
-            )
+            floor_repo = JobsRepository(mongo["bench_floor"])
+            floor_repo.ensure_indexes()
+            sample = JobRecord(
+                job_id="",
+                owner="floor",
+                name="bench",
+                manifest=parse_manifest(MANIFEST).data,
+                resources=parse_manifest(MANIFEST).resources(),
+            ).to_doc()
+
+            def floor_insert(i: int) -> None:
+                floor_repo._col.insert_one(
+                    {**sample, "_id": f"f{i}", "job_id": f"f{i}", "idem": f"k{i}"}
+                )
+
+            elapsed, lat = run_clients(args.clients, per_client, floor_insert)
             results["mongodb insert_one (floor)"] = summarize(total, elapsed, lat)
 
             users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(args.clients)]
