@@ -194,6 +194,9 @@ class Worker:
         self._graveyard: list[Any] = []
         self.step = 0
         self.loss_history: list[tuple[int, float]] = []
+        # (step, seconds since the previous step ended): failover pauses land in here
+        self.step_times: list[tuple[int, float]] = []
+        self._t_last = time.monotonic()
         self.events: list[str] = []
         self._transport: Transport | None = None
         self._groups: Groups | None = None
@@ -279,6 +282,7 @@ class Worker:
         )
         self._transport.connect(self.topo.peers(self.me), self._changed)
         self._groups = Groups(self.me, 0, self.opts.backend, self.store, self.group_timeout)
+        self._t_last = time.monotonic()
         self._log(
             f"started: layers {self.boundaries}, built in {t1 - t0:.2f} s, "
             f"links in {time.monotonic() - t1:.2f} s"
@@ -679,12 +683,19 @@ class Worker:
         for work in sends:
             if work is not None:
                 interruptible(work.wait, self._changed, "replica update send")
+        now = time.monotonic()
+        self.step_times.append((step, now - self._t_last))
+        self._t_last = now
         if loss is not None:
             self.loss_history.append((step, loss))
             if self.pipe == 0 or all(
                 self.topo.owner(d, self.P - 1) in self.topo.dead for d in range(self.pipe)
             ):
-                print(f"step {step} loss {loss:.6f} generation {self.generation}", flush=True)
+                print(
+                    f"step {step} loss {loss:.6f} generation {self.generation} "
+                    f"time {self.step_times[-1][1]:.4f}",
+                    flush=True,
+                )
 
     # ---------------------------------------------------------------- failover
 
