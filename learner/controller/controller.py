@@ -271,14 +271,12 @@ class Controller:
     def wait_command(self, ref: procs.ProcRef) -> int | None:
         """Wait until the command ends (exit code) or a halt/terminate comes (None)."""
         while True:
-            code = self.command_exit_code()
-            if code is not None and not procs.group_alive(ref.pid):
-                return code
+            if self.halt.is_set() or self.terminate.is_set():
+                return None
+            # Cheap while the wrapper lives (one /proc read); the group scan only after.
             if not ref.alive() and not procs.group_alive(ref.pid):
                 code = self.command_exit_code()
                 return code if code is not None else KILLED_EXIT_CODE
-            if self.halt.is_set() or self.terminate.is_set():
-                return None
             self.wake.wait(0.1)
             self.wake.clear()
 

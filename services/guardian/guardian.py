@@ -345,7 +345,7 @@ class Guardian:
         spec = self.spec(job, int(complete.value["generation"]), int(complete.value["master_port"]))
         max_restarts = int(job.manifest.get("max_learner_restarts", 2))
         while True:
-            self.wake.wait(0.25)
+            self.wake.wait(0.5)  # etcd watches wake us at once on any change
             self.wake.clear()
             if self.terminate.is_set():
                 return self.detach()

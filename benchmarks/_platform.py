@@ -1,0 +1,54 @@
+"""A throwaway platform for the lifecycle benchmarks: real etcd, a real MongoDB-wire
+server and the daemon (api + lcm) in a temporary directory, on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "gen")]
+
+from services.embedded.platform import DaemonServer  # noqa: E402
+from services.embedded.process import free_port  # noqa: E402
+from services.embedded.servers import EtcdServer, MongoServer  # noqa: E402
+
+
+class BenchPlatform:
+    def __init__(self) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-"))
+        self.etcd = EtcdServer(self.data_dir / "deps" / "etcd")
+        self.mongo = MongoServer(self.data_dir / "deps" / "mongo")
+        self.port, self.rest = free_port(), free_port()
+        self.daemon: DaemonServer | None = None
+
+    def __enter__(self) -> BenchPlatform:
+        self.etcd.start()
+        self.mongo.start()
+        self.start_daemon()
+        return self
+
+    def start_daemon(self) -> None:
+        args = [f"--mongodb-uri={self.mongo.url}", f"--etcd={self.etcd.url}", "--services=api,lcm"]
+        self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args)
+        self.daemon.start_timeout_s = 60
+        self.daemon.start()
+
+    def kill_daemon(self) -> None:
+        assert self.daemon is not None and self.daemon.pid is not None
+        os.kill(self.daemon.pid, signal.SIGKILL)
+        assert self.daemon.proc is not None
+        self.daemon.proc.wait(timeout=10)
+
+    @property
+    def api(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.daemon is not None:
+            self.daemon.stop(timeout_s=30)
+        self.mongo.stop()
+        self.etcd.stop()
