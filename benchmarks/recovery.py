@@ -87,7 +87,7 @@ def main() -> None:
             platform.start_daemon()
             until(api_serves)
             results["api"].append(time.perf_counter() - killed)
-            until(lambda: holder(etcd, leader_key) not in (0, old_leader))
+            until(lambda o=old_leader: holder(etcd, leader_key) not in (0, o))
             results["lcm"].append(time.perf_counter() - killed)
 
             old = holder(etcd, guardian_key)
