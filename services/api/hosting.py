@@ -83,7 +83,6 @@ def build(ctx: DaemonContext) -> Hosted:
 
     from services.api.core import TrainerCore
     from services.api.grpc_service import TrainerServicer
-    from services.api.rest import build_app
     from services.store.objects import LocalObjectStore
 
     core = TrainerCore(
@@ -100,12 +99,16 @@ def build(ctx: DaemonContext) -> Hosted:
         services=list(ctx.config.services),
     )
     trainer_pb2_grpc.add_TrainerServicer_to_server(servicer, ctx.server)
-    app = build_app(core, ctx.channel("tds"))
     rest: dict[str, Any] = {}
 
     def start() -> None:
+        # FastAPI and uvicorn are imported only now, after the gRPC server serves: a
+        # restarted daemon answers gRPC calls while the REST gateway is still loading.
         import uvicorn
 
+        from services.api.rest import build_app
+
+        app = build_app(core, ctx.channel("tds"))
         host, port = split_address(ctx.config.rest_address)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
         server = uvicorn.Server(config)

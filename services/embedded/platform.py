@@ -141,16 +141,20 @@ def up(
     data_dir.mkdir(parents=True, exist_ok=True)
     previous = load_state(data_dir)
     state = PlatformState(str(data_dir))
+    alive: dict[str, bool] = {}
     if previous:
         alive = running(previous)
         if alive and all(alive.values()):
             progress(f"already running (data in {data_dir})")
             return previous
         state.ports = previous.ports
-        # Anything half-up from an earlier crash is stopped first, by its recorded pid.
+        # What is still alive from an earlier run (say, after the daemon crashed) is kept:
+        # only the missing parts start, so a daemon restart does not restart the databases.
         for name, proc in previous.processes.items():
             if alive.get(name):
-                stop_process_group(int(proc["pid"]))
+                state.processes[name] = proc
+                state.urls[name] = previous.urls.get(name, "")
+                progress(f"{name} is still running (pid {proc['pid']})")
     started: list[ManagedServer] = []
 
     def launch(key: str, server: ManagedServer, what: str) -> str:
@@ -171,7 +175,7 @@ def up(
     deps = data_dir / "deps"
     if etcd_url:
         state.urls["etcd"] = etcd_url
-    else:
+    elif "etcd" not in state.processes:
         etcd = EtcdServer(
             deps / "etcd", _pick(state.ports.get("etcd")), _pick(state.ports.get("etcd-peer"))
         )
@@ -179,7 +183,7 @@ def up(
         state.urls["etcd"] = launch("etcd", etcd, "etcd")
     if mongodb_uri:
         state.urls["mongodb"] = mongodb_uri
-    else:
+    elif "mongodb" not in state.processes:
         state.urls["mongodb"] = launch(
             "mongodb",
             MongoServer(deps / "mongodb", _pick(state.ports.get("mongodb"))),
@@ -187,34 +191,38 @@ def up(
         )
     if elasticsearch_url:
         state.urls["elasticsearch"] = elasticsearch_url
-    else:
+    elif "elasticsearch" not in state.processes:
         state.urls["elasticsearch"] = launch(
             "elasticsearch",
             ElasticsearchServer(deps / "elasticsearch", _pick(state.ports.get("elasticsearch"))),
             "Elasticsearch-API server",
         )
-    gport = _pick(state.ports.get("api") or grpc_port)
-    rport = _pick(state.ports.get("rest") or rest_port)
-    if rport == gport:
-        rport = free_port()
-    mport = _pick(state.ports.get("metrics"))
-    args = [
-        f"--metrics-address=127.0.0.1:{mport}",
-        f"--mongodb-uri={state.urls['mongodb']}",
-        f"--etcd={state.urls['etcd']}",
-        f"--elasticsearch-url={state.urls['elasticsearch']}",
-    ]
-    if not services:
-        from services.daemon import available_services
+    if "api" in state.processes and previous is not None:
+        for key in ("rest", "metrics"):
+            state.urls[key] = previous.urls.get(key, "")
+    else:
+        gport = _pick(state.ports.get("api") or grpc_port)
+        rport = _pick(state.ports.get("rest") or rest_port)
+        if rport == gport:
+            rport = free_port()
+        mport = _pick(state.ports.get("metrics"))
+        args = [
+            f"--metrics-address=127.0.0.1:{mport}",
+            f"--mongodb-uri={state.urls['mongodb']}",
+            f"--etcd={state.urls['etcd']}",
+            f"--elasticsearch-url={state.urls['elasticsearch']}",
+        ]
+        if not services:
+            from services.daemon import available_services
 
-        services = ",".join(available_services())
-    args.append(f"--services={services}")
-    daemon = DaemonServer(data_dir, gport, rport, args)
-    state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
-    state.ports["rest"] = rport
-    state.urls["rest"] = f"http://127.0.0.1:{rport}"
-    state.ports["metrics"] = mport
-    state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
+            services = ",".join(available_services())
+        args.append(f"--services={services}")
+        daemon = DaemonServer(data_dir, gport, rport, args)
+        state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
+        state.ports["rest"] = rport
+        state.urls["rest"] = f"http://127.0.0.1:{rport}"
+        state.ports["metrics"] = mport
+        state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
     save_state(state)
     return state
 

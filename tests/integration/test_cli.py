@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,27 @@ def test_up_with_external_servers_uses_them(
         assert json.loads(rz(tmp_path, "version", "--json").stdout)["server"]["api"] == "rhizome.v1"
     finally:
         rz(tmp_path, "down", check=False)
+
+
+def test_up_after_a_daemon_crash_restarts_only_the_daemon(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data_dir = Path(tmp_path_factory.mktemp("crash"))
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        manifest = write_manifest(data_dir, "name: crash\nframework:\n  command: 'true'\n")
+        job_id = json.loads(rz(data_dir, "train", str(manifest), "--json").stdout)["job_id"]
+        before = json.loads(rz(data_dir, "status", "--json").stdout)["components"]
+        os.killpg(before["api"]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(before["api"]["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rz(data_dir, "status", check=False).returncode == 1
+        rz(data_dir, "up", "--embedded")
+        after = json.loads(rz(data_dir, "status", "--json").stdout)["components"]
+        for dep in ("etcd", "mongodb", "elasticsearch"):
+            assert after[dep]["pid"] == before[dep]["pid"], f"{dep} was restarted"
+        assert after["api"]["pid"] != before["api"]["pid"]
+        assert json.loads(rz(data_dir, "show", job_id, "--json").stdout)["job_id"] == job_id
+    finally:
+        rz(data_dir, "down", check=False)
