@@ -46,6 +46,8 @@ class TrainerCore:
         self.objects = objects
         self.admit = admit
         self.lifecycle = lifecycle
+        # Called after a new job is stored (the daemon nudges the scheduler with it).
+        self.on_stored: Callable[[], None] | None = None
 
     # -- submit ---------------------------------------------------------------------------
     def create(
@@ -106,6 +108,8 @@ class TrainerCore:
             ) from None
         if existing_flag and model_key:
             self.objects.delete(model_key)
+        if not existing_flag and self.on_stored is not None:
+            self.on_stored()
         return Created(stored, existing_flag)
 
     # -- read -------------------------------------------------------------------------------

@@ -77,6 +77,37 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     return admit
 
 
+class SchedulerNudge:
+    """After a job is stored, ask the scheduler for a pass now instead of at its next
+    tick. At most one call is in flight; submits that land meanwhile ask for one more."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        self.lock = threading.Lock()
+        self.in_flight = False
+        self.again = False
+
+    def __call__(self) -> None:
+        with self.lock:
+            if self.in_flight:
+                self.again = True
+                return
+            self.in_flight = True
+        self._fire()
+
+    def _fire(self) -> None:
+        future = self.stub.Schedule.future(scheduler_pb2.ScheduleRequest(), timeout=10)
+        future.add_done_callback(self._done)
+
+    def _done(self, _: Any) -> None:
+        with self.lock:
+            if not self.again:
+                self.in_flight = False
+                return
+            self.again = False
+        self._fire()
+
+
 def build(ctx: DaemonContext) -> Hosted:
     """Host the Trainer gRPC service and the REST gateway."""
     from rhizome.v1 import trainer_pb2, trainer_pb2_grpc
@@ -91,6 +122,9 @@ def build(ctx: DaemonContext) -> Hosted:
         admit=admit_client(ctx.channel("scheduler")),
         lifecycle=lifecycle_client(ctx.channel("lcm")),
     )
+    scheduler_channel = ctx.channel("scheduler")
+    if scheduler_channel is not None:
+        core.on_stored = SchedulerNudge(scheduler_channel)
     ctx.shared["trainer_core"] = core
     servicer = TrainerServicer(
         core,

@@ -21,12 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2
+from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 from services.daemon import DaemonContext, Hosted, jobs_repository
 from services.scheduler.api import JobRequest, SchedulerError, gpus_from_float
 from services.scheduler.scheduler import GangScheduler
-from services.scheduler.service import SchedulerServicer, add_to_server, build_scheduler
+from services.scheduler.service import (
+    SchedulerServicer,
+    build_scheduler,
+    placement_to_proto,
+)
 from services.store import states
 from services.store.jobs import JobRecord, JobsRepository
 from services.store.mongo import database_name
@@ -73,6 +77,9 @@ class SchedulingLoop:
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="scheduling-loop", daemon=True)
         self._reasons: dict[str, str] = {}
+        self._passes = 0
+        self._pass_done = threading.Condition()
+        self._last_placed: list[scheduler_pb2.JobPlacement] = []
 
     def start(self) -> None:
         self.thread.start()
@@ -84,12 +91,24 @@ class SchedulingLoop:
 
     def _run(self) -> None:
         while not self.stop_event.is_set():
+            self.wake.clear()
             try:
                 self.run_pass()
             except Exception:  # the loop must outlive a bad pass (store hiccup, etc.)
                 log.exception("scheduling pass failed; retrying")
+            with self._pass_done:
+                self._passes += 1
+                self._pass_done.notify_all()
             self.wake.wait(PASS_INTERVAL_S)
-            self.wake.clear()
+
+    def pass_now(self, timeout_s: float = 5.0) -> list[scheduler_pb2.JobPlacement]:
+        """Run a pass that starts after this call (coalesced with others) and return what
+        it placed: the Schedule RPC, which the API calls right after storing a job."""
+        with self._pass_done:
+            target = self._passes + 2  # the pass running now may have missed the new job
+            self.wake.set()
+            self._pass_done.wait_for(lambda: self._passes >= target, timeout_s)
+            return list(self._last_placed)
 
     def run_pass(self) -> None:
         queued = self.jobs.by_status([states.QUEUED])
@@ -104,9 +123,16 @@ class SchedulingLoop:
             result = self.scheduler.schedule()
             placements = self.scheduler.placements()
         status = {j.job_id: j.status for j in queued}
+        placed = []
         for placement in placements:
             if status.get(placement.job_id) == states.QUEUED:
                 self._bind(placement.job_id, list(placement.learner_nodes), placement.placed_at)
+                placed.append(
+                    scheduler_pb2.JobPlacement(
+                        job_id=placement.job_id, placement=placement_to_proto(placement)
+                    )
+                )
+        self._last_placed = placed
         for job_id in result.preempted:
             self._halt(job_id)
         self._explain([j for j in queued if j.job_id not in {p.job_id for p in placements}])
@@ -124,6 +150,10 @@ class SchedulingLoop:
             )
         except states.IllegalTransition:
             pass  # deleted or halted meanwhile: step 5 releases it
+        else:
+            if self.lcm is not None:
+                # Wake the LCM now rather than at its next poll; its answer does not matter.
+                self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5)
         self._reasons.pop(job_id, None)
 
     def _fail(self, job_id: str, reason: str) -> None:
@@ -167,6 +197,18 @@ class SchedulingLoop:
                 log.info("released the placement of %s", placement.job_id)
 
 
+class LoopedSchedulerServicer(SchedulerServicer):
+    """In the daemon, `Schedule` runs a full pass of the loop (store included) at once,
+    instead of a pass over only what the scheduler already holds."""
+
+    loop: SchedulingLoop | None = None
+
+    def Schedule(self, request: Any, context: Any) -> Any:
+        if self.loop is None:
+            return super().Schedule(request, context)
+        return scheduler_pb2.ScheduleResponse(placements=self.loop.pass_now())
+
+
 def build(ctx: DaemonContext) -> Hosted:
     """Host the Scheduler service and its loop over the jobs store."""
     cluster = ctx.config.cluster_config or str(DEFAULT_CLUSTER)
@@ -174,7 +216,9 @@ def build(ctx: DaemonContext) -> Hosted:
     scheduler = build_scheduler(
         cluster, mongo_url=uri or None, database=database_name(uri) if uri else "rhizome"
     )
-    servicer = add_to_server(ctx.server, scheduler)
+    servicer = LoopedSchedulerServicer(scheduler)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, ctx.server)
     loop = SchedulingLoop(scheduler, servicer, jobs_repository(ctx), ctx.channel("lcm"))
+    servicer.loop = loop
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
     return Hosted([name], loop.start, loop.stop)
