@@ -1,0 +1,310 @@
+"""Redundant-computation overhead and failover pause of the pipeline runtime (Bamboo Table 4, Fig. 13).
+
+    .venv/bin/python benchmarks/runtime_overhead.py [--steps 14] [--reps 2]
+
+Runs 2 stages x 1 pipeline through ``learner.runtime.launch`` (one process per stage,
+one torch thread per process, gloo on CPU) for a transformer (the char GPT of
+examples/pipeline-gpt, 4 blocks of width 128) and a small ResNet-style CNN (GroupNorm,
+32x32 inputs), and prints:
+
+- per-iteration time of each redundancy mode relative to ``none``, measured in the
+  same launcher run, modes interleaved and repeated to spread machine noise;
+- the failover pause: a stage SIGKILLs itself in the middle of a step; the pause is
+  that step's duration (detection + rendezvous + recompute) divided by the median
+  iteration before the failure.
+
+All modes of one model run inside the same two worker processes one after the other
+(each run with its own etcd job id and store prefix), so process start-up is paid once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from learner.runtime.api import PipelineJob, RedundancyMode  # noqa: E402
+
+MODES = [m.value for m in RedundancyMode]
+PAPER = {  # Bamboo Table 4, per-iteration overhead vs no redundancy
+    "transformer": {
+        "eager-frc-lazy-brc": "19.8 % (BERT)",
+        "lazy-frc-lazy-brc": "7 %",
+        "eager-frc-eager-brc": "64-72 %",
+    },
+    "cnn": {
+        "eager-frc-lazy-brc": "9.5 % (ResNet)",
+        "lazy-frc-lazy-brc": "7 %",
+        "eager-frc-eager-brc": "64-72 %",
+    },
+}
+
+
+def _gpt_module() -> object:
+    spec = importlib.util.spec_from_file_location(
+        "pipeline_gpt", REPO / "examples/pipeline-gpt/train.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class ResBlock(nn.Module):
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(ch, ch, 3, padding=1),
+            nn.GroupNorm(8, ch),
+            nn.ReLU(),
+            nn.Conv2d(ch, ch, 3, padding=1),
+            nn.GroupNorm(8, ch),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.body(x))
+
+
+def cnn_job(steps: int, redundancy: str) -> PipelineJob:
+    ch = 32
+
+    def build() -> list[nn.Module]:
+        return [
+            nn.Sequential(nn.Conv2d(3, ch, 3, padding=1), nn.GroupNorm(8, ch), nn.ReLU()),
+            *[ResBlock(ch) for _ in range(4)],
+            nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(ch, 10)),
+        ]
+
+    def batch(step: int, pipe: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step * 1000 + pipe * 100 + m)
+        return torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+    return PipelineJob(
+        build_layers=build,
+        batch=batch,
+        loss_fn=nn.functional.cross_entropy,
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        steps=steps,
+        microbatches=4,
+        redundancy=RedundancyMode.parse(redundancy),
+    )
+
+
+def transformer_job(steps: int, redundancy: str) -> PipelineJob:
+    gpt = _gpt_module()
+    job: PipelineJob = gpt.gpt_job(  # type: ignore[attr-defined]
+        steps=steps,
+        microbatches=4,
+        dim=128,
+        layers=4,
+        heads=4,
+        context=64,
+        batch=8,
+        redundancy=redundancy,
+    )
+    return job
+
+
+JOBS = {"transformer": transformer_job, "cnn": cnn_job}
+
+
+# ----------------------------------------------------------------- worker side
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    """Runs inside each launched worker process."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from learner.runtime.cluster_state import EtcdClusterStateStore
+    from learner.runtime.engine import Worker
+    from learner.runtime.worker import options_from_env
+
+    torch.set_num_threads(1)
+    opts = options_from_env()
+    opts.verbose = args.phase == "failover"
+    host, _, port = os.environ["RHIZOME_RUNTIME_STORE"].rpartition(":")
+    store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=60))
+    runs = []
+    if args.phase == "overhead":
+        for rep in range(args.reps):
+            for mode in MODES:
+                runs.append((args.model, mode, rep))
+    else:
+        runs.append((args.model, RedundancyMode.EAGER_FRC_LAZY_BRC.value, 0))
+    code = 0
+    for i, (model, mode, rep) in enumerate(runs):
+        job = JOBS[model](args.steps, mode)
+        cluster = EtcdClusterStateStore(
+            os.environ["RHIZOME_RUNTIME_ETCD"], f"{os.environ['RHIZOME_RUNTIME_JOB_ID']}-{i}"
+        )
+        worker = Worker(job, opts, cluster, dist.PrefixStore(f"run{i}", store))
+        try:
+            worker.run()
+        except Exception as exc:
+            print(f"ERROR {exc!r}", file=sys.stderr, flush=True)
+            code = 1
+            break
+        finally:
+            cluster.close()
+        # two processes share stdout: results go to one file each
+        with open(Path(args.results) / f"w{worker.me}-run{i}.json", "w") as fh:
+            fh.write(
+                json.dumps(
+                    {
+                        "worker": worker.me,
+                        "model": model,
+                        "mode": mode,
+                        "rep": rep,
+                        "times": [t for _, t in worker.step_times],
+                        "owned": sorted(worker.owned),
+                    }
+                )
+            )
+    sys.stdout.flush()
+    os._exit(code)
+
+
+# ------------------------------------------------------------------ driver side
+
+
+def launch(
+    etcd: str, phase: str, model: str, steps: int, reps: int, kill: str = ""
+) -> list[dict[str, object]]:
+    results = Path(tempfile.mkdtemp(prefix="runtime-bench-"))
+    argv = [
+        sys.executable,
+        "-m",
+        "learner.runtime.launch",
+        "--stages",
+        "2",
+        "--pipelines",
+        "1",
+        "--etcd",
+        etcd,
+        "--detection-timeout",
+        "10",
+    ]
+    if kill:
+        argv += ["--kill", kill]
+    argv += [
+        __file__,
+        "--worker",
+        "--phase",
+        phase,
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--reps",
+        str(reps),
+        "--results",
+        str(results),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{phase} run of {model} failed:\n{proc.stderr[-4000:]}")
+    out = [json.loads(f.read_text()) for f in sorted(results.glob("*.json"))]
+    shutil.rmtree(results, ignore_errors=True)
+    if phase == "failover":
+        m = re.search(r"joined generation 1 in ([\d.]+) s", proc.stderr)
+        for rec in out:
+            rec["join_s"] = float(m.group(1)) if m else float("nan")
+    return out
+
+
+def driver(args: argparse.Namespace) -> None:
+    from learner.runtime.launch import private_etcd
+
+    warm = 3
+    print(
+        f"# runtime_overhead: 2 stages x 1 pipeline, gloo/CPU, 1 torch thread per process, "
+        f"{os.cpu_count()} cores; {args.steps} steps per run (first {warm} dropped), "
+        f"{args.reps} interleaved repetitions"
+    )
+    print(
+        "# CPU note: more processes than cores would fill the bubble with other stages' work;"
+        " here 2 processes share 2 cores with whatever else runs on the machine."
+    )
+    rows = []
+    fail_rows = []
+    with private_etcd() as etcd:
+        for model in JOBS:
+            recs = launch(etcd, "overhead", model, args.steps, args.reps)
+            per_mode: dict[str, list[float]] = {}
+            for rec in recs:
+                if rec["worker"] != 1:  # one timing per run: the last stage's
+                    continue
+                times = rec["times"][warm:]  # type: ignore[index]
+                per_mode.setdefault(str(rec["mode"]), []).append(statistics.median(times))
+            base = statistics.median(per_mode["none"])
+            for mode in MODES:
+                t = statistics.median(per_mode[mode])
+                rows.append((model, mode, t, t / base - 1.0, PAPER[model].get(mode, "-")))
+            kill_step = args.steps // 2
+            frecs = launch(etcd, "failover", model, args.steps, 1, kill=f"1:{kill_step}:backward:1")
+            rec = next(r for r in frecs if r["worker"] == 0)
+            times = rec["times"]  # type: ignore[assignment]
+            before = statistics.median(times[warm:kill_step])  # type: ignore[index]
+            after = statistics.median(times[kill_step + 1 :])  # type: ignore[index]
+            pause = times[kill_step]  # type: ignore[index]
+            fail_rows.append(
+                (
+                    model,
+                    before,
+                    pause,
+                    pause / before,
+                    float(rec["join_s"]),  # type: ignore[arg-type]
+                    after / before,
+                )
+            )
+    print()
+    print("| model | mode | iteration (s) | overhead vs none | Bamboo Table 4 |")
+    print("| --- | --- | ---: | ---: | --- |")
+    for model, mode, t, ov, paper in rows:
+        print(f"| {model} | {mode} | {t:.4f} | {ov * 100:+.1f} % | {paper} |")
+    print()
+    print(
+        "| model | iteration before (s) | failover step (s) | pause / iteration | rejoin (s) "
+        "| iteration after / before |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for model, before, pause, ratio, join, after in fail_rows:
+        print(f"| {model} | {before:.4f} | {pause:.4f} | {ratio:.2f} | {join:.3f} | {after:.2f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--phase", default="overhead", help=argparse.SUPPRESS)
+    p.add_argument("--model", default="transformer", help=argparse.SUPPRESS)
+    p.add_argument("--results", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker_main(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
