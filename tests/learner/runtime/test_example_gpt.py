@@ -26,7 +26,7 @@ def test_pipeline_gpt_survives_sigkill_of_a_stage(etcd_server: ManagedServer) ->
             "--etcd",
             etcd_server.url,
             "--detection-timeout",
-            "5",
+            "10",
             "--kill",
             "1:3:forward:1",
             str(REPO / "examples" / "pipeline-gpt" / "train.py"),

@@ -46,7 +46,7 @@ def launcher_argv(
         "--job-id",
         f"t-{uuid.uuid4().hex[:10]}",
         "--detection-timeout",
-        "5",
+        "10",
         "--out-dir",
         str(out),
         *(["--kill", kill] if kill else []),
