@@ -1,6 +1,6 @@
 """Redundant-computation overhead and failover pause of the pipeline runtime (Bamboo Table 4, Fig. 13).
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--steps 14] [--reps 2]
+    .venv/bin/python benchmarks/runtime_overhead.py [--steps 12] [--reps 3]
 
 Runs 2 stages x 1 pipeline through ``learner.runtime.launch`` (one process per stage,
 one torch thread per process, gloo on CPU) for a transformer (the char GPT of
@@ -293,8 +293,8 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--steps", type=int, default=14)
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--reps", type=int, default=3)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--phase", default="overhead", help=argparse.SUPPRESS)
     p.add_argument("--model", default="transformer", help=argparse.SUPPRESS)
