@@ -180,10 +180,18 @@ def stop_process_group(pid: int, timeout_s: float = 10.0) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: an orphan's
+    zombie lingers until PID 1 reaps it, which some containers' PID 1 never does."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            # fields: state, ppid, pgrp, ...
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
