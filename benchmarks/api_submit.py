@@ -6,7 +6,7 @@ submit N jobs each way. Every submit is acknowledged only after MongoDB stored i
 run checks the stored count at the end. The same run measures raw `insert_one` into the
 same MongoDB server as the floor the API is compared against.
 
-    .venv/bin/python benchmarks/api_submit.py [--jobs 600] [--clients 8] [--mongo secantus|nx-27017]
+    .venv/bin/python benchmarks/api_submit.py [--jobs 600] [--clients 4,8] [--mongo secantus|nx-27017]
 """
 
 from __future__ import annotations
@@ -70,98 +70,116 @@ def run_clients(
     return elapsed, latencies
 
 
+def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str, dict[str, float]]:
+    """One round at one concurrency: the floor, then gRPC, then REST submits."""
+    per_client = max(1, jobs // clients)
+    total = per_client * clients
+    results: dict[str, dict[str, float]] = {}
+    # Floor: the same job document inserted straight into an identically indexed
+    # collection of the same server, same concurrency, no API in between.
+    mongo: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(state.urls["mongodb"])
+    floor_repo = JobsRepository(mongo[f"bench_floor_{clients}"])
+    floor_repo.ensure_indexes()
+    manifest = parse_manifest(MANIFEST)
+    sample = JobRecord(
+        job_id="",
+        owner="floor",
+        name="bench",
+        manifest=manifest.data,
+        resources=manifest.resources(),
+    ).to_doc()
+
+    def floor_insert(i: int) -> None:
+        floor_repo._col.insert_one({**sample, "_id": f"f{i}", "job_id": f"f{i}", "idem": f"k{i}"})
+
+    elapsed, lat = run_clients(clients, per_client, floor_insert)
+    results["mongodb insert_one (floor)"] = summarize(total, elapsed, lat)
+    mongo.close()
+
+    users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
+    grpc_clients = [Client(state.api_address, u) for u in users]
+    elapsed, lat = run_clients(
+        clients, per_client, lambda i: grpc_clients[i // per_client].create_job(MANIFEST)
+    )
+    results["gRPC CreateJob"] = summarize(total, elapsed, lat)
+    stored = sum(len(list(c.iter_jobs())) for c in grpc_clients)
+    assert stored == total, f"only {stored} of {total} gRPC submits are stored"
+
+    rest_users = [f"bench-rest-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
+    http = [
+        httpx.Client(base_url=state.rest_url, headers={"X-Rhizome-User": u}, timeout=30)
+        for u in rest_users
+    ]
+    files = {"manifest": ("manifest.yml", MANIFEST.encode())}
+
+    def rest_submit(i: int) -> None:
+        http[i // per_client].post("/v1/models", files=files).raise_for_status()
+
+    elapsed, lat = run_clients(clients, per_client, rest_submit)
+    results["REST POST /v1/models"] = summarize(total, elapsed, lat)
+    stored = sum(len(list(Client(state.api_address, u).iter_jobs())) for u in rest_users)
+    assert stored == total, f"only {stored} of {total} REST submits are stored"
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--jobs", type=int, default=600, help="submits per protocol")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument("--jobs", type=int, default=600, help="submits per protocol and round")
+    parser.add_argument(
+        "--clients", default="4,8", help="concurrent clients, one round per comma-separated value"
+    )
     parser.add_argument(
         "--mongo",
         default=os.environ.get("RHIZOME_MONGO_SERVER", "secantus"),
         help="embedded MongoDB-wire server: secantus or nx-27017",
     )
-    parser.add_argument("--services", default="", help="services the daemon hosts (default: all)")
+    parser.add_argument(
+        "--services",
+        default="api,scheduler",
+        help="services the daemon hosts (default api,scheduler: the submit path, admission "
+        "check included, without the LCM deploying every benchmark job)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
     os.environ["RHIZOME_MONGO_SERVER"] = args.mongo
-    per_client = max(1, args.jobs // args.clients)
-    total = per_client * args.clients
+    rounds: dict[int, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rz-bench-") as tmp:
         data_dir = Path(tmp)
         state = platform.up(
-            data_dir, 0, 0, services="api", progress=lambda m: print(f"  {m}", file=sys.stderr)
+            data_dir,
+            0,
+            0,
+            services=args.services,
+            progress=lambda m: print(f"  {m}", file=sys.stderr),
         )
         try:
-            results: dict[str, dict[str, float]] = {}
-            # Floor: the same job document inserted straight into an identically indexed
-            # collection of the same server, same concurrency, no API in between.
-            mongo: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
-                state.urls["mongodb"]
-            )
-            floor_repo = JobsRepository(mongo["bench_floor"])
-            floor_repo.ensure_indexes()
-            sample = JobRecord(
-                job_id="",
-                owner="floor",
-                name="bench",
-                manifest=parse_manifest(MANIFEST).data,
-                resources=parse_manifest(MANIFEST).resources(),
-            ).to_doc()
-
-            def floor_insert(i: int) -> None:
-                floor_repo._col.insert_one(
-                    {**sample, "_id": f"f{i}", "job_id": f"f{i}", "idem": f"k{i}"}
-                )
-
-            elapsed, lat = run_clients(args.clients, per_client, floor_insert)
-            results["mongodb insert_one (floor)"] = summarize(total, elapsed, lat)
-
-            users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(args.clients)]
-            grpc_clients = [Client(state.api_address, u) for u in users]
-            elapsed, lat = run_clients(
-                args.clients,
-                per_client,
-                lambda i: grpc_clients[i // per_client].create_job(MANIFEST),
-            )
-            results["gRPC CreateJob"] = summarize(total, elapsed, lat)
-            stored = sum(len(list(c.iter_jobs())) for c in grpc_clients)
-            assert stored == total, f"only {stored} of {total} gRPC submits are stored"
-
-            rest_users = [f"bench-rest-{uuid.uuid4().hex[:6]}" for _ in range(args.clients)]
-            http = [
-                httpx.Client(base_url=state.rest_url, headers={"X-Rhizome-User": u}, timeout=30)
-                for u in rest_users
-            ]
-            files = {"manifest": ("manifest.yml", MANIFEST.encode())}
-
-            def rest_submit(i: int) -> None:
-                resp = http[i // per_client].post("/v1/models", files=files)
-                resp.raise_for_status()
-
-            elapsed, lat = run_clients(args.clients, per_client, rest_submit)
-            results["REST POST /v1/models"] = summarize(total, elapsed, lat)
-            stored = sum(len(list(Client(state.api_address, u).iter_jobs())) for u in rest_users)
-            assert stored == total, f"only {stored} of {total} REST submits are stored"
+            for clients in (int(c) for c in args.clients.split(",")):
+                rounds[clients] = measure(state, clients, args.jobs)
         finally:
             platform.down(data_dir)
     print(
-        f"\n{total} submits per protocol, {args.clients} concurrent clients, MongoDB-wire server: {args.mongo}, "
-        f"{os.cpu_count()} cores (clients, daemon and database share them)\n"
+        f"\n{args.jobs} submits per protocol and round, daemon hosting {args.services}, "
+        f"MongoDB-wire server {args.mongo}, {os.cpu_count()} cores shared by clients, daemon and database"
     )
-    print(f"{'path':<30} {'submits/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'vs floor':>9}")
-    floor = results["mongodb insert_one (floor)"]["per_s"]
-    for name, r in results.items():
-        print(
-            f"{name:<30} {r['per_s']:>10.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['per_s'] / floor:>8.2f}x"
-        )
-    goal = results["gRPC CreateJob"]
     print(
-        f"\ngoal: gRPC >= 300 submits/s with p99 < 50 ms -> "
-        f"{'met' if goal['per_s'] >= 300 and goal['p99_ms'] < 50 else 'NOT met'}"
+        f"\n{'clients':>7} {'path':<30} {'submits/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'vs floor':>9}"
     )
+    for clients, results in rounds.items():
+        floor = results["mongodb insert_one (floor)"]["per_s"]
+        for name, r in results.items():
+            print(
+                f"{clients:>7} {name:<30} {r['per_s']:>10.0f} {r['p50_ms']:>8.1f} "
+                f"{r['p99_ms']:>8.1f} {r['per_s'] / floor:>8.2f}x"
+            )
+        goal = results["gRPC CreateJob"]
+        met = goal["per_s"] >= 300 and goal["p99_ms"] < 50
+        print(
+            f"{clients:>7} goal gRPC >= 300 submits/s with p99 < 50 ms: {'met' if met else 'NOT met'}"
+        )
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps(rounds, indent=2))
     return 0
 
 

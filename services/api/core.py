@@ -7,7 +7,6 @@ import io
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import pymongo.errors
 
@@ -21,9 +20,8 @@ from services.store.objects import LocalObjectStore
 MAX_MODEL_BYTES = 64 * 1024 * 1024
 MAX_IDEMPOTENCY_KEY = 128
 
-# (job_id, owner, resources, priority) -> (admitted, reason). The scheduler refuses at
-# submit what can never fit the cluster.
-AdmitFn = Callable[[str, str, dict[str, Any], int], tuple[bool, str]]
+# job -> (admitted, reason): the scheduler refuses at submit what can never fit the cluster.
+AdmitFn = Callable[[JobRecord], tuple[bool, str]]
 # (job_id, action, reason) -> message; forwards halt/resume/delete of deployed jobs to the LCM.
 LifecycleFn = Callable[[str, str, str], str]
 
@@ -47,7 +45,7 @@ class TrainerCore:
         self.admit = admit
         self.lifecycle = lifecycle
         # Called after a new job is stored (the daemon nudges the scheduler with it).
-        self.on_stored: Callable[[], None] | None = None
+        self.on_stored: Callable[[JobRecord], None] | None = None
 
     # -- submit ---------------------------------------------------------------------------
     def create(
@@ -73,32 +71,30 @@ class TrainerCore:
             check_zip(model_zip)
         # A retried key is caught by the unique index on insert (JobsRepository.create),
         # which saves every first submit a lookup.
-        resources = manifest.resources()
         job_id = new_job_id()
-        if self.admit is not None:
-            priority = int(manifest.data.get("priority", 50))
-            admitted, reason = self.admit(job_id, owner, resources, priority)
-            if not admitted:
-                raise errors.BadRequest(f"job cannot be scheduled: {reason}")
-        model_key = ""
-        if model_zip:
-            # The code is stored before the record, so an acknowledged job always has it.
-            model_key = f"models/{job_id}.zip"
-            self.objects.put(model_key, model_zip)
         record = JobRecord(
             job_id=job_id,
             owner=owner,
             name=manifest.name,
             description=manifest.description,
             manifest=manifest.data,
-            resources=resources,
+            resources=manifest.resources(),
             idempotency_key=idempotency_key,
-            model_path=model_key,
         )
+        if self.admit is not None:
+            admitted, reason = self.admit(record)
+            if not admitted:
+                raise errors.BadRequest(f"job cannot be scheduled: {reason}")
+        model_key = ""
+        if model_zip:
+            # The code is stored before the record, so an acknowledged job always has it.
+            model_key = record.model_path = f"models/{job_id}.zip"
+            self.objects.put(model_key, model_zip)
         try:
             stored, existing_flag = self.jobs.create(record)
         except IdempotencyConflict as exc:
-            self.objects.delete(model_key) if model_key else None
+            if model_key:
+                self.objects.delete(model_key)
             raise errors.Conflict(str(exc)) from None
         except (pymongo.errors.PyMongoError, StoreUnavailable) as exc:
             if model_key:
@@ -109,7 +105,7 @@ class TrainerCore:
         if existing_flag and model_key:
             self.objects.delete(model_key)
         if not existing_flag and self.on_stored is not None:
-            self.on_stored()
+            self.on_stored(stored)
         return Created(stored, existing_flag)
 
     # -- read -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -13,6 +14,7 @@ from services.api import errors
 from services.api.core import AdmitFn, LifecycleFn
 from services.config import split_address
 from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.store.jobs import JobRecord
 
 GAUGE_INTERVAL_S = 5.0
 
@@ -52,24 +54,9 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
         return None
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
-    def admit(
-        job_id: str, owner: str, resources: dict[str, Any], priority: int
-    ) -> tuple[bool, str]:
-        req = scheduler_pb2.AdmitRequest(
-            job_id=job_id,
-            owner=owner,
-            priority=priority,
-            check_only=True,
-            resources=job_pb2.Resources(
-                learners=int(resources["learners"]),
-                gpus=float(resources["gpus"]),
-                cpus=float(resources["cpus"]),
-                memory_mb=float(resources["memory_mb"]),
-                gpu_type=str(resources["gpu_type"]),
-            ),
-        )
+    def admit(job: JobRecord) -> tuple[bool, str]:
         try:
-            resp = stub.Admit(req, timeout=10)
+            resp = stub.Admit(admission_request(job, check_only=True), timeout=10)
         except grpc.RpcError as exc:
             raise errors.Unavailable(f"the scheduler is unavailable: {exc.details()}") from None
         return bool(resp.admitted), str(resp.reason)
@@ -77,35 +64,35 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     return admit
 
 
-class SchedulerNudge:
-    """After a job is stored, ask the scheduler for a pass now instead of at its next
-    tick. At most one call is in flight; submits that land meanwhile ask for one more."""
+def admission_request(job: JobRecord, check_only: bool) -> scheduler_pb2.AdmitRequest:
+    res = job.resources
+    pipeline = job.manifest.get("pipeline") or {}
+    return scheduler_pb2.AdmitRequest(
+        job_id=job.job_id,
+        owner=job.owner,
+        priority=int(job.manifest.get("priority", 50)),
+        check_only=check_only,
+        # Bamboo §5.1: consecutive pipeline stages in different zones where there are zones.
+        zone_aware=int(pipeline.get("stages", 1)) > 1,
+        resources=job_pb2.Resources(
+            learners=int(res["learners"]),
+            gpus=float(res["gpus"]),
+            cpus=float(res["cpus"]),
+            memory_mb=float(res["memory_mb"]),
+            gpu_type=str(res["gpu_type"]),
+        ),
+    )
 
-    def __init__(self, channel: grpc.Channel) -> None:
-        self.stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        self.lock = threading.Lock()
-        self.in_flight = False
-        self.again = False
 
-    def __call__(self) -> None:
-        with self.lock:
-            if self.in_flight:
-                self.again = True
-                return
-            self.in_flight = True
-        self._fire()
+def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
+    """Hand each stored job to the scheduler without waiting for it; a push that fails
+    is caught by the scheduler's periodic resync with the QUEUED records."""
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
-    def _fire(self) -> None:
-        future = self.stub.Schedule.future(scheduler_pb2.ScheduleRequest(), timeout=10)
-        future.add_done_callback(self._done)
+    def push(job: JobRecord) -> None:
+        stub.Admit.future(admission_request(job, check_only=False), timeout=10)
 
-    def _done(self, _: Any) -> None:
-        with self.lock:
-            if not self.again:
-                self.in_flight = False
-                return
-            self.again = False
-        self._fire()
+    return push
 
 
 def build(ctx: DaemonContext) -> Hosted:
@@ -124,7 +111,7 @@ def build(ctx: DaemonContext) -> Hosted:
     )
     scheduler_channel = ctx.channel("scheduler")
     if scheduler_channel is not None:
-        core.on_stored = SchedulerNudge(scheduler_channel)
+        core.on_stored = scheduler_push(scheduler_channel)
     ctx.shared["trainer_core"] = core
     servicer = TrainerServicer(
         core,

@@ -1,22 +1,28 @@
 """How the daemon hosts the scheduler: the `rhizome.v1.Scheduler` service plus the
 scheduling loop that connects the gang scheduler to the jobs in MongoDB.
 
-Each pass of the loop (a few times a second):
-1. every QUEUED job the scheduler does not know yet is queued in it (a job that can
-   never fit any more fails with the reason instead of waiting forever);
+Jobs arrive pushed: the API calls `Admit` for each job it stores, which queues it and
+wakes the loop. Each pass of the loop (at once when woken, else five times a second):
+1. every few seconds, a resync with the QUEUED records catches jobs whose push was lost
+   and drops queue entries whose job left the queue (a job that can never fit any more
+   fails with the reason instead of waiting forever);
 2. one scheduling pass places whole gangs; each placed job moves QUEUED → PENDING with
    its placement (the LCM takes it from there). A placement the scheduler restored after
    a restart, whose job is still QUEUED, is written the same way, so a crash between the
    two writes neither loses nor double-books;
 3. jobs whose borrowed quota is reclaimed are halted (not lost);
-4. the explanation of every still-queued job is kept in its record (`rhizome show`);
+4. every two seconds, the explanations of the jobs at the head of the queue are written
+   to their records (`rhizome show` prints them);
 5. the placements of jobs that no longer hold resources are released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +30,22 @@ import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 from services.daemon import DaemonContext, Hosted, jobs_repository
-from services.scheduler.api import JobRequest, SchedulerError, gpus_from_float
+from services.scheduler.api import (
+    JobRequest,
+    PlacementStore,
+    SchedState,
+    SchedulerError,
+    gpus_from_float,
+)
+from services.scheduler.cluster import load_cluster_config
+from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.scheduler import GangScheduler
 from services.scheduler.service import (
     SchedulerServicer,
-    build_scheduler,
     placement_to_proto,
 )
 from services.store import states
+from services.store.errors import JobNotFound
 from services.store.jobs import JobRecord, JobsRepository
 from services.store.mongo import database_name
 
@@ -39,6 +53,15 @@ log = logging.getLogger("rhizome.scheduler")
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "cluster-local.yaml"
 PASS_INTERVAL_S = 0.2
+# Explanations are for people reading `rhizome show`: refreshed every second for the
+# jobs at the head of the queue, not rewritten for every queued job on every pass.
+EXPLAIN_INTERVAL_S = 2.0
+EXPLAIN_AT_MOST = 10
+# Freeing the placements of ended jobs and rescanning the whole queue are not urgent.
+RELEASE_INTERVAL_S = 0.5
+RESYNC_INTERVAL_S = 5.0
+# Passes woken back to back (a burst of submits) are spaced by at least this much.
+MIN_PASS_GAP_S = 0.05
 
 
 def job_request(job: JobRecord) -> JobRequest:
@@ -80,6 +103,10 @@ class SchedulingLoop:
         self._passes = 0
         self._pass_done = threading.Condition()
         self._last_placed: list[scheduler_pb2.JobPlacement] = []
+        self._bound: set[str] = set()  # placed jobs whose record says so
+        self._explained_at = 0.0
+        self._released_at = 0.0
+        self._synced_at = 0.0
 
     def start(self) -> None:
         self.thread.start()
@@ -99,34 +126,32 @@ class SchedulingLoop:
             with self._pass_done:
                 self._passes += 1
                 self._pass_done.notify_all()
-            self.wake.wait(PASS_INTERVAL_S)
+            self.stop_event.wait(MIN_PASS_GAP_S)
+            self.wake.wait(PASS_INTERVAL_S - MIN_PASS_GAP_S)
 
     def pass_now(self, timeout_s: float = 5.0) -> list[scheduler_pb2.JobPlacement]:
         """Run a pass that starts after this call (coalesced with others) and return what
-        it placed: the Schedule RPC, which the API calls right after storing a job."""
+        it placed: the Schedule RPC."""
         with self._pass_done:
-            target = self._passes + 2  # the pass running now may have missed the new job
+            target = self._passes + 2  # the pass running now may have missed the request
             self.wake.set()
             self._pass_done.wait_for(lambda: self._passes >= target, timeout_s)
             return list(self._last_placed)
 
     def run_pass(self) -> None:
-        queued = self.jobs.by_status([states.QUEUED])
+        now = time.monotonic()
+        if now - self._synced_at >= RESYNC_INTERVAL_S:
+            self._synced_at = now
+            self._resync()
         with self.lock:
-            for job in queued:
-                if job.job_id in self.scheduler.records:
-                    continue
-                try:
-                    self.scheduler.enqueue(job_request(job))
-                except SchedulerError as exc:
-                    self._fail(job.job_id, f"cannot be scheduled: {exc}")
             result = self.scheduler.schedule()
             placements = self.scheduler.placements()
-        status = {j.job_id: j.status for j in queued}
-        placed = []
+            queued = self.scheduler.queued()
+        placed: list[scheduler_pb2.JobPlacement] = []
         for placement in placements:
-            if status.get(placement.job_id) == states.QUEUED:
-                self._bind(placement.job_id, list(placement.learner_nodes), placement.placed_at)
+            if placement.job_id not in self._bound and self._bind(
+                placement.job_id, list(placement.learner_nodes), placement.placed_at
+            ):
                 placed.append(
                     scheduler_pb2.JobPlacement(
                         job_id=placement.job_id, placement=placement_to_proto(placement)
@@ -134,33 +159,59 @@ class SchedulingLoop:
                 )
         self._last_placed = placed
         for job_id in result.preempted:
+            self._bound.discard(job_id)
             self._halt(job_id)
-        self._explain([j for j in queued if j.job_id not in {p.job_id for p in placements}])
-        self._release_finished(placements)
+        if now - self._explained_at >= EXPLAIN_INTERVAL_S:
+            self._explained_at = now
+            self._explain(queued[:EXPLAIN_AT_MOST])
+        if now - self._released_at >= RELEASE_INTERVAL_S:
+            self._released_at = now
+            self._release_finished([p.job_id for p in placements])
 
-    def _bind(self, job_id: str, nodes: list[str], placed_at: float) -> None:
+    def _resync(self) -> None:
+        """Bring the scheduler's queue in line with the QUEUED records: jobs the API's push
+        never reached (a crash in between, a resumed job) join it, and queued entries
+        whose job left the queue (deleted, halted) leave it. The API pushes each new job
+        as it is stored, so this scan is a safety net, not the way jobs arrive."""
+        queued_ids = self.jobs.ids_by_status([states.QUEUED])
+        with self.lock:
+            known = set(self.scheduler.records)
+            stale = set(self.scheduler.queued()) - set(queued_ids)
+            for job_id in stale:
+                self.scheduler.release(job_id)
+        for job in self.jobs.get_many([i for i in queued_ids if i not in known]):
+            if job.status != states.QUEUED:
+                continue
+            with self.lock:
+                try:
+                    self.scheduler.enqueue(job_request(job))
+                except SchedulerError as exc:
+                    self._fail(job.job_id, f"cannot be scheduled: {exc}")
+
+    def _bind(self, job_id: str, nodes: list[str], placed_at: float) -> bool:
+        """QUEUED -> PENDING with the placement. False when the record had moved on
+        already (placed before a restart, deleted, halted)."""
         placement = {
             "learner_nodes": {str(r): n for r, n in enumerate(nodes)},
             "placed_at": placed_at,
         }
         where = ", ".join(sorted(set(nodes)))
+        self._bound.add(job_id)
+        self._reasons.pop(job_id, None)
         try:
             self.jobs.transition(
                 job_id, states.PENDING, f"placed on {where}", placement=placement, queue_reason=""
             )
-        except states.IllegalTransition:
-            pass  # deleted or halted meanwhile: step 5 releases it
-        else:
-            if self.lcm is not None:
-                # Wake the LCM now rather than at its next poll; its answer does not matter.
-                self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5)
-        self._reasons.pop(job_id, None)
+        except (states.IllegalTransition, JobNotFound):
+            return False  # the release check frees it if the job no longer runs
+        if self.lcm is not None:
+            # Wake the LCM now rather than at its next poll; its answer does not matter.
+            self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5)
+        return True
 
     def _fail(self, job_id: str, reason: str) -> None:
-        try:
+        with contextlib.suppress(states.IllegalTransition, JobNotFound):
             self.jobs.transition(job_id, states.FAILED, reason)
-        except states.IllegalTransition:
-            pass
 
     def _halt(self, job_id: str) -> None:
         reason = "halted: the owner of the quota it borrowed needs it back; resume it later"
@@ -176,32 +227,69 @@ class SchedulingLoop:
         except grpc.RpcError as exc:
             log.warning("could not halt preempted job %s: %s", job_id, exc.details())
 
-    def _explain(self, waiting: list[JobRecord]) -> None:
-        for job in waiting:
+    def _explain(self, waiting: list[str]) -> None:
+        """Keep the head of the queue's explanations current (rhizome show prints them)."""
+        for job_id in waiting:
             with self.lock:
-                if job.job_id not in self.scheduler.records:
+                if job_id not in self.scheduler.records:
                     continue
-                reason = self.scheduler.explain(job.job_id)
-            if reason != (self._reasons.get(job.job_id) or job.queue_reason):
-                self.jobs.update_fields(job.job_id, queue_reason=reason)
-            self._reasons[job.job_id] = reason
+                reason = self.scheduler.explain(job_id)
+            if reason != self._reasons.get(job_id):
+                with contextlib.suppress(JobNotFound):
+                    self.jobs.update_fields(job_id, queue_reason=reason)
+                self._reasons[job_id] = reason
 
-    def _release_finished(self, placements: list[Any]) -> None:
-        if not placements:
-            return
-        holding = {j.job_id for j in self.jobs.by_status([*states.ACTIVE_STATES, states.QUEUED])}
-        for placement in placements:
-            if placement.job_id not in holding:
+    def _release_finished(self, placed: list[str]) -> None:
+        """Free the placements of jobs that no longer hold resources (ended, halted)."""
+        records = {j.job_id: j for j in self.jobs.get_many(placed)}
+        for job_id in placed:
+            job = records.get(job_id)
+            if job is None or job.status not in states.ACTIVE_STATES:
                 with self.lock:
-                    self.scheduler.release(placement.job_id)
-                log.info("released the placement of %s", placement.job_id)
+                    self.scheduler.release(job_id)
+                self._bound.discard(job_id)
+                log.info("released the placement of %s", job_id)
+
+
+class PlacementsOnlyStore(PlacementStore):
+    """In the daemon the queue's source of truth is the jobs collection (QUEUED records,
+    ordered by their time-ordered ids), so only placements are persisted: one write per
+    placed job rather than one per submitted job, which the submit path would pay for."""
+
+    def __init__(self, inner: PlacementStore) -> None:
+        self.inner = inner
+        self.stored: set[str] = set()
+
+    def save(self, doc: Mapping[str, Any]) -> None:
+        job_id = str(doc["job_id"])
+        if doc["state"] == str(SchedState.QUEUED):
+            if job_id in self.stored:  # back in the queue: its reservation is gone
+                self.delete(job_id)
+            return
+        self.inner.save(doc)
+        self.stored.add(job_id)
+
+    def delete(self, job_id: str) -> None:
+        self.inner.delete(job_id)
+        self.stored.discard(job_id)
+
+    def load_all(self) -> Iterable[Mapping[str, Any]]:
+        docs = [d for d in self.inner.load_all() if d["state"] != str(SchedState.QUEUED)]
+        self.stored = {str(d["job_id"]) for d in docs}
+        return docs
 
 
 class LoopedSchedulerServicer(SchedulerServicer):
-    """In the daemon, `Schedule` runs a full pass of the loop (store included) at once,
-    instead of a pass over only what the scheduler already holds."""
+    """In the daemon, `Admit` of a stored job queues it and wakes the loop, and
+    `Schedule` runs a full pass of the loop (store included) at once."""
 
     loop: SchedulingLoop | None = None
+
+    def Admit(self, request: Any, context: Any) -> Any:
+        resp = super().Admit(request, context)
+        if self.loop is not None and not request.check_only:
+            self.loop.wake.set()
+        return resp
 
     def Schedule(self, request: Any, context: Any) -> Any:
         if self.loop is None:
@@ -213,9 +301,8 @@ def build(ctx: DaemonContext) -> Hosted:
     """Host the Scheduler service and its loop over the jobs store."""
     cluster = ctx.config.cluster_config or str(DEFAULT_CLUSTER)
     uri = ctx.config.mongodb_uri
-    scheduler = build_scheduler(
-        cluster, mongo_url=uri or None, database=database_name(uri) if uri else "rhizome"
-    )
+    store = PlacementsOnlyStore(MongoPlacementStore.from_url(uri, database_name(uri)))
+    scheduler = GangScheduler(load_cluster_config(cluster), store=store)
     servicer = LoopedSchedulerServicer(scheduler)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, ctx.server)
     loop = SchedulingLoop(scheduler, servicer, jobs_repository(ctx), ctx.channel("lcm"))

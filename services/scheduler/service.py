@@ -78,15 +78,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._redeliver: list[str] = list(scheduler.restored_reservations)
 
     def Admit(self, request: Any, context: Any) -> Any:
-        with self._lock:
-            try:
-                job = request_from_proto(request, self.clock())
-                if request.check_only:
-                    result = self.scheduler.admit(job)
-                else:
+        try:
+            job = request_from_proto(request, self.clock())
+            if request.check_only:
+                # Admission reads only the empty cluster and the quota config, neither of
+                # which a scheduling pass changes: no need to wait for the lock.
+                result = self.scheduler.admit(job)
+            else:
+                with self._lock:
                     result = self.scheduler.submit(job)
-            except SchedulerError as exc:
-                return scheduler_pb2.AdmitResponse(admitted=False, reason=str(exc))
+        except SchedulerError as exc:
+            return scheduler_pb2.AdmitResponse(admitted=False, reason=str(exc))
         return scheduler_pb2.AdmitResponse(admitted=result.admitted, reason=result.reason)
 
     def Schedule(self, request: Any, context: Any) -> Any:

@@ -201,6 +201,24 @@ class JobsRepository:
         return [JobRecord.from_doc(d) for d in cursor]
 
     @with_retries
+    def ids_by_status(self, statuses: Iterable[str], after: str = "") -> list[str]:
+        """Ids only, oldest first (only ids greater than `after` when given): the cheap
+        scan the scheduling loop makes every pass."""
+        query: dict[str, Any] = {"status": {"$in": list(statuses)}}
+        if after:
+            query["job_id"] = {"$gt": after}
+        cursor = self._col.find(query, {"job_id": 1, "_id": 0}).sort("job_id", pymongo.ASCENDING)
+        return [str(d["job_id"]) for d in cursor]
+
+    @with_retries
+    def get_many(self, job_ids: Iterable[str]) -> list[JobRecord]:
+        wanted = list(job_ids)
+        if not wanted:
+            return []
+        docs = self._col.find({"_id": {"$in": wanted}}).sort("job_id", pymongo.ASCENDING)
+        return [JobRecord.from_doc(d) for d in docs]
+
+    @with_retries
     def count_by_status(self) -> dict[str, int]:
         return {s: self._col.count_documents({"status": s}) for s in states.ALL_STATES}
 
