@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.config import ALL_SERVICES, PlatformConfig, split_address
+from services.local_channel import LocalChannel, RecordingServer
 
 log = logging.getLogger("rhizomed")
 
@@ -50,11 +51,16 @@ class DaemonContext:
     shared: dict[str, Any] = field(default_factory=dict)
 
     def channel(self, service: str) -> grpc.Channel | None:
+        """A channel to `service`: in-process dispatch when this daemon hosts it (see
+        services/local_channel.py), a real channel to its peer address otherwise."""
         if service in self.channels:
             return self.channels[service]
-        address = self.config.peers.get(service)
         if service in self.config.services:
-            address = self.config.grpc_address
+            real = grpc.insecure_channel(self.config.grpc_address)
+            handlers = self.server.handlers if isinstance(self.server, RecordingServer) else {}
+            self.channels[service] = LocalChannel(handlers, real)  # type: ignore[assignment]
+            return self.channels[service]
+        address = self.config.peers.get(service)
         if not address:
             return None
         self.channels[service] = grpc.insecure_channel(address)
@@ -130,7 +136,7 @@ class Daemon:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.ctx = DaemonContext(config, self.server)
+        self.ctx = DaemonContext(config, RecordingServer(self.server))  # type: ignore[arg-type]
         self.hosted: list[Hosted] = []
         self.health = health.HealthServicer()
         self.port = 0
