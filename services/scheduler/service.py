@@ -29,6 +29,7 @@ from google.protobuf import timestamp_pb2
 from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from services.scheduler.api import (
+    AdmitResult,
     JobRequest,
     Placement,
     SchedulerError,
@@ -86,7 +87,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 result = self.scheduler.admit(job)
             else:
                 with self._lock:
-                    result = self.scheduler.submit(job)
+                    # enqueue checks the job itself (submit would check it twice).
+                    self.scheduler.enqueue(job)
+                result = AdmitResult(True)
         except SchedulerError as exc:
             return scheduler_pb2.AdmitResponse(admitted=False, reason=str(exc))
         return scheduler_pb2.AdmitResponse(admitted=result.admitted, reason=result.reason)
