@@ -19,7 +19,9 @@ DAEMON = [sys.executable, "-m", "services.daemon"]
 def test_an_unknown_service_is_a_clear_usage_error(tmp_path: Path) -> None:
     proc = subprocess.run(
         [*DAEMON, "--services", "api,frobnicator", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "unknown service frobnicator" in proc.stderr
@@ -29,17 +31,31 @@ def test_an_unknown_service_is_a_clear_usage_error(tmp_path: Path) -> None:
 def test_a_malformed_peer_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(
         [*DAEMON, "--services", "api", "--peer", "tds", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "SERVICE=HOST:PORT" in proc.stderr
 
 
 def test_an_unreachable_mongodb_is_named(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [*DAEMON, "--services", "api", "--data-dir", str(tmp_path),
-         "--mongodb-uri", f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=300",
-         "--grpc-address", f"127.0.0.1:{free_port()}", "--rest-address", f"127.0.0.1:{free_port()}"],
-        capture_output=True, text=True, timeout=60,
+        [
+            *DAEMON,
+            "--services",
+            "api",
+            "--data-dir",
+            str(tmp_path),
+            "--mongodb-uri",
+            f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=300",
+            "--grpc-address",
+            f"127.0.0.1:{free_port()}",
+            "--rest-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert "MongoDB at mongodb://127.0.0.1" in proc.stderr and "unreachable" in proc.stderr
@@ -49,9 +65,22 @@ def test_an_unreachable_mongodb_is_named(tmp_path: Path) -> None:
 def test_sigterm_shuts_the_daemon_down_cleanly(tmp_path: Path, mongo_server: ManagedServer) -> None:
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [*DAEMON, "--services", "api", "--data-dir", str(tmp_path), "--mongodb-uri", mongo_server.url,
-         "--grpc-address", address, "--rest-address", f"127.0.0.1:{free_port()}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            *DAEMON,
+            "--services",
+            "api",
+            "--data-dir",
+            str(tmp_path),
+            "--mongodb-uri",
+            mongo_server.url,
+            "--grpc-address",
+            address,
+            "--rest-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30
