@@ -8,13 +8,14 @@ PROTOS := $(wildcard protos/rhizome/v1/*.proto)
 GEN_STAMP := gen/.generated
 PYTEST_ARGS ?=
 
-.PHONY: install protos run demo test test-unit lint bench clean help
+.PHONY: install protos run demo test test-unit test-chaos lint bench clean help
 
 help:
 	@echo "make install  - create .venv with pinned dependencies and generate gRPC stubs"
 	@echo "make run      - start the embedded platform (etcd, MongoDB-wire, Elasticsearch-API, daemon) in the foreground"
 	@echo "make demo     - start the platform, train examples/mnist end to end, stop the platform"
 	@echo "make test     - lint + the whole test suite against real servers"
+	@echo "make test-unit / test-chaos - the tests without servers / the chaos tests alone"
 	@echo "make bench    - run every benchmark in benchmarks/"
 	@echo "make clean    - remove .venv and generated code"
 
@@ -52,8 +53,11 @@ test: install lint
 test-unit: install
 	$(BIN)/python -m pytest -m "not integration and not chaos" $(PYTEST_ARGS)
 
+test-chaos: install
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
 bench: install
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in benchmarks/[a-z]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) gen .pytest_cache .mypy_cache .ruff_cache *.egg-info
