@@ -49,6 +49,9 @@ class JobSpec:
     master_port: int = 0
     tds_address: str = ""
     grace_s: float = 10.0
+    # Set by the platform on every learner (e.g. the preemption estimates for the
+    # checkpoint policy); a manifest's own `env` cannot override them.
+    platform_env: dict[str, str] = field(default_factory=dict)
 
 
 class Backend(abc.ABC):

@@ -18,6 +18,7 @@ from services.store.errors import StoreUnavailable
 from services.store.etcd import EtcdStore
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
+from services.store.preemption_stats import PreemptionStatsRepository
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             tds_address=args.tds,
         )
         etcd = EtcdStore.connect(config.etcd_url)
-        jobs = JobsRepository(connect(config.mongodb_uri))
+        db = connect(config.mongodb_uri)
+        jobs = JobsRepository(db)
+        stats = PreemptionStatsRepository(db)
     except (StoreUnavailable, ValueError) as exc:
         print(f"guardian: {exc}", file=sys.stderr)
         return 2
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     procs.become_subreaper()
     reaper = procs.Reaper().start()
     backend = get_backend(config.backend, reaper=reaper)
-    guardian = Guardian(config, etcd, jobs, backend)
+    guardian = Guardian(config, etcd, jobs, backend, stats)
 
     def on_term(*_: object) -> None:
         guardian.terminate.set()

@@ -45,6 +45,7 @@ from services.store import etcd_keys, states
 from services.store.errors import JobNotFound, StaleToken
 from services.store.etcd import EtcdStore, Lease
 from services.store.jobs import JobRecord, JobsRepository
+from services.store.preemption_stats import PreemptionStatsRepository
 
 log = logging.getLogger("rhizome.guardian")
 
@@ -56,6 +57,9 @@ EXIT_TERMINATED = 143
 STEPS = ("keys", "volume", "secrets", "learners", "helper")
 COMPLETE = "complete"
 RESTARTS = "restarts"
+# How a learner ends when its node is preempted: 143 = exited after SIGTERM (the SDK's
+# emergency save exits so), 137 / -9 = SIGKILL, -15 = died of SIGTERM.
+PREEMPTION_EXIT_CODES = frozenset({143, 137, -9, -15})
 
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {"STARTING": 0, "DOWNLOADING": 1, "PROCESSING": 2, "STORING": 3, "COMPLETED": 4}
@@ -120,9 +124,18 @@ class GuardianConfig:
 
 class Guardian:
     def __init__(
-        self, config: GuardianConfig, etcd: EtcdStore, jobs: JobsRepository, backend: Backend
+        self,
+        config: GuardianConfig,
+        etcd: EtcdStore,
+        jobs: JobsRepository,
+        backend: Backend,
+        stats: PreemptionStatsRepository | None = None,
     ) -> None:
         self.config = config
+        self.stats = stats
+        # rank -> (instance type, zone, monotonic time it was preempted): the restart that
+        # follows is recorded as a reallocation once the learner processes again.
+        self.preempted: dict[int, tuple[str, str, float]] = {}
         self.job_id = config.job_id
         self.etcd = etcd
         self.jobs = jobs
@@ -221,7 +234,49 @@ class Guardian:
             master_port=master_port,
             tds_address=self.config.tds_address,
             grace_s=float(checkpoint.get("grace_s", self.config.learner_grace_s)),
+            platform_env=self.preemption_env(manifest),
         )
+
+    # -- what the platform learns about preemptions (ARCHITECTURE §6) ---------------------
+    @staticmethod
+    def site(manifest: dict[str, Any]) -> tuple[str, str]:
+        """The instance type and zone preemption statistics are kept under."""
+        zones = manifest.get("zones") or ["local"]
+        return str(manifest.get("instance_type") or "local"), str(zones[0])
+
+    def preemption_env(self, manifest: dict[str, Any]) -> dict[str, str]:
+        """RHIZOME_MTTP_S and RHIZOME_RESTART_S from the platform's current estimates."""
+        if self.stats is None:
+            return {}
+        try:
+            return self.stats.estimate(*self.site(manifest)).learner_env()
+        except Exception as exc:  # the prior in the learner is a fine fallback
+            log.warning("job %s: no preemption estimate (%s)", self.job_id, exc)
+            return {}
+
+    def record_preemption(self, spec: JobSpec, rank: int, code: int, now: float) -> None:
+        """A learner killed by a signal (SIGTERM after a notice, or SIGKILL) counts as a
+        preemption of its node: its lifetime feeds the platform's MTTP."""
+        if self.stats is None or code not in PREEMPTION_EXIT_CODES:
+            return
+        instance_type, zone = self.site(spec.manifest)
+        lifetime = max(0.0, now - self.started_at.get(rank, now))
+        try:
+            self.stats.record_preemption(instance_type, zone, lifetime, job_id=self.job_id)
+        except Exception as exc:
+            log.warning("job %s: could not record a preemption (%s)", self.job_id, exc)
+            return
+        self.preempted[rank] = (instance_type, zone, now)
+
+    def record_reallocation(self, rank: int, status: str, now: float) -> None:
+        """The preempted learner processes again: the wait feeds the restart time R."""
+        if self.stats is None or rank not in self.preempted or status != "PROCESSING":
+            return
+        instance_type, zone, since = self.preempted.pop(rank)
+        try:
+            self.stats.record_reallocation(instance_type, zone, now - since, job_id=self.job_id)
+        except Exception as exc:
+            log.warning("job %s: could not record a reallocation (%s)", self.job_id, exc)
 
     def control(self) -> dict[str, Any]:
         entry = self.etcd.get(etcd_keys.control(self.job_id))
@@ -400,6 +455,7 @@ class Guardian:
                 code = int(value.get("exit_code") or 1)
                 if done >= max_restarts:
                     return self.fail_learner(rank, code, done)
+                self.record_preemption(spec, rank, code, now)
                 restarts[str(rank)] = done + 1
                 self.etcd.put(etcd_keys.deploy_step(self.job_id, RESTARTS), restarts)
                 self.etcd.delete_if(entry.key, entry.mod_revision)
@@ -411,6 +467,7 @@ class Guardian:
                 statuses[rank] = "STARTING"
             else:
                 statuses[rank] = str(value.get("status"))
+            self.record_reallocation(rank, statuses[rank], now)
         return statuses
 
     def advance(self, job: JobRecord, statuses: dict[int, str]) -> JobRecord:

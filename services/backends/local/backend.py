@@ -43,6 +43,7 @@ def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
     same_node = [r for r in range(job.learners) if nodes.get(str(r), "local") == node]
     local_rank = same_node.index(rank) if rank in same_node else 0
     env = {str(k): str(v) for k, v in (job.manifest.get("env") or {}).items()}
+    env.update(job.platform_env)
     env.update(
         RANK=str(rank),
         WORLD_SIZE=str(job.learners),
