@@ -269,6 +269,8 @@ def main(
         level=os.environ.get("RHIZOME_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # One line per Elasticsearch request drowns the daemon's own log.
+    logging.getLogger("elastic_transport").setLevel(logging.WARNING)
     config = PlatformConfig(
         data_dir=data_dir.expanduser(),
         mongodb_uri=mongodb_uri,

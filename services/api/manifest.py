@@ -106,6 +106,13 @@ def _path(error: jsonschema.ValidationError) -> str:
 
 
 def _describe(error: jsonschema.ValidationError) -> ManifestError:
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        # "is not valid under any of the given schemas" helps nobody: report the
+        # alternative that came closest, e.g. the bad `type` of a metric source.
+        # The deepest complaint is about the branch the user meant (a list is checked
+        # against the list form, not told it should be an object).
+        deepest = max(error.context, key=lambda e: len(e.absolute_path))
+        return _describe(deepest)
     field = _path(error)
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))

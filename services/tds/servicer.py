@@ -300,6 +300,11 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             if not request.follow:
+                # A one-off read must see every acknowledged line: a failed job's last
+                # lines right after it failed, metrics right after the job ended. Stores
+                # make writes searchable on an interval (and noida-db only on the next
+                # write), so refresh this job's indices first; a read is not a hot path.
+                self.store.refresh(query.job_id)
                 yield from query_fn(query)
                 return
             metrics.TDS_FOLLOWERS.labels(kind).inc()
