@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,18 @@ def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedSe
 def es_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedServer]:
     """A real Elasticsearch-API server (noida-db) on 127.0.0.1."""
     yield from _serve(ElasticsearchServer(Path(tmp_path_factory.mktemp("es"))))
+
+
+@pytest.fixture
+def stores(etcd_server: ManagedServer, mongo_server: ManagedServer) -> Iterator[dict[str, Any]]:
+    """The lifecycle tests' view of the real stores: the jobs repository, an etcd client
+    and both URLs (for the guardians and daemons the tests start)."""
+    from services.store.etcd import EtcdStore
+    from services.store.jobs import JobsRepository
+    from services.store.mongo import connect
+
+    repo = JobsRepository(connect(mongo_server.url))
+    repo.ensure_indexes()
+    etcd = EtcdStore.connect(etcd_server.url)
+    yield {"repo": repo, "etcd": etcd, "etcd_url": etcd_server.url, "mongo_url": mongo_server.url}
+    etcd.close()

@@ -121,18 +121,8 @@ class PreemptionStatsRepository:
         node: str = "",
         at: float | None = None,
     ) -> None:
-        _check_seconds("lifetime_s", lifetime_s)
-        doc = {
-            "kind": "preemption",
-            "instance_type": instance_type,
-            "zone": zone,
-            "lifetime_s": float(lifetime_s),
-            "job_id": job_id,
-            "node": node,
-        }
-        if at is not None:
-            doc["at"] = at
-        self._insert(doc)
+        """A node was preempted after `lifetime_s`."""
+        self._record_lifetime("preemption", instance_type, zone, lifetime_s, job_id, node, at)
 
     def record_survival(
         self,
@@ -144,9 +134,22 @@ class PreemptionStatsRepository:
         node: str = "",
         at: float | None = None,
     ) -> None:
+        """A node was released unpreempted after `lifetime_s` (a censored lifetime)."""
+        self._record_lifetime("survival", instance_type, zone, lifetime_s, job_id, node, at)
+
+    def _record_lifetime(
+        self,
+        kind: str,
+        instance_type: str,
+        zone: str,
+        lifetime_s: float,
+        job_id: str,
+        node: str,
+        at: float | None,
+    ) -> None:
         _check_seconds("lifetime_s", lifetime_s)
-        doc = {
-            "kind": "survival",
+        doc: dict[str, Any] = {
+            "kind": kind,
             "instance_type": instance_type,
             "zone": zone,
             "lifetime_s": float(lifetime_s),

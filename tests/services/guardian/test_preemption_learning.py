@@ -25,6 +25,16 @@ echo done
 """
 
 
+def run_guardian(stores: dict[str, Any], tmp_path: Path, job_id: str) -> int:
+    guardian = start_guardian(job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
+    try:
+        return guardian.wait(timeout=90)
+    finally:
+        if guardian.poll() is None:
+            guardian.kill()
+            guardian.wait()
+
+
 def test_a_sigkilled_learner_is_learned_as_a_preemption_and_its_restart_as_a_reallocation(
     stores: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -36,13 +46,7 @@ def test_a_sigkilled_learner_is_learned_as_a_preemption_and_its_restart_as_a_rea
         stores["repo"], tmp_path, "sh run.sh", files={"run.sh": SCRIPT},
         instance_type=itype, zones=[zone], max_learner_restarts=2,
     )  # fmt: skip
-    guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
-    try:
-        assert guardian.wait(timeout=90) == 0
-    finally:
-        if guardian.poll() is None:
-            guardian.kill()
-            guardian.wait()
+    assert run_guardian(stores, tmp_path, job.job_id) == 0
     assert stores["repo"].get(job.job_id).status == states.COMPLETED
     out = (tmp_path / "jobs" / job.job_id / "learners" / "0" / "stdout.log").read_text()
     # Both attempts got the platform's estimates (the prior until there is data).
@@ -66,12 +70,6 @@ def test_a_learner_that_fails_by_itself_is_not_a_preemption(
         stores["repo"], tmp_path, "sh run.sh", files={"run.sh": "exit 7\n"},
         instance_type=itype, zones=["zone-a"], max_learner_restarts=1,
     )  # fmt: skip
-    guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
-    try:
-        assert guardian.wait(timeout=90) == 0
-    finally:
-        if guardian.poll() is None:
-            guardian.kill()
-            guardian.wait()
+    assert run_guardian(stores, tmp_path, job.job_id) == 0
     wait_for("FAILED", lambda: stores["repo"].get(job.job_id).status == states.FAILED)
     assert list(stats._col.find({"instance_type": itype})) == []
