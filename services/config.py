@@ -25,6 +25,7 @@ class PlatformConfig:
     # Where the other services are when they do not run in this process.
     peers: dict[str, str] = field(default_factory=dict)
     cluster_config: str = ""
+    quota_config: str = ""
 
     @property
     def objects_dir(self) -> Path:

@@ -262,6 +262,7 @@ def main(
     data_dir: Path,
     peers: tuple[str, ...],
     cluster_config: str,
+    quota_config: str,
     state_file: Path | None,
 ) -> None:
     """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
@@ -283,6 +284,7 @@ def main(
         metrics_address=metrics_address,
         peers=_peers(peers),
         cluster_config=cluster_config,
+        quota_config=quota_config,
     )
     config.data_dir.mkdir(parents=True, exist_ok=True)
     daemon = Daemon(config)

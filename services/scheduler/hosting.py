@@ -39,6 +39,7 @@ from services.scheduler.api import (
 )
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
+from services.scheduler.quota import load_quota_config
 from services.scheduler.scheduler import GangScheduler
 from services.scheduler.service import (
     SchedulerServicer,
@@ -215,6 +216,10 @@ class SchedulingLoop:
 
     def _halt(self, job_id: str) -> None:
         reason = "halted: the owner of the quota it borrowed needs it back; resume it later"
+        with self.lock:
+            # The library queues a preempted job again; here it is halted (the user resumes
+            # it), so it leaves the scheduler until it is queued again.
+            self.scheduler.release(job_id)
         job = self.jobs.get(job_id)
         if job.status in (states.QUEUED, states.PENDING) or self.lcm is None:
             try:
@@ -302,7 +307,13 @@ def build(ctx: DaemonContext) -> Hosted:
     cluster = ctx.config.cluster_config or str(DEFAULT_CLUSTER)
     uri = ctx.config.mongodb_uri
     store = PlacementsOnlyStore(MongoPlacementStore.from_url(uri, database_name(uri)))
-    scheduler = GangScheduler(load_cluster_config(cluster), store=store)
+    nodes = load_cluster_config(cluster)
+    quotas = (
+        load_quota_config(ctx.config.quota_config, nodes.gpu_types)
+        if ctx.config.quota_config
+        else None
+    )
+    scheduler = GangScheduler(nodes, quotas=quotas, store=store)
     servicer = LoopedSchedulerServicer(scheduler)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, ctx.server)
     loop = SchedulingLoop(scheduler, servicer, jobs_repository(ctx), ctx.channel("lcm"))

@@ -16,13 +16,14 @@ from services.client.sdk import Client, ClientError
 from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer, free_port
+from services.scheduler.api import QuotaConfigError
 
 pytestmark = pytest.mark.integration
 
 GPU_JOB = "name: {name}\nlearners: 2\ngpus: 2\ngpu_type: FAKE\ncpus: 1\nmemory: 512\nframework: {{command: 'true'}}\n"
 
 
-def start_daemon(mongo: ManagedServer, data_dir: Path) -> Daemon:
+def start_daemon(mongo: ManagedServer, data_dir: Path, quota_config: str = "") -> Daemon:
     # A database of its own per test (named in the URI's path): reservations are
     # cluster-wide, and other tests' queued jobs must not compete for this cluster.
     uri = mongo.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?")
@@ -34,6 +35,7 @@ def start_daemon(mongo: ManagedServer, data_dir: Path) -> Daemon:
             grpc_address=f"127.0.0.1:{free_port()}",
             rest_address=f"127.0.0.1:{free_port()}",
             metrics_address="",
+            quota_config=quota_config,
         )
     )
     daemon.start()
@@ -118,3 +120,40 @@ def test_a_restarted_scheduler_keeps_its_reservations(
             rz.delete_job(second)
     finally:
         d2.stop()
+
+
+QUOTAS = """borrowing: true
+default: {quota: {}, limit: {FAKE: 4}}
+users:
+  owner-a: {quota: {FAKE: 4}, limit: {FAKE: 4}}
+"""
+
+
+def test_a_borrowing_job_is_halted_when_the_quota_owner_needs_it(
+    mongo_server: ManagedServer, tmp_path: Path
+) -> None:
+    (tmp_path / "quotas.yaml").write_text(QUOTAS)
+    d = start_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))
+    try:
+        with (
+            Client(d.config.grpc_address, "borrower") as b,
+            Client(d.config.grpc_address, "owner-a") as a,
+        ):
+            borrowed = b.create_job(GPU_JOB.format(name="borrows")).job_id
+            wait_for(b, borrowed, job_pb2.PENDING)  # all 4 FAKE GPUs, borrowed
+            owned = a.create_job(GPU_JOB.format(name="owns")).job_id
+            wait_for(a, owned, job_pb2.PENDING)
+            halted = wait_for(b, borrowed, job_pb2.HALTED)
+            assert "quota it borrowed" in halted.status_message
+            a.delete_job(owned)
+            b.delete_job(borrowed)
+    finally:
+        d.stop()
+
+
+def test_a_quota_config_with_a_typo_stops_the_daemon_with_the_reason(
+    mongo_server: ManagedServer, tmp_path: Path
+) -> None:
+    (tmp_path / "quotas.yaml").write_text("borowing: true\n")
+    with pytest.raises(QuotaConfigError, match="borowing"):
+        start_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))
