@@ -9,6 +9,7 @@ SDK, so the same script runs bare.
 | --- | --- | --- |
 | `RHIZOME_JOB_ID` | job id; its presence (or `RHIZOME_CHECKPOINT_DIR`) turns the SDK on | unset |
 | `RHIZOME_CHECKPOINT_DIR` | object store root (a local directory) | `./.rhizome/checkpoints` |
+| `RHIZOME_BACKUP_URL` | back up to this store instead: `s3://bucket/prefix` (endpoint `RHIZOME_S3_ENDPOINT_URL`) or a path | unset (the checkpoint dir) |
 | `RHIZOME_LEARNER_ID` | this learner's id, namespaced in the store | `0` |
 | `RHIZOME_MTTP_S` | platform's mean time to preemption for this job's instance type+zone | `3600` |
 | `RHIZOME_RESTART_S` | platform's mean restart time R (allocation + preparation) | `300` |
@@ -33,6 +34,7 @@ from pathlib import Path
 
 JOB_ID = "RHIZOME_JOB_ID"
 CHECKPOINT_DIR = "RHIZOME_CHECKPOINT_DIR"
+BACKUP_URL = "RHIZOME_BACKUP_URL"
 LEARNER_ID = "RHIZOME_LEARNER_ID"
 MTTP_S = "RHIZOME_MTTP_S"
 RESTART_S = "RHIZOME_RESTART_S"
@@ -96,6 +98,7 @@ class CheckpointEnv:
     enabled: bool = False
     job_id: str = "local"
     checkpoint_dir: Path = Path(".rhizome/checkpoints")
+    backup_url: str = ""
     learner_id: str = "0"
     mttp_s: float = 3600.0
     restart_s: float = 300.0
@@ -134,6 +137,7 @@ class CheckpointEnv:
             enabled=bool(env.get(JOB_ID) or env.get(CHECKPOINT_DIR)),
             job_id=env.get(JOB_ID) or "local",
             checkpoint_dir=Path(env.get(CHECKPOINT_DIR) or ".rhizome/checkpoints"),
+            backup_url=env.get(BACKUP_URL) or "",
             learner_id=env.get(LEARNER_ID) or "0",
             mttp_s=_float(env, MTTP_S, 3600.0),
             restart_s=_float(env, RESTART_S, 300.0, positive=False),

@@ -25,6 +25,7 @@ after the queued ones, then the notice is acknowledged and — unless
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ from learner.checkpoint.api import (
     PreemptionNoticeSource,
 )
 from learner.checkpoint.env import PREEMPTED_EXIT_CODE, CheckpointEnv
-from learner.checkpoint.storage import LocalDirectoryStore
+from learner.checkpoint.storage import GarbageCollectingStore, LocalDirectoryStore, open_store
 
 log = logging.getLogger("rhizome.checkpoint")
 
@@ -70,7 +71,10 @@ class CheckpointManager:
     ) -> None:
         self.env = env
         self.root = Path(env.checkpoint_dir) / env.job_id / env.learner_id
-        self.store = store or LocalDirectoryStore(self.root, keep_periodic=env.keep)
+        # The learner's own directory (events, restored checkpoints) exists whatever the
+        # store is; a remote store does not create it.
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.store = store or self._open_store(env)
         self.staging = Path(env.checkpoint_dir) / ".staging" / env.job_id / env.learner_id
         self.sources = (
             sources if sources is not None else [notices.create(n, env) for n in env.notice_sources]
@@ -252,7 +256,7 @@ class CheckpointManager:
         with self._lock:
             self._backup_s = time.monotonic() - start
             self._backup_measured = True
-        if isinstance(self.store, LocalDirectoryStore):
+        if isinstance(self.store, GarbageCollectingStore):
             self.store.collect_garbage()
         with contextlib.suppress(ValueError):
             if source.resolve().is_relative_to(self.staging.resolve()):
@@ -287,8 +291,23 @@ class CheckpointManager:
             # interpreter shutdown (torch teardown, atexit) can outlast the grace period.
             os._exit(PREEMPTED_EXIT_CODE)
 
+    def _open_store(self, env: CheckpointEnv) -> ObjectStore:
+        """The checkpoint dir, or RHIZOME_BACKUP_URL (e.g. s3://bucket/prefix) namespaced
+        by job and learner as the local store is."""
+        if not env.backup_url:
+            return LocalDirectoryStore(self.root, keep_periodic=env.keep)
+        url = f"{env.backup_url.rstrip('/')}/{env.job_id}/{env.learner_id}"
+        return open_store(url, keep_periodic=env.keep)
+
     def latest_checkpoint(self) -> CommittedCheckpoint | None:
-        return self.store.latest()
+        """The newest committed checkpoint, as local files: one in a remote store is
+        downloaded into the learner's checkpoint directory first."""
+        latest = self.store.latest()
+        fetch = getattr(self.store, "fetch", None)
+        if latest is None or fetch is None:
+            return latest
+        local = Path(fetch(latest, self.root / "restored" / latest.name))
+        return dataclasses.replace(latest, path=local)
 
     def wait_backups(self) -> list[CommittedCheckpoint]:
         """Block until every queued backup is committed; re-raises a failed one."""
