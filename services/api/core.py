@@ -44,8 +44,11 @@ class TrainerCore:
         self.objects = objects
         self.admit = admit
         self.lifecycle = lifecycle
-        # Called after a new job is stored (the daemon nudges the scheduler with it).
+        # Called after a new job is stored (the daemon hands it to the scheduler).
         self.on_stored: Callable[[JobRecord], None] | None = None
+        # Called once a job is deleted (the daemon asks the TDS to drop its logs and
+        # metrics after their retention).
+        self.on_deleted: Callable[[str], None] | None = None
 
     # -- submit ---------------------------------------------------------------------------
     def create(
@@ -139,7 +142,10 @@ class TrainerCore:
         return self._transition(job_id, states.QUEUED, reason or "resumed by user")
 
     def delete(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
-        return self._control(owner, job_id, "delete", states.DELETED, reason or "deleted by user")
+        job = self._control(owner, job_id, "delete", states.DELETED, reason or "deleted by user")
+        if self.on_deleted is not None:
+            self.on_deleted(job_id)
+        return job
 
     def scale(self, owner: str, job_id: str, learners: int) -> JobRecord:
         job = self.get(owner, job_id)

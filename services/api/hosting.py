@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import grpc
-from rhizome.v1 import job_pb2, lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from rhizome.v1 import (
+    job_pb2,
+    lcm_pb2,
+    lcm_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    tds_pb2,
+    tds_pb2_grpc,
+)
 
 from services.api import errors
 from services.api.core import AdmitFn, LifecycleFn
@@ -16,6 +25,7 @@ from services.config import split_address
 from services.daemon import DaemonContext, Hosted, jobs_repository
 from services.store.jobs import JobRecord
 
+log = logging.getLogger("rhizome.api")
 GAUGE_INTERVAL_S = 5.0
 
 
@@ -95,6 +105,21 @@ def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
     return push
 
 
+def tds_forget(channel: grpc.Channel) -> Callable[[str], None]:
+    """Ask the TDS to delete a deleted job's logs and metrics (after their retention)."""
+    stub = tds_pb2_grpc.TrainingDataStub(channel)
+
+    def forget(job_id: str) -> None:
+        def report(future: Any) -> None:
+            if future.exception() is not None:
+                log.warning("could not schedule deleting %s's logs: %s", job_id, future.exception())
+
+        future = stub.DeleteJobData.future(tds_pb2.DeleteJobDataRequest(job_id=job_id), timeout=30)
+        future.add_done_callback(report)
+
+    return forget
+
+
 def build(ctx: DaemonContext) -> Hosted:
     """Host the Trainer gRPC service and the REST gateway."""
     from rhizome.v1 import trainer_pb2, trainer_pb2_grpc
@@ -112,6 +137,9 @@ def build(ctx: DaemonContext) -> Hosted:
     scheduler_channel = ctx.channel("scheduler")
     if scheduler_channel is not None:
         core.on_stored = scheduler_push(scheduler_channel)
+    tds_channel = ctx.channel("tds")
+    if tds_channel is not None:
+        core.on_deleted = tds_forget(tds_channel)
     ctx.shared["trainer_core"] = core
     servicer = TrainerServicer(
         core,

@@ -11,8 +11,8 @@ from services.store import states
 from services.store.errors import JobNotFound
 from services.tds.server import add_to_server
 
-# How long a deleted job's logs and metrics stay searchable.
-DEFAULT_RETENTION_S = float(os.environ.get("RHIZOME_LOG_RETENTION_S", 24 * 3600))
+# How long a deleted job's logs and metrics stay searchable (RHIZOME_LOG_RETENTION_S).
+DEFAULT_RETENTION_S = 24 * 3600.0
 
 
 def build(ctx: DaemonContext) -> Hosted:
@@ -37,7 +37,7 @@ def build(ctx: DaemonContext) -> Hosted:
         ctx.server,
         es_url=ctx.config.elasticsearch_url,
         job_finished=job_finished,
-        retention_s=DEFAULT_RETENTION_S,
+        retention_s=float(os.environ.get("RHIZOME_LOG_RETENTION_S", DEFAULT_RETENTION_S)),
     )
     name = tds_pb2.DESCRIPTOR.services_by_name["TrainingData"].full_name
     return Hosted([name], None, servicer.close)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from services.embedded.process import ManagedServer
 from tests.integration.test_cli import rz
 
 pytestmark = pytest.mark.integration
@@ -76,3 +77,53 @@ def test_show_of_a_failed_job_prints_its_last_lines(platform: Path, tmp_path: Pa
     shown = rz(platform, "show", job_id).stdout
     assert "FAILED" in shown
     assert "about to fail" in shown and "bad input: no data" in shown
+
+
+def test_deleting_a_job_deletes_its_logs_after_the_retention(
+    mongo_server: ManagedServer,
+    es_server: ManagedServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from rhizome.v1 import tds_pb2
+
+    from services.client.sdk import Client
+    from services.config import PlatformConfig
+    from services.daemon import Daemon
+    from services.embedded.process import free_port
+
+    monkeypatch.setenv("RHIZOME_LOG_RETENTION_S", "0")
+    daemon = Daemon(
+        PlatformConfig(
+            data_dir=tmp_path,
+            mongodb_uri=mongo_server.url,
+            elasticsearch_url=es_server.url,
+            services=("api", "tds"),
+            grpc_address=f"127.0.0.1:{free_port()}",
+            rest_address=f"127.0.0.1:{free_port()}",
+            metrics_address="",
+        )
+    )
+    daemon.start()
+    try:
+        with Client(daemon.config.grpc_address, "forgetful") as rz:
+            job_id = rz.create_job("name: forget\nframework: {command: 'true'}\n").job_id
+            import grpc
+            from rhizome.v1 import tds_pb2_grpc
+
+            channel = grpc.insecure_channel(daemon.config.grpc_address)
+            tds = tds_pb2_grpc.TrainingDataStub(channel)
+            line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="secret")
+            tds.AddLogLines(tds_pb2.AddLogLinesRequest(lines=[line]), timeout=10)
+            req = tds_pb2.LogsRequest(job_id=job_id, learner=-1)
+            assert [ln.line for ln in rz.logs(req)] == ["secret"]
+            rz.delete_job(job_id)
+            deadline = time.monotonic() + 20
+            while list(rz.logs(req)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert list(rz.logs(req)) == []
+            channel.close()
+    finally:
+        daemon.stop()
