@@ -240,6 +240,10 @@ def status(obj: Ctx, as_json: bool) -> None:
         state = "[green]up[/green]" if comp["alive"] else "[red]down[/red]"
         table.add_row(name, str(comp["pid"]), state, comp["url"], comp["log"])
     out.print(table)
+    urls = info.get("urls", {})
+    extra = [f"{k} {urls[k]}" for k in ("rest", "metrics") if urls.get(k)]
+    if extra:
+        out.print("also: " + ", ".join(extra))
     if not info["running"]:
         sys.exit(1)
 
