@@ -246,6 +246,13 @@ def _peers(values: tuple[str, ...]) -> dict[str, str]:
     help="Cluster description for the scheduler (YAML).",
 )
 @click.option(
+    "--quota-config",
+    envvar="RHIZOME_QUOTA_CONFIG",
+    default="",
+    help="Per-user, per-GPU-type quotas and limits for the scheduler (YAML; docs/scheduler.md). "
+    "Default: no quotas.",
+)
+@click.option(
     "--state-file",
     type=click.Path(path_type=Path),
     default=None,
