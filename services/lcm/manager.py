@@ -154,6 +154,14 @@ class LifecycleManager:
                 holder.get("pid"), holder.get("start")
             ):
                 self.etcd.revoke(held.lease)
+                # The key is free now: take it in this round rather than the next one.
+                lease = self.etcd.grant(self.config.lease_ttl_s)
+                value["lease"] = lease.id
+                if self.etcd.create(key, value, lease):
+                    self._leader_lease = lease.keep_alive()
+                    log.info("lcm %s is the leader (its predecessor died)", self.id)
+                    return True
+                lease.revoke()
         return False
 
     # -- rounds ---------------------------------------------------------------------------------
