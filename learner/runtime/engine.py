@@ -15,15 +15,18 @@ Failover (ARCHITECTURE §5). A link error, or a lease that expired, makes a work
 declare the peer dead with a compare-and-set on the cluster state: generation ``g+1``.
 Every survivor then joins ``g+1``: the shadow promotes its replica (parameters,
 optimizer state, version, and the eager-FRC results of the interrupted step) to an owned
-block and so runs the victim's instruction list next to its own — the victim's
-schedule merged into the shadow's, victim↔shadow messages turned into local hand-offs,
-neighbours rerouted to the shadow. Survivors report per-block versions at the
-rendezvous; the step to resume is the lowest version (blocks one step ahead roll back
-from their snapshot, which is exact). A pipeline whose members still hold their local
-gradients of that step only re-runs the all-reduce; the pipeline that lost a stage
-recomputes its step, the promoted block reusing its eager-FRC forward results and
-running the backward over them (lazy BRC). Every pipeline keeps its microbatches, so
-the global batch is unchanged and the result equals an uninterrupted run.
+block and so runs the victim's work next to its own — victim↔shadow messages become
+local hand-offs, neighbours are rerouted to the shadow. Survivors report per-block
+versions at the rendezvous; the step to resume is the lowest version (blocks one step
+ahead roll back from their snapshot, which is exact). The step is not restarted: what
+every worker still holds of it (``StepProgress``: accumulated microbatches, kept forward
+graphs, outputs and input gradients) goes into the report too, and ``recovery.plan``
+turns the reports into what is left — for the victim's block, the backward over its
+eager-FRC graphs of the microbatches it had already finished (lazy BRC, only for those),
+then the victim's remaining forwards and backwards; messages lost with the old links
+are resent from what the senders kept. A pipeline that lost nobody and had finished its
+microbatches only re-runs the all-reduce. Every pipeline keeps its microbatches, so the
+global batch is unchanged and the result equals an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ from learner.runtime.comm import (
     tag,
 )
 from learner.runtime.partition import balanced_boundaries, param_costs, profile_costs
+from learner.runtime.recovery import BlockProgress, RecoveryPlan
+from learner.runtime.recovery import plan as recovery_plan
 from learner.runtime.schedule import Instr, Op
 from learner.runtime.topology import Topology
 
@@ -139,6 +144,33 @@ class BlockState:
 
 
 @dataclass
+class StepProgress:
+    """What this worker holds of one step's pipeline work; it outlives a failover.
+
+    Everything is written under the worker lock after an epoch check, so a thread
+    abandoned by a failover cannot change it once the rendezvous has read it.
+    """
+
+    step: int
+    accumulated: dict[int, set[int]] = field(default_factory=dict)
+    graphs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    input_grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+
+    def report(self, block: int) -> BlockProgress:
+        def mbs(keys: Any) -> frozenset[int]:
+            return frozenset(m for b, m in keys if b == block)
+
+        return BlockProgress(
+            frozenset(self.accumulated.get(block, ())),
+            mbs(self.graphs),
+            mbs(self.outputs),
+            mbs(self.input_grads),
+        )
+
+
+@dataclass
 class FrcRecord:
     step: int
     version: int
@@ -146,6 +178,8 @@ class FrcRecord:
     out: torch.Tensor
     brc_param_grads: list[torch.Tensor] | None = None
     brc_input_grad: torch.Tensor | None = None
+    # an eager BRC has started on the graph (autograd frees it): not reusable as a graph
+    consumed: bool = False
 
 
 class Worker:
@@ -188,9 +222,8 @@ class Worker:
         self.owned: dict[int, BlockState] = {}
         self.replica: BlockState | None = None
         self._frc: dict[tuple[int, int], FrcRecord] = {}
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._progress = StepProgress(-1)
         self._batches: dict[tuple[int, int], Batch] = {}
-        self._losses: dict[int, float] = {}
         self._graveyard: list[Any] = []
         self.step = 0
         self.loss_history: list[tuple[int, float]] = []
@@ -352,7 +385,8 @@ class Worker:
         """Train ``job.steps`` steps; returns the parameters of the blocks this worker owns."""
         try:
             self._start()
-            redo = True
+            # None: a fresh step; else what a failover left of the step, per owned block
+            rest: dict[int, list[Instr]] | None = None
             step = 0
             while True:
                 self.step = step
@@ -360,16 +394,15 @@ class Worker:
                     if step >= self.job.steps:
                         self._finish()
                         return self.params()
-                    if redo:
-                        self._compute(step)
+                    self._compute(step, rest)
                     self._sync(step)
                     step += 1
-                    redo = True
+                    rest = None
                 except (Interrupted, LinkError) as exc:
                     self._log(f"step {step}: {exc}")
                     if isinstance(exc, LinkError):
                         self._on_link_error(exc)
-                    step, redo = self._failover()
+                    step, rest = self._failover()
         except FatalFailure as exc:
             if self.job.on_fatal is not None:
                 self.job.on_fatal(exc)
@@ -389,8 +422,8 @@ class Worker:
         return out
 
     def _check_kill(self, op: Op | str, microbatch: int = -1) -> None:
-        if self.generation != 0:
-            return
+        # any generation: with two kill points the second may be reached only after the
+        # first loss was handled, while resuming the same step
         for k in self.opts.kill:
             if (
                 k.worker == self.me
@@ -420,24 +453,28 @@ class Worker:
                 self._batches[key] = got
         return got
 
-    def _compute(self, step: int) -> None:
+    def _compute(self, step: int, rest: dict[int, list[Instr]] | None) -> None:
+        """Run the step's pipeline part: the full schedule, or ``rest`` after a failover."""
+        recovering = rest is not None
         with self._lock:
             epoch = self._epoch
-            self._batches = {k: v for k, v in self._batches.items() if k[0] >= step}
-            self._outputs.clear()
-            self._frc = {k: r for k, r in self._frc.items() if r.step == step}
-            self._losses.pop(step, None)
-            for blk in self.owned.values():
-                blk.acc = [torch.zeros_like(p) for p in blk.params]
+            if rest is None:
+                self._batches = {k: v for k, v in self._batches.items() if k[0] >= step}
+                self._frc = {k: r for k, r in self._frc.items() if r.step == step}
+                self._progress = StepProgress(step, {b: set() for b in self.owned})
+                for blk in self.owned.values():
+                    blk.acc = [torch.zeros_like(p) for p in blk.params]
+                rest = {b: self._program(b) for b in self.owned}
+        programs = {b: prog for b, prog in rest.items() if prog}
         results: queue.Queue[tuple[int, BaseException | None]] = queue.Queue()
-        for b in sorted(self.owned):
+        for b in sorted(programs):
             threading.Thread(
                 target=self._run_block_thread,
-                args=(b, step, epoch, results),
+                args=(b, step, epoch, programs[b], recovering, results),
                 name=f"block{b}-step{step}",
                 daemon=True,
             ).start()
-        pending = set(self.owned)
+        pending = set(programs)
         while pending:
             try:
                 b, err = results.get(timeout=0.02)
@@ -455,10 +492,16 @@ class Worker:
         self._declare_dead(err.peer, err.reason)
 
     def _run_block_thread(
-        self, b: int, step: int, epoch: int, results: queue.Queue[tuple[int, BaseException | None]]
+        self,
+        b: int,
+        step: int,
+        epoch: int,
+        program: list[Instr],
+        recovering: bool,
+        results: queue.Queue[tuple[int, BaseException | None]],
     ) -> None:
         try:
-            self._run_block(b, step, epoch)
+            self._run_block(b, step, epoch, program, recovering)
             results.put((b, None))
         except BaseException as exc:
             results.put((b, exc))
@@ -487,55 +530,45 @@ class Worker:
             return torch.autograd.graph.save_on_cpu(pin_memory=True)
         return contextlib.nullcontext()
 
-    def _run_block(self, b: int, step: int, epoch: int) -> None:
+    def _run_block(
+        self, b: int, step: int, epoch: int, program: list[Instr], recovering: bool
+    ) -> None:
         blk = self.owned[b]
         tr = self._transport
         assert tr is not None
         topo = self.topo
+        prog = self._progress
         last, first = b == self.P - 1, b == 0
         scale = 1.0 / (self.M * self.D)
-        ctx: dict[int, tuple[torch.Tensor, torch.Tensor, FrcRecord | None]] = {}
         inputs: dict[int, torch.Tensor] = {}
-        in_grads: dict[int, torch.Tensor] = {}
         out_grads: dict[int, torch.Tensor] = {}
         sends: list[Any] = []
-        for ins in self._program(b):
+        for ins in program:
             self._check_kill(ins.op, ins.microbatch)
             self._guard(epoch)
             m = ins.microbatch
             if ins.op is Op.LOAD:
-                x, _ = self._batch(step, m)
-                if first:
-                    inputs[m] = x
+                self._batch(step, m)  # prefetch
             elif ins.op is Op.RECV_ACT:
                 src = topo.owner(self.pipe, b - 1)
                 inputs[m] = tr.recv(
                     src, tag(ACT, b - 1, step, m), self.act_shapes[b - 1], self.act_dtypes
                 )
             elif ins.op is Op.FORWARD:
-                rec = self._frc.get((b, m))
-                if rec is not None and (rec.step, rec.version) == (step, blk.version):
-                    inp, out = rec.inp, rec.out  # the shadow's eager FRC, reused
-                else:
-                    rec = None
-                    inp = inputs.pop(m)
-                    if not first:
-                        inp = inp.detach().requires_grad_(True)
-                    out = blk.module(inp)
-                    if last:
-                        out = self.job.loss_fn(out, self._batch(step, m)[1]) * scale
-                inputs.pop(m, None)
+                inp = self._batch(step, m)[0] if first else inputs.pop(m).requires_grad_(True)
+                out = blk.module(inp)
                 if last:
-                    with self._lock:
-                        self._guard(epoch)
-                        self._losses[step] = self._losses.get(step, 0.0) + float(out.item())
-                else:
-                    with self._lock:
-                        self._outputs[(b, m)] = out.detach()
-                ctx[m] = (inp, out, rec)
+                    out = self.job.loss_fn(out, self._batch(step, m)[1]) * scale
+                with self._lock:
+                    self._guard(epoch)
+                    prog.graphs[(b, m)] = (inp, out)
+                    if last:
+                        prog.losses[m] = float(out.item())
+                    else:
+                        prog.outputs[(b, m)] = out.detach()
             elif ins.op is Op.SEND_ACT:
                 dst = topo.owner(self.pipe, b + 1)
-                sends.append(tr.send(dst, tag(ACT, b, step, m), ctx[m][1].detach()))
+                sends.append(tr.send(dst, tag(ACT, b, step, m), prog.outputs[(b, m)]))
             elif ins.op is Op.FRC:
                 self._frc_forward(step, m, epoch)
             elif ins.op is Op.RECV_GRAD:
@@ -543,33 +576,44 @@ class Worker:
                 g = tr.recv(src, tag(GRAD, b + 1, step, m), self.act_shapes[b], self.act_dtypes)
                 out_grads[m] = g
                 holder = topo.replica_holder(self.pipe, b)
-                if self.mode.eager_brc and holder is not None and holder != self.me:
+                if (
+                    self.mode.eager_brc
+                    and not recovering
+                    and holder is not None
+                    and holder != self.me
+                ):
                     sends.append(tr.send(holder, tag(BRC_GRAD, b, step, m), g))
             elif ins.op is Op.BACKWARD:
-                inp, out, rec = ctx.pop(m)
-                if rec is not None and rec.brc_param_grads is not None:
-                    pgrads: list[torch.Tensor | None] = list(rec.brc_param_grads)
-                    igrad = rec.brc_input_grad
-                else:
-                    targets = [inp] if inp.requires_grad else []
-                    grads = torch.autograd.grad(
-                        out,
-                        targets + blk.params,
-                        grad_outputs=None if last else out_grads.pop(m),
-                        allow_unused=True,
-                    )
-                    igrad = grads[0] if targets else None
-                    pgrads = list(grads[len(targets) :])
                 with self._lock:
                     self._guard(epoch)
-                    for acc, pg in zip(blk.acc, pgrads, strict=True):
-                        if pg is not None:
-                            acc.add_(pg)
-                if igrad is not None:
-                    in_grads[m] = igrad
+                    # popped before use: autograd frees the graph, and a thread abandoned
+                    # mid-backward must leave the rendezvous a truthful report
+                    graph = prog.graphs.pop((b, m), None)
+                    accumulate = m not in prog.accumulated.setdefault(b, set())
+                if graph is None:
+                    raise RuntimeFailure(f"block {b}: no forward graph for microbatch {m}")
+                inp, out = graph
+                targets = [inp] if inp.requires_grad else []
+                # a pass-through backward (already accumulated) only feeds its predecessor
+                wrt = targets + (blk.params if accumulate else [])
+                grads = torch.autograd.grad(
+                    out,
+                    wrt,
+                    grad_outputs=None if last else out_grads.pop(m),
+                    allow_unused=True,
+                )
+                with self._lock:
+                    self._guard(epoch)
+                    if accumulate and m not in prog.accumulated[b]:
+                        for acc, pg in zip(blk.acc, grads[len(targets) :], strict=True):
+                            if pg is not None:
+                                acc.add_(pg)
+                        prog.accumulated[b].add(m)
+                    if targets:
+                        prog.input_grads[(b, m)] = grads[0]
             elif ins.op is Op.SEND_GRAD:
                 dst = topo.owner(self.pipe, b - 1)
-                sends.append(tr.send(dst, tag(GRAD, b, step, m), in_grads.pop(m)))
+                sends.append(tr.send(dst, tag(GRAD, b, step, m), prog.input_grads[(b, m)]))
             elif ins.op is Op.BRC:
                 self._brc_backward(step, m, epoch)
         for work in sends:
@@ -587,7 +631,7 @@ class Worker:
             inp = self._batch(step, m)[0]
         else:
             with self._lock:
-                inp = self._outputs[(k - 1, m)].detach().clone().requires_grad_(True)
+                inp = self._progress.outputs[(k - 1, m)].detach().clone().requires_grad_(True)
         with self._frc_ctx():
             out = rep.module(inp)
             if k == self.P - 1:
@@ -601,7 +645,10 @@ class Worker:
         tr = self._transport
         assert rep is not None and tr is not None
         k = rep.index
-        rec = self._frc[(k, m)]
+        with self._lock:
+            self._guard(epoch)
+            rec = self._frc[(k, m)]
+            rec.consumed = True
         g = None
         if k != self.P - 1:
             g = tr.recv(
@@ -642,6 +689,12 @@ class Worker:
         blk.optimizer.zero_grad(set_to_none=True)
         blk.version = step + 1
 
+    def _step_loss(self, step: int) -> float:
+        prog = self._progress
+        if prog.step != step:
+            return 0.0
+        return sum(prog.losses[m] for m in sorted(prog.losses))
+
     def _sync(self, step: int) -> None:
         tr, groups = self._transport, self._groups
         assert tr is not None and groups is not None
@@ -654,7 +707,7 @@ class Worker:
                 if b == self.P - 1:
                     parts.append(
                         torch.tensor(
-                            [self._losses.get(step, 0.0)], dtype=self.job.dtype, device=self.device
+                            [self._step_loss(step)], dtype=self.job.dtype, device=self.device
                         )
                     )
                 blk.stash = torch.cat(parts) if parts else torch.zeros(0, device=self.device)
@@ -699,7 +752,7 @@ class Worker:
 
     # ---------------------------------------------------------------- failover
 
-    def _failover(self) -> tuple[int, bool]:
+    def _failover(self) -> tuple[int, dict[int, list[Instr]]]:
         t0 = time.monotonic()
         # A link error not yet turned into a new generation: wait for a detector.
         if not self._changed.wait(self.opts.detection_timeout_s + 2 * self.opts.lease_ttl_s):
@@ -708,13 +761,14 @@ class Worker:
             )
         while True:
             try:
-                step, redo = self._join()
+                step, rest = self._join()
+                mine = {b: rest.programs[b] for b in self.owned}
                 self._log(
                     f"joined generation {self.generation} in {time.monotonic() - t0:.3f} s: "
-                    f"owns blocks {sorted(self.owned)}, resume at step {step}"
-                    + (" (recompute)" if redo else " (re-run all-reduce only)")
+                    f"owns blocks {sorted(self.owned)}, resume at step {step}; "
+                    f"pipeline {self.pipe}: {rest.summary()}"
                 )
-                return step, redo
+                return step, mine
             except Interrupted:
                 continue
             except LinkError as exc:  # another loss while joining
@@ -736,7 +790,7 @@ class Worker:
             raise Evicted(f"worker {self.me} was declared dead by its peers")
         return state
 
-    def _join(self) -> tuple[int, bool]:
+    def _join(self) -> tuple[int, RecoveryPlan]:
         state = self._read_state()
         with self._lock:
             self._epoch += 1
@@ -759,13 +813,13 @@ class Worker:
                     raise RuntimeFailure(
                         f"worker {self.me} must own block {b} but holds no replica"
                     )
-                self.owned[b] = self.replica  # promote: same module, optimizer, version
-                self.owned[b].stash_step = -1
-                self.replica = None
+                self._promote(self.replica)
                 self._log(f"promoted replica of block {b} (lost worker's layers) to owned")
-        report = {
+        report: dict[str, Any] = {
             "v": {str(b): blk.version for b, blk in self.owned.items()},
             "s": {str(b): blk.stash_step for b, blk in self.owned.items()},
+            "p": self._progress.step,
+            "g": {str(b): self._progress.report(b).to_json() for b in self.owned},
         }
         if self.replica is not None:
             report["v"][f"r{self.replica.index}"] = self.replica.version
@@ -784,15 +838,20 @@ class Worker:
                         p.copy_(saved)
                 blk.optimizer.load_state_dict(opt_state)
                 blk.version = resume
-        redo = any(
-            int(s) != resume
-            for w, rep in reports.items()
-            if topo.pipeline_of(w) == self.pipe
-            for s in rep["s"].values()
-        )
-        if redo:
-            for blk in self.owned.values():
-                blk.stash_step = -1
+        if self._progress.step != resume:
+            # what this worker holds is of another step: only stashed gradients still count
+            self._progress = StepProgress(resume)
+            for b, blk in self.owned.items():
+                self._progress.accumulated[b] = (
+                    set(range(self.M)) if blk.stash_step == resume else set()
+                )
+                if blk.stash_step != resume:
+                    blk.acc = [torch.zeros_like(p) for p in blk.params]
+        progress = {
+            b: self._reported_progress(reports[topo.owner(self.pipe, b)], b, resume)
+            for b in range(self.P)
+        }
+        rest = recovery_plan(self.P, self.M, progress)
         tr = Transport(
             self.me, self.generation, self.opts.backend, self.store, self.timeout, self.device
         )
@@ -801,7 +860,49 @@ class Worker:
         self._groups = Groups(
             self.me, self.generation, self.opts.backend, self.store, self.group_timeout
         )
-        return resume, redo
+        return resume, rest
+
+    def _reported_progress(self, report: dict[str, Any], block: int, resume: int) -> BlockProgress:
+        """A block's progress for step ``resume``, as every worker of the pipeline reads it."""
+        stashed = int(report["s"][str(block)]) == resume
+        if int(report["p"]) != resume:
+            return BlockProgress.complete(self.M) if stashed else BlockProgress()
+        got = BlockProgress.from_json(report["g"][str(block)])
+        if stashed:
+            got = BlockProgress(frozenset(range(self.M)), got.graphs, got.outputs, got.input_grads)
+        return got
+
+    def _promote(self, rep: BlockState) -> None:
+        """Own the replica: same module, optimizer and version, plus its eager FRC/BRC work.
+
+        The replica's forward graphs of the current step become the block's graphs (the
+        recovery plan then runs only their backward: lazy BRC), eager-BRC gradients are
+        accumulated at once; nothing of the victim's own accumulation survives.
+        """
+        k = rep.index
+        self.owned[k] = rep
+        self.replica = None
+        rep.stash_step = -1
+        rep.acc = [torch.zeros_like(p) for p in rep.params]
+        with self._lock:
+            prog = self._progress
+            done = prog.accumulated.setdefault(k, set())
+            done.clear()
+            for (idx, m), rec in sorted(self._frc.items()):
+                if idx != k or rec.step != prog.step or rec.version != rec.step:
+                    continue
+                if rec.brc_param_grads is not None:
+                    for acc, g in zip(rep.acc, rec.brc_param_grads, strict=True):
+                        acc.add_(g)
+                    done.add(m)
+                    if rec.brc_input_grad is not None:
+                        prog.input_grads[(k, m)] = rec.brc_input_grad
+                elif not rec.consumed:
+                    prog.graphs[(k, m)] = (rec.inp, rec.out)
+                if k == self.P - 1:
+                    prog.losses[m] = float(rec.out.item())
+                else:
+                    prog.outputs[(k, m)] = rec.out.detach()
 
     def _await_reports(self, topo: Topology) -> dict[int, dict[str, Any]]:
         def collect() -> dict[int, dict[str, Any]]:

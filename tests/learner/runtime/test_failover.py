@@ -119,6 +119,23 @@ def test_sigkill_fails_over_without_restart(
     assert_equals_reference(tmp_path / "params", pipelines=pipelines, steps=3)
     shadow = (victim - 1) % stages + (victim // stages) * stages
     assert f"[worker {shadow}] promoted replica of block {victim % stages}" in proc.stderr
+    # the step goes on from where it was: nothing is recomputed from its start
+    left = [int(n) for n in re.findall(r"pipeline \d+: (\d+) forwards", proc.stderr)]
+    assert left and max(left) < stages * 3, proc.stderr[-3000:]  # toy: 3 microbatches
+
+
+def test_a_stage_lost_at_the_all_reduce_replays_only_its_backwards(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    # Every microbatch had gone through the victim: its shadow runs the backward over its
+    # eager-FRC graphs (lazy BRC) and nothing else; the other pipeline only re-runs the
+    # all-reduce. (Block 0 may still owe its last backward when the kill lands: 3 or 4.)
+    proc = launch(etcd_server, tmp_path, 2, 2, steps=3, kill="1:1:allreduce")
+    assert_survived(proc, 1, steps=3)
+    plan0 = r"\[worker 0\] joined .*pipeline 0: 0 forwards, [34] backwards"
+    assert re.search(plan0, proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"\[worker 3\] joined .*pipeline 1: nothing left to compute", proc.stderr)
+    assert_equals_reference(tmp_path / "params", pipelines=2, steps=3)
 
 
 def test_sigkill_from_outside_at_any_instant(etcd_server: ManagedServer, tmp_path: Path) -> None:
