@@ -1,6 +1,6 @@
 """Redundant-computation overhead and failover pause of the pipeline runtime (Bamboo Table 4, Fig. 13).
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--steps 12] [--reps 3]
+    .venv/bin/python benchmarks/runtime_overhead.py [--steps 12] [--reps 3] [--modes ...]
 
 Runs 2 stages x 1 pipeline through ``learner.runtime.launch`` (one process per stage,
 one torch thread per process, gloo on CPU) for a transformer (the char GPT of
@@ -9,9 +9,12 @@ examples/pipeline-gpt, 4 blocks of width 128) and a small ResNet-style CNN (Grou
 
 - per-iteration time of each redundancy mode relative to ``none``, measured in the
   same launcher run, modes interleaved and repeated to spread machine noise;
-- the failover pause: a stage SIGKILLs itself in the middle of a step; the pause is
-  that step's duration (detection + rendezvous + recompute) divided by the median
-  iteration before the failure.
+- the failover pause: stage 1 SIGKILLs itself at three points of a step (early in its
+  backwards, before its last forward, with the all-reduce pending); stage 0 promotes its
+  replica and finishes the step. The pause is what the failure adds to that step —
+  its duration minus the median iteration before the failure (detection, rendezvous,
+  lazy BRC of the lost microbatches, the victim's remaining work on one process) —
+  divided by that iteration. The step's whole duration over an iteration is printed too.
 
 All modes of one model run inside the same two worker processes one after the other
 (each run with its own etcd job id and store prefix), so process start-up is paid once.
@@ -40,6 +43,10 @@ sys.path.insert(0, str(REPO))
 from learner.runtime.api import PipelineJob, RedundancyMode  # noqa: E402
 
 MODES = [m.value for m in RedundancyMode]
+# where stage 1 SIGKILLs itself in the failover runs: early in the step's backwards, at
+# its last forward, and after its compute (all-reduce pending)
+KILLS = ["backward:1", "forward:3", "allreduce"]
+BAMBOO_EAGER_FRC_LAZY_BRC = {"transformer": 0.198, "cnn": 0.095}
 PAPER = {  # Bamboo Table 4, per-iteration overhead vs no redundancy
     "transformer": {
         "eager-frc-lazy-brc": "19.8 % (BERT)",
@@ -143,7 +150,7 @@ def worker_main(args: argparse.Namespace) -> None:
     runs = []
     if args.phase == "overhead":
         for rep in range(args.reps):
-            for mode in MODES:
+            for mode in args.modes.split(","):
                 runs.append((args.model, mode, rep))
     else:
         runs.append((args.model, RedundancyMode.EAGER_FRC_LAZY_BRC.value, 0))
@@ -184,7 +191,7 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def launch(
-    etcd: str, phase: str, model: str, steps: int, reps: int, kill: str = ""
+    etcd: str, phase: str, model: str, steps: int, reps: int, modes: str, kill: str = ""
 ) -> list[dict[str, object]]:
     results = Path(tempfile.mkdtemp(prefix="runtime-bench-"))
     argv = [
@@ -213,6 +220,8 @@ def launch(
         str(steps),
         "--reps",
         str(reps),
+        "--modes",
+        modes,
         "--results",
         str(results),
     ]
@@ -245,8 +254,8 @@ def driver(args: argparse.Namespace) -> None:
     rows = []
     fail_rows = []
     with private_etcd() as etcd:
-        for model in JOBS:
-            recs = launch(etcd, "overhead", model, args.steps, args.reps)
+        for model in args.models.split(","):
+            recs = launch(etcd, "overhead", model, args.steps, args.reps, args.modes)
             per_mode: dict[str, list[float]] = {}
             for rec in recs:
                 if rec["worker"] != 1:  # one timing per run: the last stage's
@@ -254,26 +263,36 @@ def driver(args: argparse.Namespace) -> None:
                 times = rec["times"][warm:]  # type: ignore[index]
                 per_mode.setdefault(str(rec["mode"]), []).append(statistics.median(times))
             base = statistics.median(per_mode["none"])
-            for mode in MODES:
+            for mode in args.modes.split(","):
                 t = statistics.median(per_mode[mode])
                 rows.append((model, mode, t, t / base - 1.0, PAPER[model].get(mode, "-")))
             kill_step = args.steps // 2
-            frecs = launch(etcd, "failover", model, args.steps, 1, kill=f"1:{kill_step}:backward:1")
-            rec = next(r for r in frecs if r["worker"] == 0)
-            times = rec["times"]  # type: ignore[assignment]
-            before = statistics.median(times[warm:kill_step])  # type: ignore[index]
-            after = statistics.median(times[kill_step + 1 :])  # type: ignore[index]
-            pause = times[kill_step]  # type: ignore[index]
-            fail_rows.append(
-                (
+            for where in [] if args.only_overhead else KILLS:
+                frecs = launch(
+                    etcd,
+                    "failover",
                     model,
-                    before,
-                    pause,
-                    pause / before,
-                    float(rec["join_s"]),  # type: ignore[arg-type]
-                    after / before,
+                    args.steps,
+                    1,
+                    args.modes,
+                    kill=f"1:{kill_step}:{where}",
                 )
-            )
+                rec = next(r for r in frecs if r["worker"] == 0)
+                times = rec["times"]  # type: ignore[assignment]
+                before = statistics.median(times[warm:kill_step])  # type: ignore[index]
+                after = statistics.median(times[kill_step + 1 :])  # type: ignore[index]
+                step = times[kill_step]  # type: ignore[index]
+                fail_rows.append(
+                    (
+                        model,
+                        where,
+                        before,
+                        step,
+                        (step - before) / before,
+                        float(rec["join_s"]),  # type: ignore[arg-type]
+                        after / before,
+                    )
+                )
     print()
     print("| model | mode | iteration (s) | overhead vs none | Bamboo Table 4 |")
     print("| --- | --- | ---: | ---: | --- |")
@@ -281,12 +300,29 @@ def driver(args: argparse.Namespace) -> None:
         print(f"| {model} | {mode} | {t:.4f} | {ov * 100:+.1f} % | {paper} |")
     print()
     print(
-        "| model | iteration before (s) | failover step (s) | pause / iteration | rejoin (s) "
-        "| iteration after / before |"
+        "| model | stage 1 killed before | iteration before (s) | failover step (s) "
+        "| step / iteration | pause / iteration | rejoin (s) | iteration after / before |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for model, before, pause, ratio, join, after in fail_rows:
-        print(f"| {model} | {before:.4f} | {pause:.4f} | {ratio:.2f} | {join:.3f} | {after:.2f} |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for model, where, before, step, pause, join, after in fail_rows:
+        print(
+            f"| {model} | {where} | {before:.4f} | {step:.4f} | {step / before:.2f} "
+            f"| {pause:.2f} | {join:.3f} | {after:.2f} |"
+        )
+    print()
+    worst = max((r[4] for r in fail_rows), default=float("nan"))
+    print(
+        f"goal: failover pause < 1 iteration: worst {worst:.2f} -> "
+        + ("met" if worst < 1.0 else "NOT met")
+    )
+    if "eager-frc-lazy-brc" in args.modes.split(","):
+        for model, mode, _, ov, _ in rows:
+            if mode == "eager-frc-lazy-brc":
+                goal = BAMBOO_EAGER_FRC_LAZY_BRC[model]
+                print(
+                    f"goal: {model} eager-frc-lazy-brc overhead below Bamboo's {goal * 100:.1f} %: "
+                    f"{ov * 100:+.1f} % -> " + ("met" if ov < goal else "NOT met")
+                )
 
 
 def main() -> None:
@@ -295,6 +331,13 @@ def main() -> None:
     )
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated redundancy modes to time (must include none)",
+    )
+    p.add_argument("--models", default=",".join(JOBS), help="comma-separated: transformer,cnn")
+    p.add_argument("--only-overhead", action="store_true", help="skip the failover runs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--phase", default="overhead", help=argparse.SUPPRESS)
     p.add_argument("--model", default="transformer", help=argparse.SUPPRESS)

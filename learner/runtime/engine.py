@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +60,7 @@ from learner.runtime.api import (
     PipelineJob,
     RuntimeFailure,
 )
+from learner.runtime.bubbles import BubblePredictor
 from learner.runtime.cluster_state import ClusterState, ClusterStateStore, initial_state
 from learner.runtime.comm import (
     ACT,
@@ -130,7 +132,7 @@ class BlockState:
     module: nn.Module
     optimizer: torch.optim.Optimizer
     version: int = 0
-    snapshot: tuple[list[torch.Tensor], dict[str, Any]] | None = None
+    snapshot: OptimizerSnapshot | None = None
     acc: list[torch.Tensor] = field(default_factory=list)
     stash_step: int = -1
     stash: torch.Tensor | None = None
@@ -141,6 +143,65 @@ class BlockState:
 
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+
+class OptimizerSnapshot:
+    """Parameters and optimizer state before the last update, for an exact rollback.
+
+    Taken before every optimizer step, so it copies into buffers kept from the previous
+    step instead of allocating (a ``deepcopy`` of the state dict costs about four times
+    as much, on the critical path of every step).
+    """
+
+    def __init__(self) -> None:
+        self.params: list[torch.Tensor] = []
+        self.state: list[dict[str, Any]] = []
+        self.groups: list[dict[str, Any]] = []
+
+    def take(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            if len(self.params) != len(params):
+                self.params = [p.detach().clone() for p in params]
+            else:
+                torch._foreach_copy_(self.params, [p.detach() for p in params])
+            old = self.state
+            self.state = []
+            for i, p in enumerate(params):
+                kept = old[i] if i < len(old) else {}
+                saved: dict[str, Any] = {}
+                for key, value in optimizer.state.get(p, {}).items():
+                    buf = kept.get(key)
+                    if (
+                        isinstance(value, torch.Tensor)
+                        and isinstance(buf, torch.Tensor)
+                        and buf.shape == value.shape
+                        and buf.dtype == value.dtype
+                    ):
+                        saved[key] = buf.copy_(value)
+                    elif isinstance(value, torch.Tensor):
+                        saved[key] = value.detach().clone()
+                    else:
+                        saved[key] = copy.deepcopy(value)
+                self.state.append(saved)
+        self.groups = [
+            {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+            for g in optimizer.param_groups
+        ]
+
+    def restore(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for p, saved in zip(params, self.params, strict=True):
+                p.copy_(saved)
+        for p, saved_state in zip(params, self.state, strict=True):
+            if saved_state:
+                optimizer.state[p] = {
+                    k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                    for k, v in saved_state.items()
+                }
+            else:
+                optimizer.state.pop(p, None)
+        for group, saved_group in zip(optimizer.param_groups, self.groups, strict=True):
+            group.update(copy.deepcopy(saved_group))
 
 
 @dataclass
@@ -223,6 +284,9 @@ class Worker:
         self.replica: BlockState | None = None
         self._frc: dict[tuple[int, int], FrcRecord] = {}
         self._progress = StepProgress(-1)
+        # a leftover FRC is free only on the last stage (see bubbles)
+        self._replica_update: tuple[torch.Tensor, int] | None = None
+        self._bubbles = BubblePredictor(overrun=0.1 if self.me % self.P == self.P - 1 else 0.5)
         self._batches: dict[tuple[int, int], Batch] = {}
         self._graveyard: list[Any] = []
         self.step = 0
@@ -515,7 +579,6 @@ class Worker:
                 self.M,
                 self.job.schedule,
                 replica=rep,
-                eager_frc=self.mode.eager_frc,
                 eager_brc=self.mode.eager_brc,
             )
         )
@@ -543,7 +606,14 @@ class Worker:
         inputs: dict[int, torch.Tensor] = {}
         out_grads: dict[int, torch.Tensor] = {}
         sends: list[Any] = []
-        for ins in program:
+        # the block whose successor this worker shadows runs eager FRC in its waits
+        filling = (
+            not recovering
+            and self.mode.eager_frc
+            and self.replica is not None
+            and b == self.me % self.P
+        )
+        for idx, ins in enumerate(program):
             self._check_kill(ins.op, ins.microbatch)
             self._guard(epoch)
             m = ins.microbatch
@@ -551,8 +621,15 @@ class Worker:
                 self._batch(step, m)  # prefetch
             elif ins.op is Op.RECV_ACT:
                 src = topo.owner(self.pipe, b - 1)
-                inputs[m] = tr.recv(
-                    src, tag(ACT, b - 1, step, m), self.act_shapes[b - 1], self.act_dtypes
+                inputs[m] = self._recv(
+                    (b, idx),
+                    filling,
+                    step,
+                    epoch,
+                    b if m == 0 else 0,  # the pipeline-fill bubble: b forwards upstream
+                    lambda src=src, m=m: tr.recv(  # type: ignore[misc]
+                        src, tag(ACT, b - 1, step, m), self.act_shapes[b - 1], self.act_dtypes
+                    ),
                 )
             elif ins.op is Op.FORWARD:
                 inp = self._batch(step, m)[0] if first else inputs.pop(m).requires_grad_(True)
@@ -570,10 +647,19 @@ class Worker:
                 dst = topo.owner(self.pipe, b + 1)
                 sends.append(tr.send(dst, tag(ACT, b, step, m), prog.outputs[(b, m)]))
             elif ins.op is Op.FRC:
-                self._frc_forward(step, m, epoch)
+                self._ensure_frc(step, m, epoch)
             elif ins.op is Op.RECV_GRAD:
                 src = topo.owner(self.pipe, b + 1)
-                g = tr.recv(src, tag(GRAD, b + 1, step, m), self.act_shapes[b], self.act_dtypes)
+                g = self._recv(
+                    (b, idx),
+                    filling,
+                    step,
+                    epoch,
+                    0,
+                    lambda src=src, m=m: tr.recv(  # type: ignore[misc]
+                        src, tag(GRAD, b + 1, step, m), self.act_shapes[b], self.act_dtypes
+                    ),
+                )
                 out_grads[m] = g
                 holder = topo.replica_holder(self.pipe, b)
                 if (
@@ -623,10 +709,88 @@ class Worker:
                 except RuntimeError as exc:
                     raise LinkError(-1, str(exc).splitlines()[0].split(". ")[0]) from exc
 
-    def _frc_forward(self, step: int, m: int, epoch: int) -> None:
+    def _recv(
+        self,
+        key: tuple[int, int],
+        filling: bool,
+        step: int,
+        epoch: int,
+        floor_frcs: int,
+        receive: Callable[[], torch.Tensor],
+    ) -> torch.Tensor:
+        """``receive()``, running pending eager FRC meanwhile where the wait is predicted long."""
+        bubbles = self._bubbles
+        t0 = time.monotonic()
+        if not (
+            filling and bubbles.worth_posting(key, floor_frcs) and self._next_frc(step) is not None
+        ):
+            got = receive()
+            bubbles.record_wait(key, time.monotonic() - t0)
+            return got
+        box: dict[str, Any] = {}
+        arrived = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = receive()
+            except BaseException as exc:
+                box["error"] = exc
+            box["at"] = time.monotonic()
+            arrived.set()
+
+        threading.Thread(target=run, name=f"recv-{key}", daemon=True).start()
+        while not arrived.is_set():
+            m = self._next_frc(step)
+            if m is None or not bubbles.fits(key, time.monotonic() - t0, floor_frcs):
+                break
+            self._ensure_frc(step, m, epoch)
+        arrived.wait()
+        bubbles.record_wait(key, box["at"] - t0)
+        if "error" in box:
+            raise box["error"]
+        return box["value"]  # type: ignore[no-any-return]
+
+    def _next_frc(self, step: int) -> int | None:
+        """The first microbatch whose eager FRC is still to run and can run now."""
+        rep = self.replica
+        if rep is None:
+            return None
+        k = rep.index
+        with self._lock:
+            for m in range(self.M):
+                rec = self._frc.get((k, m))
+                if rec is not None and rec.step == step:
+                    continue
+                if k == 0 or (k - 1, m) in self._progress.outputs:
+                    return m
+                return None  # inputs come in microbatch order
+        return None
+
+    def _leftover_frc(self, step: int) -> None:
+        """Eager FRC that found no bubble in the pipeline part."""
+        epoch = self._epoch
+        while (m := self._next_frc(step)) is not None:
+            self._ensure_frc(step, m, epoch)
+
+    def _apply_replica_update(self) -> None:
+        """Bring the replica to the owner's version (see ``_sync``)."""
+        with self._lock:
+            got, self._replica_update = self._replica_update, None
+            if got is not None and self.replica is not None:
+                self._apply(self.replica, got[0], got[1])
+
+    def _ensure_frc(self, step: int, m: int, epoch: int) -> None:
+        """The replica's forward of microbatch ``m`` (eager FRC), unless it already ran."""
         rep = self.replica
         assert rep is not None
         k = rep.index
+        with self._lock:
+            rec = self._frc.get((k, m))
+            if rec is not None and rec.step == step:
+                return
+        self._apply_replica_update()
+        self._check_kill(Op.FRC, m)
+        t0 = time.monotonic()
         if k == 0:
             inp = self._batch(step, m)[0]
         else:
@@ -639,12 +803,14 @@ class Worker:
         with self._lock:
             self._guard(epoch)
             self._frc[(k, m)] = FrcRecord(step, rep.version, inp, out)
+        self._bubbles.record_frc(time.monotonic() - t0)
 
     def _brc_backward(self, step: int, m: int, epoch: int) -> None:
         rep = self.replica
         tr = self._transport
         assert rep is not None and tr is not None
         k = rep.index
+        self._ensure_frc(step, m, epoch)
         with self._lock:
             self._guard(epoch)
             rec = self._frc[(k, m)]
@@ -676,10 +842,9 @@ class Worker:
             raise RuntimeFailure(
                 f"block {blk.index} is at version {blk.version} but step {step} is being applied"
             )
-        blk.snapshot = (
-            [p.detach().clone() for p in blk.params],
-            copy.deepcopy(blk.optimizer.state_dict()),
-        )
+        if blk.snapshot is None:
+            blk.snapshot = OptimizerSnapshot()
+        blk.snapshot.take(blk.params, blk.optimizer)
         offset = 0
         for p in blk.params:
             n = p.numel()
@@ -724,6 +889,9 @@ class Worker:
             if holder is not None:
                 sends.append(tr.send(holder, tag(SYNC, b, step, 0), reduced[:n]))
         if self.replica is not None:
+            if self.mode.eager_frc:
+                # before the replica's update: FRC belongs to this step's version
+                self._leftover_frc(step)
             rep = self.replica
             src = self.topo.owner(self.pipe, rep.index)
             shape = torch.Size([rep.numel()])
@@ -732,7 +900,11 @@ class Worker:
                 self._changed,
                 f"replica update of block {rep.index}",
             )
-            self._apply(rep, reduced, step)
+            # applied when the replica is next used (its FRC, in a bubble) or a failover
+            # reads it: the optimizer step is off the critical path of the step's end
+            self._apply_replica_update()  # the previous one, where no FRC applied it
+            with self._lock:
+                self._replica_update = (reduced, step)
         for work in sends:
             if work is not None:
                 interruptible(work.wait, self._changed, "replica update send")
@@ -791,6 +963,7 @@ class Worker:
         return state
 
     def _join(self) -> tuple[int, RecoveryPlan]:
+        self._apply_replica_update()
         state = self._read_state()
         with self._lock:
             self._epoch += 1
@@ -832,11 +1005,7 @@ class Worker:
         for blk in [*self.owned.values(), *([self.replica] if self.replica else [])]:
             if blk.version == resume + 1:
                 assert blk.snapshot is not None
-                params, opt_state = blk.snapshot
-                with torch.no_grad():
-                    for p, saved in zip(blk.params, params, strict=True):
-                        p.copy_(saved)
-                blk.optimizer.load_state_dict(opt_state)
+                blk.snapshot.restore(blk.params, blk.optimizer)
                 blk.version = resume
         if self._progress.step != resume:
             # what this worker holds is of another step: only stashed gradients still count

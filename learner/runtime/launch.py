@@ -175,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{ENV_PREFIX}KILL": args.kill,
             }
         )
+        # Keep freed memory in the heap: eager FRC holds each step's replica graphs until
+        # the next step, and glibc would otherwise hand that memory back to the OS and
+        # page-fault it in again every step (benchmarks/RESULTS.md, runtime_overhead).
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 20))
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
         if args.redundancy:
             env[f"{ENV_PREFIX}REDUNDANCY"] = args.redundancy
         if args.out_dir:

@@ -7,14 +7,15 @@ failover one worker owns two blocks and both must reach the all-reduce together.
 
 Where redundant computation goes (Bamboo §4.1):
 
-- ``FRC(m)`` — forward of the replica (the successor's layers) for microbatch ``m``. A
-  stage runs it for the previous microbatch just before sending the current one's
-  activation, i.e. while the successor is still busy with that previous microbatch;
-  the last one goes right after the last send. The last stage, whose replica is stage 0
-  and whose input is the data itself, runs it while it waits for the activation.
+- ``FRC(m)`` — forward of the replica (the successor's layers) for microbatch ``m``. It
+  is not in the list: it has no fixed place where it is always free. The interpreter
+  runs it as filler work in the bubble — while a receive is in flight that waited long
+  enough in the previous step (``bubbles``) — and whatever found no bubble runs in the
+  sync phase before the replica's update. ``Op.FRC`` still names it for kill points.
 - ``BRC(m)`` — backward of the replica, only with eager BRC. It needs the gradient the
   successor received, so it follows the stage's own backward of ``m`` (the successor's
-  backward of ``m`` happened before); the last stage runs them at the end.
+  backward of ``m`` happened before); the last stage runs them at the end. Its FRC runs
+  first if it has not yet.
 """
 
 from __future__ import annotations
@@ -70,29 +71,21 @@ def build(
     microbatches: int,
     kind: str = "1f1b",
     replica: int | None = None,
-    eager_frc: bool = False,
     eager_brc: bool = False,
 ) -> list[Instr]:
     """Instructions of block ``stage`` for one step; ``replica`` is the block it shadows."""
     first, last = stage == 0, stage == stages - 1
-    frc = replica is not None and eager_frc
     brc = replica is not None and eager_brc
     out: list[Instr] = []
     for phase, m in order(stage, stages, microbatches, kind):
         if phase == "F":
-            if frc and last:
-                out.append(Instr(Op.FRC, m))
             if first or last:
                 out.append(Instr(Op.LOAD, m))
             if not first:
                 out.append(Instr(Op.RECV_ACT, m))
             out.append(Instr(Op.FORWARD, m))
             if not last:
-                if frc and m > 0:
-                    out.append(Instr(Op.FRC, m - 1))
                 out.append(Instr(Op.SEND_ACT, m))
-                if frc and m == microbatches - 1:
-                    out.append(Instr(Op.FRC, m))
         else:
             if not last:
                 out.append(Instr(Op.RECV_GRAD, m))

@@ -1,0 +1,77 @@
+"""Where eager FRC fits: the pipeline bubble, predicted from the previous step's waits.
+
+A stage's schedule repeats every step, and so do its waits: the receive that waited
+40 ms for the successor's first gradient last step will wait about as long this step.
+``BubblePredictor`` remembers how long each receive (named by its place in the block's
+instruction list) took from post to arrival, and the cost of one FRC forward; the
+interpreter runs a pending FRC while a receive is in flight only if it is predicted to
+end before the message arrives. What does not fit anywhere runs in the sync phase,
+while the worker waits for its replica's update (free on the last stage, whose bubble
+is at the end of the step). The first step has no history and fills nothing.
+
+Measured waits do not depend on the filler: the receive runs in its own thread and its
+arrival time is taken there, so the prediction does not shrink as the bubble fills.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Hashable
+
+
+class BubblePredictor:
+    """Per-receive wait history and FRC cost, for one worker.
+
+    Medians, not the last value: on a shared machine one slow step would otherwise
+    make the next step fill a bubble that is not there (or skip one that is).
+    """
+
+    def __init__(self, overrun: float = 0.1, wait_window: int = 3, cost_window: int = 5) -> None:
+        """``overrun``: how far (a fraction of one FRC) a fill may end after the message.
+
+        Worth more than zero where a leftover FRC would sit on the critical path anyway
+        (every stage but the last, whose sync phase waits for its replica's update).
+        """
+        self._waits: dict[Hashable, deque[float]] = {}
+        self._costs: deque[float] = deque(maxlen=cost_window)
+        self._wait_window = wait_window
+        self._overrun = overrun
+
+    @property
+    def frc_cost(self) -> float | None:
+        return statistics.median(self._costs) if self._costs else None
+
+    def predicted_wait(self, key: Hashable) -> float:
+        seen = self._waits.get(key)
+        return statistics.median(seen) if seen else 0.0
+
+    def record_wait(self, key: Hashable, seconds: float) -> None:
+        self._waits.setdefault(key, deque(maxlen=self._wait_window)).append(seconds)
+
+    def record_frc(self, seconds: float) -> None:
+        self._costs.append(seconds)
+
+    def worth_posting(self, key: Hashable, floor_frcs: int = 0) -> bool:
+        """Whether a receive is worth running in a helper thread to fill its wait."""
+        cost = self.frc_cost
+        return cost is not None and (1 - self._overrun) * cost <= self._expected(
+            key, cost, floor_frcs
+        )
+
+    def fits(self, key: Hashable, elapsed: float, floor_frcs: int = 0) -> bool:
+        """Whether one more FRC, started ``elapsed`` s into this wait, ends before the message.
+
+        ``floor_frcs``: a wait known to be at least that many FRC forwards long whatever
+        was measured — the pipeline-fill bubble of stage ``s`` is ``s`` forwards of its
+        predecessors by construction of the schedule, but a stage that arrived late last
+        step (its own leftover FRC ran long) measured it short, and would then never fill
+        it again.
+        """
+        cost = self.frc_cost
+        if cost is None:
+            return False
+        return elapsed + (1 - self._overrun) * cost <= self._expected(key, cost, floor_frcs)
+
+    def _expected(self, key: Hashable, cost: float, floor_frcs: int) -> float:
+        return max(self.predicted_wait(key), floor_frcs * cost)

@@ -1,0 +1,54 @@
+"""The bubble predictor: FRC goes where the previous step waited long enough, nowhere else."""
+
+from __future__ import annotations
+
+from learner.runtime.bubbles import BubblePredictor
+
+
+def test_nothing_fits_before_an_frc_was_measured() -> None:
+    b = BubblePredictor()
+    b.record_wait("recv", 1.0)
+    assert not b.worth_posting("recv")
+    assert not b.fits("recv", 0.0)
+
+
+def test_frc_fits_only_where_it_ends_before_the_predicted_arrival() -> None:
+    b = BubblePredictor(overrun=0.0)
+    b.record_frc(0.010)
+    b.record_wait("long", 0.025)
+    b.record_wait("short", 0.004)
+    assert b.worth_posting("long") and not b.worth_posting("short")
+    assert b.fits("long", 0.0) and b.fits("long", 0.015)  # two FRCs of 10 ms in 25 ms
+    assert not b.fits("long", 0.016)  # a third would make the arrival wait
+    assert not b.fits("unseen", 0.0)
+
+
+def test_predictions_are_medians_so_one_slow_step_does_not_move_them() -> None:
+    b = BubblePredictor(wait_window=3, cost_window=3)
+    for seconds in (0.030, 0.031, 0.200):  # the third step was slowed by something else
+        b.record_wait("recv", seconds)
+    assert b.predicted_wait("recv") == 0.031
+    for seconds in (0.004, 0.003):  # the bubble moved away: stop filling here
+        b.record_wait("recv", seconds)
+    assert b.predicted_wait("recv") == 0.004
+    for seconds in (0.010, 0.050, 0.012):
+        b.record_frc(seconds)
+    assert b.frc_cost == 0.012
+
+
+def test_an_overrun_allowance_admits_a_fill_that_ends_a_little_late() -> None:
+    strict, loose = BubblePredictor(overrun=0.0), BubblePredictor(overrun=0.5)
+    for b in (strict, loose):
+        b.record_frc(0.010)
+        b.record_wait("recv", 0.007)
+    assert not strict.fits("recv", 0.0)
+    assert loose.fits("recv", 0.0) and not loose.fits("recv", 0.003)
+
+
+def test_the_pipeline_fill_floor_holds_when_the_stage_measured_itself_late() -> None:
+    b = BubblePredictor(overrun=0.1)
+    b.record_frc(0.010)
+    b.record_wait("first-recv", 0.002)  # it arrived late: the message was already there
+    assert not b.fits("first-recv", 0.0)
+    assert b.fits("first-recv", 0.0, floor_frcs=2) and b.fits("first-recv", 0.010, floor_frcs=2)
+    assert not b.fits("first-recv", 0.012, floor_frcs=2)
