@@ -32,7 +32,6 @@ global batch is unchanged and the result equals an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import queue
 import signal
@@ -76,6 +75,7 @@ from learner.runtime.partition import balanced_boundaries, param_costs, profile_
 from learner.runtime.recovery import BlockProgress, RecoveryPlan
 from learner.runtime.recovery import plan as recovery_plan
 from learner.runtime.schedule import Instr, Op
+from learner.runtime.snapshot import OptimizerSnapshot
 from learner.runtime.topology import Topology
 
 # torch.manual_seed is process-global; in-process runs build several workers at once.
@@ -143,65 +143,6 @@ class BlockState:
 
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
-
-
-class OptimizerSnapshot:
-    """Parameters and optimizer state before the last update, for an exact rollback.
-
-    Taken before every optimizer step, so it copies into buffers kept from the previous
-    step instead of allocating (a ``deepcopy`` of the state dict costs about four times
-    as much, on the critical path of every step).
-    """
-
-    def __init__(self) -> None:
-        self.params: list[torch.Tensor] = []
-        self.state: list[dict[str, Any]] = []
-        self.groups: list[dict[str, Any]] = []
-
-    def take(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
-        with torch.no_grad():
-            if len(self.params) != len(params):
-                self.params = [p.detach().clone() for p in params]
-            else:
-                torch._foreach_copy_(self.params, [p.detach() for p in params])
-            old = self.state
-            self.state = []
-            for i, p in enumerate(params):
-                kept = old[i] if i < len(old) else {}
-                saved: dict[str, Any] = {}
-                for key, value in optimizer.state.get(p, {}).items():
-                    buf = kept.get(key)
-                    if (
-                        isinstance(value, torch.Tensor)
-                        and isinstance(buf, torch.Tensor)
-                        and buf.shape == value.shape
-                        and buf.dtype == value.dtype
-                    ):
-                        saved[key] = buf.copy_(value)
-                    elif isinstance(value, torch.Tensor):
-                        saved[key] = value.detach().clone()
-                    else:
-                        saved[key] = copy.deepcopy(value)
-                self.state.append(saved)
-        self.groups = [
-            {k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-            for g in optimizer.param_groups
-        ]
-
-    def restore(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
-        with torch.no_grad():
-            for p, saved in zip(params, self.params, strict=True):
-                p.copy_(saved)
-        for p, saved_state in zip(params, self.state, strict=True):
-            if saved_state:
-                optimizer.state[p] = {
-                    k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                    for k, v in saved_state.items()
-                }
-            else:
-                optimizer.state.pop(p, None)
-        for group, saved_group in zip(optimizer.param_groups, self.groups, strict=True):
-            group.update(copy.deepcopy(saved_group))
 
 
 @dataclass

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from learner.runtime.engine import OptimizerSnapshot
+from learner.runtime.snapshot import OptimizerSnapshot
 
 Factory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
