@@ -21,9 +21,10 @@ torch.distributed.elastic's rendezvous handlers.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -65,29 +66,43 @@ def make_group(backend: str, store: dist.Store, rank: int, size: int, timeout: t
 T = TypeVar("T")
 
 
+class BackgroundCall(Generic[T]):
+    """``fn()`` running in a daemon thread; ``done`` is set when it returned or raised."""
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        self.done = threading.Event()
+        self.finished_at = 0.0  # time.monotonic() when fn returned or raised
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[[], T]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self.finished_at = time.monotonic()
+            self.done.set()
+
+    def result(self) -> T:
+        """Wait for ``fn`` and return its value (or raise its error)."""
+        self.done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
 def interruptible(fn: Callable[[], T], stop: threading.Event, what: str) -> T:
     """Run ``fn`` in a daemon thread; raise ``Interrupted`` as soon as ``stop`` is set.
 
     The thread is abandoned, not killed: it must only touch private copies.
     """
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=f"wait-{what}", daemon=True).start()
-    while not done.wait(0.02):
+    call = BackgroundCall(fn, f"wait-{what}")
+    while not call.done.wait(0.02):
         if stop.is_set():
             raise Interrupted(f"configuration changed while waiting for {what}")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return call.result()
 
 
 # Tags identify a message within a link of one generation: kind, sending block, step, mb.

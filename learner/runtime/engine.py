@@ -66,6 +66,7 @@ from learner.runtime.comm import (
     BRC_GRAD,
     GRAD,
     SYNC,
+    BackgroundCall,
     Groups,
     Transport,
     interruptible,
@@ -668,28 +669,16 @@ class Worker:
             got = receive()
             bubbles.record_wait(key, time.monotonic() - t0)
             return got
-        box: dict[str, Any] = {}
-        arrived = threading.Event()
-
-        def run() -> None:
-            try:
-                box["value"] = receive()
-            except BaseException as exc:
-                box["error"] = exc
-            box["at"] = time.monotonic()
-            arrived.set()
-
-        threading.Thread(target=run, name=f"recv-{key}", daemon=True).start()
-        while not arrived.is_set():
+        call = BackgroundCall(receive, f"recv-{key}")
+        while not call.done.is_set():
             m = self._next_frc(step)
             if m is None or not bubbles.fits(key, time.monotonic() - t0, floor_frcs):
                 break
             self._ensure_frc(step, m, epoch)
-        arrived.wait()
-        bubbles.record_wait(key, box["at"] - t0)
-        if "error" in box:
-            raise box["error"]
-        return box["value"]  # type: ignore[no-any-return]
+        call.done.wait()
+        # arrival measured in the receiving thread: filling does not shrink the prediction
+        bubbles.record_wait(key, call.finished_at - t0)
+        return call.result()
 
     def _next_frc(self, step: int) -> int | None:
         """The first microbatch whose eager FRC is still to run and can run now."""
