@@ -14,6 +14,7 @@ import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 from rhizome.v1 import job_pb2, scheduler_pb2, tds_pb2, trainer_pb2, trainer_pb2_grpc
@@ -163,16 +164,14 @@ class Client:
 
     # -- streams --------------------------------------------------------------------------------
     def logs(self, request: tds_pb2.LogsRequest) -> Iterator[tds_pb2.LogLine]:
-        call = self._stub.StreamLogs(request, metadata=self._md)
-        try:
-            yield from call
-        except grpc.RpcError as exc:
-            raise _translate(exc, self.address) from None
-        finally:
-            call.cancel()
+        return self._stream(self._stub.StreamLogs, request)
 
     def metrics(self, request: tds_pb2.MetricsRequest) -> Iterator[tds_pb2.MetricSample]:
-        call = self._stub.StreamMetrics(request, metadata=self._md)
+        return self._stream(self._stub.StreamMetrics, request)
+
+    def _stream(self, method: Any, request: Any) -> Iterator[Any]:
+        """A server stream with errors translated; cancelled when the caller stops reading."""
+        call = method(request, metadata=self._md)
         try:
             yield from call
         except grpc.RpcError as exc:
