@@ -52,13 +52,6 @@ class BubblePredictor:
     def record_frc(self, seconds: float) -> None:
         self._costs.append(seconds)
 
-    def worth_posting(self, key: Hashable, floor_frcs: int = 0) -> bool:
-        """Whether a receive is worth running in a helper thread to fill its wait."""
-        cost = self.frc_cost
-        return cost is not None and (1 - self._overrun) * cost <= self._expected(
-            key, cost, floor_frcs
-        )
-
     def fits(self, key: Hashable, elapsed: float, floor_frcs: int = 0) -> bool:
         """Whether one more FRC, started ``elapsed`` s into this wait, ends before the message.
 

@@ -588,8 +588,6 @@ class Worker:
             elif ins.op is Op.SEND_ACT:
                 dst = topo.owner(self.pipe, b + 1)
                 sends.append(tr.send(dst, tag(ACT, b, step, m), prog.outputs[(b, m)]))
-            elif ins.op is Op.FRC:
-                self._ensure_frc(step, m, epoch)
             elif ins.op is Op.RECV_GRAD:
                 src = topo.owner(self.pipe, b + 1)
                 g = self._recv(
@@ -664,7 +662,7 @@ class Worker:
         bubbles = self._bubbles
         t0 = time.monotonic()
         if not (
-            filling and bubbles.worth_posting(key, floor_frcs) and self._next_frc(step) is not None
+            filling and bubbles.fits(key, 0.0, floor_frcs) and self._next_frc(step) is not None
         ):
             got = receive()
             bubbles.record_wait(key, time.monotonic() - t0)

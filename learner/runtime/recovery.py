@@ -65,7 +65,7 @@ class BlockProgress:
 
 @dataclass
 class RecoveryPlan:
-    """Per block, the instructions left of the step; ``lazy_brc`` names the victim's replays."""
+    """Per block, the instructions left of the step, and how much work that is."""
 
     programs: dict[int, list[Instr]] = field(default_factory=dict)
     forwards: int = 0

@@ -8,7 +8,7 @@ from learner.runtime.bubbles import BubblePredictor
 def test_nothing_fits_before_an_frc_was_measured() -> None:
     b = BubblePredictor()
     b.record_wait("recv", 1.0)
-    assert not b.worth_posting("recv")
+    assert not b.fits("recv", 0.0)
     assert not b.fits("recv", 0.0)
 
 
@@ -17,7 +17,7 @@ def test_frc_fits_only_where_it_ends_before_the_predicted_arrival() -> None:
     b.record_frc(0.010)
     b.record_wait("long", 0.025)
     b.record_wait("short", 0.004)
-    assert b.worth_posting("long") and not b.worth_posting("short")
+    assert b.fits("long", 0.0) and not b.fits("short", 0.0)
     assert b.fits("long", 0.0) and b.fits("long", 0.015)  # two FRCs of 10 ms in 25 ms
     assert not b.fits("long", 0.016)  # a third would make the arrival wait
     assert not b.fits("unseen", 0.0)
