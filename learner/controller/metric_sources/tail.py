@@ -51,7 +51,8 @@ class LineTailer:
         out: list[str] = []
         limit = self.max_line_bytes
         while len(out) < max_lines:
-            if b"\n" not in self._buf and len(self._buf) < limit:
+            # at exactly the limit, one more byte says whether the line is over-long
+            if b"\n" not in self._buf and len(self._buf) <= limit:
                 f.seek(self.offset + len(self._buf))
                 chunk = f.read(1 << 20)
                 if chunk:
@@ -70,8 +71,9 @@ class LineTailer:
             self.offset += consumed
             if pieces:
                 continue
-            # No newline in the buffer: cut an over-long line, or wait for its end.
-            if len(rest) >= limit:
+            # No newline in the buffer: cut an over-long line, or wait for its end. A line
+            # of exactly the limit is whole, as when its newline is already there.
+            if len(rest) > limit:
                 out.append(_decode(rest[:limit]))
                 self._buf = rest[limit:]
                 self.offset += limit
