@@ -102,26 +102,38 @@ def test_no_failure_multiprocess_two_pipelines(etcd_server: ManagedServer, tmp_p
 
 
 @pytest.mark.parametrize(
-    "stages,pipelines,kill,victim",
+    "stages,pipelines,kill,victim,progress_kept",
     [
-        pytest.param(3, 1, "1:1:forward:1", 1, id="middle-stage-during-forward"),
-        pytest.param(3, 1, "1:1:backward:0", 1, id="middle-stage-during-backward"),
-        pytest.param(3, 1, "0:1:forward:2", 0, id="first-stage"),
-        pytest.param(3, 1, "2:1:backward:1", 2, id="last-stage"),
-        pytest.param(2, 2, "1:1:allreduce", 1, id="allreduce-pending-in-other-pipeline"),
+        pytest.param(3, 1, "1:1:forward:1", 1, False, id="middle-stage-during-forward"),
+        pytest.param(3, 1, "1:1:backward:0", 1, True, id="middle-stage-during-backward"),
+        pytest.param(3, 1, "0:1:forward:2", 0, False, id="first-stage"),
+        pytest.param(3, 1, "2:1:backward:1", 2, False, id="last-stage"),
+        pytest.param(2, 2, "1:1:allreduce", 1, True, id="allreduce-pending-in-other-pipeline"),
     ],
 )
 def test_sigkill_fails_over_without_restart(
-    etcd_server: ManagedServer, tmp_path: Path, stages: int, pipelines: int, kill: str, victim: int
+    etcd_server: ManagedServer,
+    tmp_path: Path,
+    stages: int,
+    pipelines: int,
+    kill: str,
+    victim: int,
+    progress_kept: bool,
 ) -> None:
     proc = launch(etcd_server, tmp_path, stages, pipelines, steps=3, kill=kill)
     assert_survived(proc, victim, steps=3)
     assert_equals_reference(tmp_path / "params", pipelines=pipelines, steps=3)
     shadow = (victim - 1) % stages + (victim // stages) * stages
     assert f"[worker {shadow}] promoted replica of block {victim % stages}" in proc.stderr
-    # the step goes on from where it was: nothing is recomputed from its start
     left = [int(n) for n in re.findall(r"pipeline \d+: (\d+) forwards", proc.stderr)]
-    assert left and max(left) < stages * 3, proc.stderr[-3000:]  # toy: 3 microbatches
+    assert left, proc.stderr[-3000:]  # every survivor planned what was left of the step
+    if progress_kept:
+        # The survivors had finished work of the step before the kill could happen (the
+        # victim was about to use the successor's gradient of microbatch 0, or had
+        # finished its microbatches): the step goes on from there, not from its start.
+        # Where the kill can land before any survivor did anything, the whole step is
+        # legitimately left, so the other cases do not check this.
+        assert max(left) < stages * 3, proc.stderr[-3000:]  # toy: 3 microbatches
 
 
 def test_a_stage_lost_at_the_all_reduce_replays_only_its_backwards(
