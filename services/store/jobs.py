@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -29,10 +30,44 @@ MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 
 
+class _JobIdClock:
+    """Hands out job ids that sort strictly in creation order within this process.
+
+    An id is ``job-`` + 12 hex digits of milliseconds + 4 hex digits of a sequence number
+    within that millisecond + 6 hex digits naming this process. Two ids made in the same
+    millisecond differ in the sequence, so they still sort in creation order (paging relies
+    on it); if the wall clock steps back, ids keep counting up from the last one rather than
+    going backwards. Ids from two daemons made in the same millisecond tie on time and
+    sequence and are then ordered by the process suffix: arbitrary, but the same on every read.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_ms = 0
+        self._seq = 0
+        self._suffix = os.urandom(3).hex()
+
+    def next(self, now: float | None = None) -> str:
+        ms = int((now if now is not None else time.time()) * 1000)
+        with self._lock:
+            if ms <= self._last_ms:
+                ms = self._last_ms
+                self._seq += 1
+                if self._seq > 0xFFFF:  # 65,536 ids in one millisecond: borrow the next one
+                    ms, self._seq = ms + 1, 0
+            else:
+                self._seq = 0
+            self._last_ms = ms
+            return f"job-{ms:012x}{self._seq:04x}{self._suffix}"
+
+
+_id_clock = _JobIdClock()
+
+
 def new_job_id(now: float | None = None) -> str:
-    """Time-ordered id: sorting ids sorts jobs by creation, which paging relies on."""
-    ms = int((now if now is not None else time.time()) * 1000)
-    return f"job-{ms:012x}{os.urandom(3).hex()}"
+    """Time-ordered id, strictly increasing within this process: sorting ids sorts jobs by
+    creation, which paging relies on."""
+    return _id_clock.next(now)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
