@@ -17,7 +17,15 @@ Exactly once, in order, across crashes of the collector, the TDS or Elasticsearc
   lines (see `tail.py`) and numbers them the same, so whatever the TDS already had is
   overwritten with identical documents and nothing is skipped;
 - while the TDS is unreachable the collector retries with exponential backoff
-  (tenacity), holding its place; the learner keeps writing to its files meanwhile.
+  (tenacity), holding its place; the learner keeps writing to its files meanwhile;
+- an acknowledgement is not taken on trust for ever: a search server can lose writes it
+  acknowledged (the embedded noida-db drops bulk writes that race its shutdown; a real
+  cluster can lose an unreplicated shard). The offsets file also holds a *verified*
+  position. Every `verify_interval_s`, and before the collector exits after a drain, it
+  asks the TDS (`CountStored`) how many records it holds between the verified and the
+  acknowledged position; if any are missing it rewinds to the verified position and
+  sends everything from there again (idempotent, as above), then checks again. Only a
+  complete count moves the verified position forward.
 
 Two ways to run it:
 - in the controller: `c = Collector(job_id, rank, job_dir, tds_address,
@@ -108,6 +116,8 @@ class Collector:
         rpc_timeout_s: float = 30.0,
         max_backoff_s: float = 2.0,
         drain_timeout_s: float = 60.0,
+        verify_interval_s: float = 5.0,
+        max_rewinds: int = 3,
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
     ) -> None:
         if not job_id:
@@ -124,6 +134,8 @@ class Collector:
         self.rpc_timeout_s = rpc_timeout_s
         self.max_backoff_s = max_backoff_s
         self.drain_timeout_s = drain_timeout_s
+        self.verify_interval_s = verify_interval_s
+        self.max_rewinds = max_rewinds
         self.clock_us = clock_us
         self.sources: list[MetricSource] = create_sources(metric_sources, self.dir)
         self.tailers = {s: LineTailer(self.dir / f"{s}.log") for s in STREAMS}
@@ -140,6 +152,10 @@ class Collector:
         self.error: BaseException | None = None
         self.sent_lines = 0
         self.sent_samples = 0
+        self.rewinds = 0  # times the store was found short and the collector resent
+        self._failed_checks = 0  # consecutive short counts of the same window
+        self._can_verify = True  # False against a TDS without CountStored
+        self._last_verify = time.monotonic()
         self._channel = grpc.insecure_channel(
             tds_address,
             options=[
@@ -151,7 +167,10 @@ class Collector:
             ],
         )
         self._stub = tds_pb2_grpc.TrainingDataStub(self._channel)
+        self._verified: dict[str, Any] = {}
         self._load_offsets()
+        if not self._verified:
+            self._verified = self._position()
 
     # -- durable position -------------------------------------------------------------
     @property
@@ -178,23 +197,64 @@ class Collector:
             for src in self.sources:
                 src.restore(st.get("sources", {}).get(src.source_id, {}))
                 self.metric_seq[src.source_id] = int(st.get("metric_seq", {}).get(src.source_id, 0))
+            # Files written before verification existed have no verified position: their
+            # acknowledged one is the best there is.
+            verified = st.get("verified")
+            self._verified = self._checked_position(verified) if verified else self._position()
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CollectorError(
                 f"{self.offsets_path} is unreadable ({exc}); it is written atomically, so "
                 "this is not a crash artefact: inspect it, or remove it to resend everything"
             ) from exc
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _position(self) -> dict[str, Any]:
+        """Where reading stands: what a restarted or rewound collector resumes from."""
         return {
-            "version": 1,
-            "job_id": self.job_id,
-            "learner": self.learner,
             "streams": {
                 s: {"offset": self.tailers[s].offset, "seq": self.next_seq[s]} for s in STREAMS
             },
             "sources": {src.source_id: src.state() for src in self.sources},
             "metric_seq": dict(self.metric_seq),
         }
+
+    def _checked_position(self, pos: Any) -> dict[str, Any]:
+        """A position read from the offsets file, with every field this collector needs."""
+        return {
+            "streams": {
+                s: {
+                    "offset": int(pos["streams"][s]["offset"]),
+                    "seq": int(pos["streams"][s]["seq"]),
+                }
+                for s in STREAMS
+            },
+            "sources": {
+                src.source_id: dict(pos.get("sources", {}).get(src.source_id, {}))
+                for src in self.sources
+            },
+            "metric_seq": {
+                src.source_id: int(pos.get("metric_seq", {}).get(src.source_id, 0))
+                for src in self.sources
+            },
+        }
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "version": 2,
+            "job_id": self.job_id,
+            "learner": self.learner,
+            **self._position(),
+            "verified": self._verified,
+        }
+
+    def _rewind(self, pos: dict[str, Any]) -> None:
+        for s in STREAMS:
+            self.tailers[s].seek(int(pos["streams"][s]["offset"]))
+            self.next_seq[s] = int(pos["streams"][s]["seq"])
+        for src in self.sources:
+            src.restore(pos["sources"].get(src.source_id, {}))
+            self.metric_seq[src.source_id] = int(pos["metric_seq"].get(src.source_id, 0))
+        self.pending_lines, self.pending_samples = [], []
+        self._oldest_pending = None
 
     # -- reading ----------------------------------------------------------------------
     def _now_us(self) -> int:
@@ -301,6 +361,89 @@ class Collector:
         self.pending_lines, self.pending_samples = [], []
         self._oldest_pending = None
 
+    def verify(self) -> bool:
+        """Check that the store holds every record acknowledged since the last check.
+
+        Call it with nothing pending (right after a flush), so that the reading position is
+        the acknowledged one. Returns True when the store had them all (the verified
+        position moves up), False when it rewound to the verified position so that the
+        missing records are sent again.
+        """
+        self._last_verify = time.monotonic()
+        acked = self._position()
+        if (
+            not self._can_verify
+            or self.verify_interval_s <= 0
+            or self.pending_lines
+            or self.pending_samples
+        ):
+            return True
+        ver = self._verified
+        log_ranges = [
+            tds_pb2.SeqRange(key=s, from_seq=ver["streams"][s]["seq"], to_seq=self.next_seq[s])
+            for s in STREAMS
+            if self.next_seq[s] > ver["streams"][s]["seq"]
+        ]
+        metric_ranges = [
+            tds_pb2.SeqRange(key=sid, from_seq=ver["metric_seq"].get(sid, 0), to_seq=seq)
+            for sid, seq in self.metric_seq.items()
+            if seq > ver["metric_seq"].get(sid, 0)
+        ]
+        if log_ranges or metric_ranges:
+            req = tds_pb2.CountStoredRequest(
+                job_id=self.job_id,
+                learner=self.learner,
+                log_ranges=log_ranges,
+                metric_ranges=metric_ranges,
+            )
+            try:
+                resp = self._call(
+                    functools.partial(self._stub.CountStored, req, timeout=self.rpc_timeout_s)
+                )
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.warning("the TDS at %s cannot count records; not verifying", self.tds_address)
+                self._can_verify = False
+                return True
+            want = [r.to_seq - r.from_seq for r in (*log_ranges, *metric_ranges)]
+            have = [*resp.log_counts, *resp.metric_counts]
+            if have != want:
+                missing = sum(want) - sum(min(h, w) for h, w in zip(have, want, strict=False))
+                self._failed_checks += 1
+                if self._failed_checks <= self.max_rewinds:
+                    self.rewinds += 1
+                    log.warning(
+                        "the TDS holds %d fewer records than it acknowledged since the last "
+                        "check (%s); sending them again from the verified position",
+                        missing,
+                        ", ".join(f"{r.key} {r.from_seq}..{r.to_seq - 1}" for r in log_ranges)
+                        or "metrics",
+                    )
+                    self._rewind(ver)
+                    write_json_atomically(self.offsets_path, self._snapshot())
+                    return False
+                # The same window came up short every time: the store refuses these
+                # records (a refused batch is skipped, see flush). Stop resending them.
+                log.error(
+                    "the TDS still misses %d records after %d resends; giving up on them",
+                    missing,
+                    self.max_rewinds,
+                )
+        self._failed_checks = 0
+        self._verified = acked
+        write_json_atomically(self.offsets_path, self._snapshot())
+        return True
+
+    def _verify_due(self) -> bool:
+        return (
+            self.verify_interval_s > 0
+            and not self.pending_lines
+            and not self.pending_samples
+            and time.monotonic() - self._last_verify >= self.verify_interval_s
+            and self._position() != self._verified
+        )
+
     def _due(self) -> bool:
         if len(self.pending_lines) >= self.batch_lines:
             return True
@@ -318,13 +461,16 @@ class Collector:
                 n = self.collect()
                 if self._due():
                     self.flush()
+                if self._verify_due():
+                    self.verify()
                 if n == 0:
                     self._stop.wait(self.poll_interval_s)
             if self._drain:
                 while True:
                     n = self.collect(final=True)
                     self.flush()
-                    if n == 0:
+                    # Done only once everything read is shipped and the store has it all.
+                    if n == 0 and self.verify():
                         break
         except grpc.RpcError as exc:
             self.error = exc
@@ -373,6 +519,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flush-interval-s", type=float, default=0.2)
     p.add_argument("--drain-timeout-s", type=float, default=60.0)
     p.add_argument(
+        "--verify-interval-s",
+        type=float,
+        default=5.0,
+        help="how often to check that the TDS still holds what it acknowledged "
+        "(0: never, for a store known to keep every acknowledged write)",
+    )
+    p.add_argument(
         "--once", action="store_true", help="ship everything there is now, then exit (a drain)"
     )
     args = p.parse_args(argv)
@@ -392,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_lines=args.batch_lines,
             flush_interval_s=args.flush_interval_s,
             drain_timeout_s=args.drain_timeout_s,
+            verify_interval_s=args.verify_interval_s,
         )
     except (CollectorError, ValueError) as exc:
         print(f"collector: {exc}", file=sys.stderr)

@@ -119,6 +119,13 @@ class TrainingDataStore(abc.ABC):
         """The highest seq per (learner, source) among the samples the query selects."""
 
     @abc.abstractmethod
+    def count_stored(
+        self, kind: str, job_id: str, learner: int, key: str, from_seq: int, to_seq: int
+    ) -> int:
+        """How many records of `kind` ('log' or 'metric') the store holds for this learner
+        and key (stream or source) with from_seq <= seq < to_seq, refreshed or not."""
+
+    @abc.abstractmethod
     def refresh(self, job_id: str) -> None:
         """Make everything written so far searchable now (near-real-time backends)."""
 

@@ -418,6 +418,30 @@ class ElasticsearchStore(TrainingDataStore):
             self.metrics_index(query.job_id), {"bool": {"filter": filters, "must": must}}, "source"
         )
 
+    def count_stored(
+        self, kind: str, job_id: str, learner: int, key: str, from_seq: int, to_seq: int
+    ) -> int:
+        index = self.logs_index(job_id) if kind == "log" else self.metrics_index(job_id)
+        key_field = "stream" if kind == "log" else "source"
+        query = {
+            "bool": {
+                "filter": [
+                    {"term": {"job_id": job_id}},
+                    {"term": {"learner": learner}},
+                    {"term": {key_field: key}},
+                    {"range": {"seq": {"gte": from_seq, "lt": to_seq}}},
+                ]
+            }
+        }
+        try:
+            # Counts see only refreshed documents: refresh first, or a check made right
+            # after a write would find it missing and make the collector resend.
+            self.es.indices.refresh(index=index, ignore_unavailable=True)
+            resp = self.es.count(index=index, query=query, ignore_unavailable=True)
+        except _ES_ERRORS as exc:
+            raise _translate(exc) from exc
+        return int(resp.get("count", 0))
+
     # -- maintenance ----------------------------------------------------------------
     def refresh(self, job_id: str) -> None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rhizome.v1 import tds_pb2
 
@@ -141,6 +141,25 @@ class MemoryStore(TrainingDataStore):
         for r in self.query_metrics(plain):
             out[(r.learner, r.source)] = max(r.seq, out.get((r.learner, r.source), -1))
         return out
+
+    def count_stored(
+        self, kind: str, job_id: str, learner: int, key: str, from_seq: int, to_seq: int
+    ) -> int:
+        self._check()
+        with self._lock:
+            if kind == "log":
+                docs: list[Any] = list(self._logs.get(job_id, {}).values())
+                return sum(
+                    1
+                    for d in docs
+                    if d.learner == learner and d.stream == key and from_seq <= d.seq < to_seq
+                )
+            docs = list(self._metrics.get(job_id, {}).values())
+            return sum(
+                1
+                for d in docs
+                if d.learner == learner and d.source == key and from_seq <= d.seq < to_seq
+            )
 
     def refresh(self, job_id: str) -> None:
         self._check()

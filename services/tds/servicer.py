@@ -226,6 +226,36 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry later")
         return tds_pb2.AddResponse(accepted=1)
 
+    def CountStored(
+        self, request: tds_pb2.CountStoredRequest, context: grpc.ServicerContext
+    ) -> tds_pb2.CountStoredResponse:
+        if not request.job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is empty")
+        if request.learner < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"learner {request.learner} < 0")
+        resp = tds_pb2.CountStoredResponse()
+        try:
+            for kind, ranges, out in (
+                ("log", request.log_ranges, resp.log_counts),
+                ("metric", request.metric_ranges, resp.metric_counts),
+            ):
+                for i, r in enumerate(ranges):
+                    if not r.key or r.from_seq < 0 or r.to_seq < r.from_seq:
+                        context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"{kind}_ranges[{i}]: need a key and 0 <= from_seq <= to_seq",
+                        )
+                    out.append(
+                        self.store.count_stored(
+                            kind, request.job_id, request.learner, r.key, r.from_seq, r.to_seq
+                        )
+                    )
+        except StoreUnavailable as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry later")
+        except StoreRejected as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return resp
+
     # -- reads ----------------------------------------------------------------------
     @staticmethod
     def _query(request: tds_pb2.LogsRequest | tds_pb2.MetricsRequest) -> Query:
