@@ -30,7 +30,7 @@ from services.sim.traces import TraceError
     "--trace",
     type=str,
     default=None,
-    help="Trace to replay (a path, or a name in ../shared/data/traces/ such as "
+    help="Trace to replay (a path, or a bundled trace name such as "
     "aws-p3-64.csv); each 'remove' preempts one target.",
 )
 @click.option(

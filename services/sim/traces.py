@@ -1,8 +1,8 @@
 """Spot-cluster traces: `<ms since start>,<add|remove>,<node>` a line, no header.
 
 Shared by the simulator and the preemption injector. A bare file name such as
-`aws-p3-64.csv` is looked up in the shared traces directory (`../shared/data/traces/`
-next to the repository, or `RHIZOME_TRACES_DIR`).
+`aws-p3-64.csv` is looked up in `RHIZOME_TRACES_DIR` when it is set, then among the
+traces shipped with the package (`services/sim/data/traces/`, see its README).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_TRACES = Path(__file__).resolve().parent / "data" / "traces"
 
 
 class TraceError(ValueError):
@@ -58,21 +58,29 @@ class Trace:
         return peak
 
 
-def traces_dir() -> Path:
+def traces_dirs() -> list[Path]:
+    """Where a bare trace name is looked up, in order."""
     env = os.environ.get("RHIZOME_TRACES_DIR")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data" / "traces"
+    return [Path(env), BUNDLED_TRACES] if env else [BUNDLED_TRACES]
+
+
+def bundled() -> list[str]:
+    """Names of the traces shipped with the package."""
+    return sorted(p.name for p in BUNDLED_TRACES.glob("*.csv"))
 
 
 def resolve(path: str | Path) -> Path:
     p = Path(path)
     if p.exists():
         return p
-    candidate = traces_dir() / p
-    if not p.is_absolute() and candidate.exists():
-        return candidate
+    if not p.is_absolute():
+        for d in traces_dirs():
+            if (d / p).exists():
+                return d / p
+    where = ", ".join(str(d) for d in traces_dirs())
     raise TraceError(
-        f"trace {path} not found (also looked in {traces_dir()}); pass a file path or set "
-        "RHIZOME_TRACES_DIR"
+        f"trace {path} not found (also looked in {where}); pass a file path, one of the "
+        f"bundled traces ({', '.join(bundled())}), or set RHIZOME_TRACES_DIR"
     )
 
 
