@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pymongo
 
-from services.api.manifest import parse_manifest
 from services.client.sdk import Client
 from services.embedded import platform
+from services.manifest import parse_manifest
 from services.store.jobs import JobRecord, JobsRepository
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
@@ -85,8 +85,8 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
         job_id="",
         owner="floor",
         name="bench",
-        manifest=manifest.data,
-        resources=manifest.resources(),
+        manifest=dict(manifest.document),
+        resources=manifest.resources.as_dict(),
     ).to_doc()
 
     def floor_insert(i: int) -> None:

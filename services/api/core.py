@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pymongo.errors
 
 from services.api import errors
-from services.api.manifest import ManifestError, parse_manifest
+from services.manifest import ManifestError, parse_manifest
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StoreUnavailable
 from services.store.jobs import JobRecord, JobsRepository, Page, new_job_id
@@ -80,8 +80,8 @@ class TrainerCore:
             owner=owner,
             name=manifest.name,
             description=manifest.description,
-            manifest=manifest.data,
-            resources=manifest.resources(),
+            manifest=dict(manifest.document),
+            resources=manifest.resources.as_dict(),
             idempotency_key=idempotency_key,
         )
         if self.admit is not None:

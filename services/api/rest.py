@@ -22,7 +22,7 @@ from services import __version__
 from services.api import errors
 from services.api.convert import job_to_proto
 from services.api.core import MAX_MODEL_BYTES, TrainerCore
-from services.api.manifest import MAX_MANIFEST_BYTES, schema
+from services.manifest import MAX_MANIFEST_BYTES, schema
 from services.store import states
 from services.store.jobs import JobRecord
 

@@ -16,12 +16,14 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pymongo
 import pymongo.errors
 from pymongo.database import Database
 
+from services.manifest import Manifest
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
 from services.store.retry import with_retries
@@ -103,6 +105,11 @@ class JobRecord:
     exit_code: int = 0
     last_log_lines: list[str] = field(default_factory=list)
     version: int = 0
+
+    @cached_property
+    def spec(self) -> Manifest:
+        """The typed manifest: what services read, instead of `manifest[...]` by hand."""
+        return Manifest.from_document(self.manifest)
 
     def to_doc(self) -> dict[str, Any]:
         # A shallow copy: dataclasses.asdict deep-copies the manifest, a measurable share

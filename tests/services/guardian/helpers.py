@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from services.api.manifest import parse_manifest
+from services.manifest import parse_manifest
 from services.store import states
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
 from services.store.objects import LocalObjectStore
@@ -55,8 +55,8 @@ def submit(
         job_id=job_id,
         owner="tester",
         name="test",
-        manifest=parsed.data,
-        resources=parsed.resources(),
+        manifest=dict(parsed.document),
+        resources=parsed.resources.as_dict(),
         model_path=model_path,
     )
     repo.create(record)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.api.manifest import ManifestError, parse_manifest, parse_memory_mb
+from services.manifest import ManifestError, parse_manifest, parse_memory_mb
 
 GOOD = """
 name: mnist
@@ -26,7 +26,7 @@ def test_a_good_ffdl_manifest_parses_with_resources() -> None:
     m = parse_manifest(GOOD)
     assert m.name == "mnist"
     assert m.command == "python train.py"
-    assert m.resources() == {
+    assert m.resources.as_dict() == {
         "learners": 2,
         "gpus": 0.0,
         "cpus": 1.0,

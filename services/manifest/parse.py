@@ -1,77 +1,29 @@
 """Parse and validate job manifests (FfDL `manifest.yml` plus Rhizome's fields).
 
-The JSON Schema beside this module is the published contract (served at
+`schema.json` beside this module is the published contract (served at
 `/v1/manifest-schema`); jsonschema does the structural checks, and the few rules a schema
 cannot say (learners vs pipeline shape, elastic bounds, memory units) are checked here.
-Every error names the field, what was wrong and what is allowed.
+Every error names the field, what was wrong and what is allowed. A valid document comes
+back as the typed `Manifest` (types.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from services.manifest.schema import schema
+from services.manifest.types import Manifest, ManifestError
 
 if TYPE_CHECKING:
     import jsonschema
 
 MAX_MANIFEST_BYTES = 256 * 1024
-_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?[Bb]?|[KMGT]b|[KMGT]B)?\s*$")
-_UNIT_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
-MAX_MEMORY_MB = 4 * 1024 * 1024
 # libyaml's safe loader when PyYAML was built with it: same rules, several times faster.
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class ManifestError(ValueError):
-    """A manifest that cannot be accepted; `field` is the dotted path of the culprit."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}" if field else problem)
-        self.field = field
-        self.problem = problem
-
-
-@dataclass(frozen=True)
-class Manifest:
-    data: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return str(self.data["name"])
-
-    @property
-    def description(self) -> str:
-        return str(self.data.get("description", ""))
-
-    @property
-    def learners(self) -> int:
-        return int(self.data.get("learners", 1))
-
-    @property
-    def command(self) -> str:
-        return str(self.data["framework"]["command"])
-
-    def resources(self) -> dict[str, Any]:
-        return {
-            "learners": self.learners,
-            "gpus": float(self.data.get("gpus", 0)),
-            "cpus": float(self.data.get("cpus", 1)),
-            "memory_mb": parse_memory_mb(self.data.get("memory", "1Gb")),
-            "gpu_type": str(self.data.get("gpu_type", "")),
-        }
-
-
-@cache
-def schema() -> dict[str, Any]:
-    text = resources.files("services.api").joinpath("manifest.schema.json").read_text()
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
 
 
 @cache
@@ -81,23 +33,6 @@ def _validator() -> jsonschema.Draft202012Validator:
 
     # Building a validator compiles the schema: once per process, not once per submit.
     return jsonschema.Draft202012Validator(schema())
-
-
-def parse_memory_mb(value: Any, field: str = "memory") -> float:
-    if isinstance(value, bool):
-        raise ManifestError(field, "expected a number of MB or a size such as 512MiB or 2Gb")
-    if isinstance(value, int | float):
-        mb = float(value)
-    else:
-        match = _MEMORY_RE.match(str(value))
-        if not match:
-            raise ManifestError(
-                field, f"{value!r} is not a size; use a number of MB or e.g. 512MiB, 1Gb, 2GB"
-            )
-        mb = float(match.group(1)) * _UNIT_MB[(match.group(2) or "M")[0].upper()]
-    if mb <= 0 or mb > MAX_MEMORY_MB:
-        raise ManifestError(field, f"{value!r} is out of range; allowed: more than 0 up to 4 TiB")
-    return mb
 
 
 def _path(error: jsonschema.ValidationError) -> str:
@@ -147,34 +82,27 @@ def validate(data: Any) -> Manifest:
     errors = sorted(_validator().iter_errors(data), key=lambda e: (len(e.absolute_path), e.message))
     if errors:
         raise _describe(errors[0])
-    manifest = Manifest(data)
-    resources_ = manifest.resources()  # checks the memory size
     pipeline = data.get("pipeline")
     if pipeline:
         shape = int(pipeline["stages"]) * int(pipeline.get("pipelines", 1))
-        if "learners" in data and manifest.learners != shape:
+        if "learners" in data and int(data["learners"]) != shape:
             raise ManifestError(
                 "learners",
-                f"{manifest.learners} does not match the pipeline shape "
+                f"{data['learners']} does not match the pipeline shape "
                 f"(stages × pipelines = {shape}); set learners to {shape} or leave it out",
             )
         data["learners"] = shape
-    elastic = data.get("elastic")
-    if elastic:
-        if elastic["min"] > elastic["max"]:
+    manifest = Manifest.from_document(data)  # also checks the memory size
+    if manifest.elastic:
+        lo, hi = manifest.elastic.min, manifest.elastic.max
+        if lo > hi:
+            raise ManifestError("elastic.min", f"{lo} is larger than max {hi}")
+        if not lo <= manifest.learners <= hi:
             raise ManifestError(
-                "elastic.min", f"{elastic['min']} is larger than max {elastic['max']}"
+                "learners", f"{manifest.learners} is outside elastic bounds [{lo}, {hi}]"
             )
-        if not elastic["min"] <= manifest.learners <= elastic["max"]:
-            raise ManifestError(
-                "learners",
-                f"{manifest.learners} is outside elastic bounds [{elastic['min']}, {elastic['max']}]",
-            )
-    if (
-        resources_["gpus"]
-        and resources_["gpus"] != int(resources_["gpus"])
-        and resources_["gpus"] > 1
-    ):
+    gpus = manifest.resources.gpus
+    if gpus and gpus != int(gpus) and gpus > 1:
         raise ManifestError("gpus", "fractional GPUs are only allowed below 1 per learner")
     return manifest
 

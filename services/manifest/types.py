@@ -1,0 +1,222 @@
+"""The typed job manifest: what every service reads once the API has accepted a job.
+
+The API validates the YAML document against `schema.json` (see `parse.py`) and stores the
+document with the job; services turn a stored document back into a `Manifest` with
+`Manifest.from_document` instead of reading dictionary keys by hand. Defaults are not
+written here: each comes from the schema's `default` keyword (`_default`), so the schema
+is the one place that says what an omitted field means.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from services.manifest.schema import schema
+
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?[Bb]?|[KMGT]b|[KMGT]B)?\s*$")
+_UNIT_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+MAX_MEMORY_MB = 4 * 1024 * 1024
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be accepted; `field` is the dotted path of the culprit."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field = field
+        self.problem = problem
+
+
+@cache
+def _default(*path: str) -> Any:
+    """The schema's default for a field, e.g. _default("pipeline", "redundancy")."""
+    node: Mapping[str, Any] = schema()
+    for name in path:
+        node = node["properties"][name]
+    return node.get("default")
+
+
+def parse_memory_mb(value: Any, field: str = "memory") -> float:
+    """A memory size (a number of MB, or e.g. 512MiB, 1Gb, 2GB) in MB."""
+    if isinstance(value, bool):
+        raise ManifestError(field, "expected a number of MB or a size such as 512MiB or 2Gb")
+    if isinstance(value, int | float):
+        mb = float(value)
+    else:
+        match = _MEMORY_RE.match(str(value))
+        if not match:
+            raise ManifestError(
+                field, f"{value!r} is not a size; use a number of MB or e.g. 512MiB, 1Gb, 2GB"
+            )
+        mb = float(match.group(1)) * _UNIT_MB[(match.group(2) or "M")[0].upper()]
+    if mb <= 0 or mb > MAX_MEMORY_MB:
+        raise ManifestError(field, f"{value!r} is out of range; allowed: more than 0 up to 4 TiB")
+    return mb
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    version: str
+    command: str  # the shell command each learner runs in its job directory
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """`pipeline:` — a Bamboo pipeline-parallel job: stages × pipelines workers."""
+
+    stages: int
+    pipelines: int
+    redundancy: str  # none | lazy-frc-lazy-brc | eager-frc-lazy-brc | eager-frc-eager-brc
+    microbatches: int | None  # None: the runtime's own default
+
+    @property
+    def workers(self) -> int:
+        return self.stages * self.pipelines
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """`checkpoint:` — how the learner's checkpoint policy saves."""
+
+    policy: str  # adaptive | fixed | none
+    interval_s: float | None  # fixed: the period; adaptive: the script's own period, if any
+    grace_s: float | None  # SIGTERM -> SIGKILL grace on this job's nodes; None: the platform's
+    keep: int  # committed periodic checkpoints kept besides the newest
+
+
+@dataclass(frozen=True)
+class Elastic:
+    min: int
+    max: int
+
+
+@dataclass(frozen=True)
+class DataStore:
+    id: str
+    type: str  # local | mount_volume | s3_datastore | mount_cos
+    training_data: str  # the container (bucket or folder) of the training data
+    training_results: str
+    # Credentials among them: never logged, never returned by the API.
+    connection: Mapping[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one learner asks the scheduler for, and how many learners."""
+
+    learners: int
+    gpus: float
+    cpus: float
+    memory_mb: float
+    gpu_type: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "learners": self.learners,
+            "gpus": self.gpus,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "gpu_type": self.gpu_type,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest with every default applied. `document` is the stored form."""
+
+    document: Mapping[str, Any] = field(repr=False)
+    name: str
+    description: str
+    version: str
+    resources: Resources
+    priority: int
+    max_learner_restarts: int
+    env: Mapping[str, str]
+    data_stores: tuple[DataStore, ...]
+    framework: Framework
+    evaluation_metrics: Any  # FfDL's form, read by learner/controller/metric_sources
+    pipeline: Pipeline | None
+    checkpoint: Checkpoint
+    elastic: Elastic | None
+    instance_type: str
+    zones: tuple[str, ...]
+    estimate: Mapping[str, Any]  # read by `rhizome estimate` alone
+
+    @property
+    def learners(self) -> int:
+        return self.resources.learners
+
+    @property
+    def command(self) -> str:
+        return self.framework.command
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> Manifest:
+        """The typed form of a document the schema accepted (a stored job's manifest).
+
+        No schema check here: the API validated the document before storing it, and
+        this runs on every read of a job.
+        """
+        fw = doc["framework"]
+        pipe = doc.get("pipeline")
+        pipeline = None
+        if pipe:
+            pipeline = Pipeline(
+                stages=int(pipe["stages"]),
+                pipelines=int(pipe.get("pipelines", _default("pipeline", "pipelines"))),
+                redundancy=str(pipe.get("redundancy", _default("pipeline", "redundancy"))),
+                microbatches=int(pipe["microbatches"]) if "microbatches" in pipe else None,
+            )
+        learners = pipeline.workers if pipeline else int(doc.get("learners", _default("learners")))
+        ck = doc.get("checkpoint") or {}
+        el = doc.get("elastic")
+        return cls(
+            document=doc,
+            name=str(doc["name"]),
+            description=str(doc.get("description", "")),
+            version=str(doc.get("version", "")),
+            resources=Resources(
+                learners=learners,
+                gpus=float(doc.get("gpus", _default("gpus"))),
+                cpus=float(doc.get("cpus", _default("cpus"))),
+                memory_mb=parse_memory_mb(doc.get("memory", _default("memory"))),
+                gpu_type=str(doc.get("gpu_type", "")),
+            ),
+            priority=int(doc.get("priority", _default("priority"))),
+            max_learner_restarts=int(
+                doc.get("max_learner_restarts", _default("max_learner_restarts"))
+            ),
+            env={str(k): str(v) for k, v in (doc.get("env") or {}).items()},
+            data_stores=tuple(
+                DataStore(
+                    id=str(ds["id"]),
+                    type=str(ds["type"]),
+                    training_data=str((ds.get("training_data") or {}).get("container", "")),
+                    training_results=str((ds.get("training_results") or {}).get("container", "")),
+                    connection={str(k): str(v) for k, v in (ds.get("connection") or {}).items()},
+                )
+                for ds in doc.get("data_stores") or []
+            ),
+            framework=Framework(
+                name=str(fw.get("name", _default("framework", "name"))),
+                version=str(fw.get("version", "")),
+                command=str(fw["command"]),
+            ),
+            evaluation_metrics=doc.get("evaluation_metrics"),
+            pipeline=pipeline,
+            checkpoint=Checkpoint(
+                policy=str(ck.get("policy", _default("checkpoint", "policy"))),
+                interval_s=float(ck["interval_s"]) if "interval_s" in ck else None,
+                grace_s=float(ck["grace_s"]) if "grace_s" in ck else None,
+                keep=int(ck.get("keep", _default("checkpoint", "keep"))),
+            ),
+            elastic=Elastic(int(el["min"]), int(el["max"])) if el else None,
+            instance_type=str(doc.get("instance_type", "")),
+            zones=tuple(str(z) for z in doc.get("zones") or ()),
+            estimate=dict(doc.get("estimate") or {}),
+        )
