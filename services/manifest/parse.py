@@ -10,6 +10,7 @@ back as the typed `Manifest` (types.py).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,26 @@ if TYPE_CHECKING:
     import jsonschema
 
 MAX_MANIFEST_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a manifest may cost to read, checked before anything is built from it.
+
+    A few hundred bytes of YAML aliases can expand to millions of nodes ("billion
+    laughs"), and a deeply nested document exhausts the recursion of the loader and the
+    schema validator; both would take the daemon down. The document's event stream is
+    scanned first (cheap: aliases are not expanded there), so no limit can be overrun by
+    the check itself. docs/manifest.md lists the defaults.
+    """
+
+    max_bytes: int = MAX_MANIFEST_BYTES
+    max_depth: int = 32  # nested mappings/sequences; real manifests use 4
+    max_aliases: int = 64  # `*name` references
+    max_nodes: int = 20_000  # scalars + collections, with every alias expanded
+
+
+DEFAULT_LIMITS = Limits()
 # libyaml's safe loader when PyYAML was built with it: same rules, several times faster.
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -107,12 +128,68 @@ def validate(data: Any) -> Manifest:
     return manifest
 
 
-def parse_manifest(text: str | bytes) -> Manifest:
+def _check_shape(raw: bytes, limits: Limits) -> None:
+    """Refuse documents that are too deep or expand too far, before loading them."""
+    depth = aliases = 0
+    sizes: dict[str, int] = {}  # anchor -> expanded node count
+    stack: list[tuple[str | None, int]] = [(None, 0)]  # (anchor, nodes so far) per level
+    for event in yaml.parse(raw, Loader=_YAML_LOADER):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            depth += 1
+            if depth > limits.max_depth:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise ManifestError(
+                    "",
+                    f"the manifest nests deeper than {limits.max_depth} levels (line {line}); "
+                    "a manifest needs a handful",
+                )
+            stack.append((event.anchor, 0))
+            continue
+        if isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            depth -= 1
+            anchor, n = stack.pop()
+            n += 1
+            if anchor:
+                sizes[anchor] = n
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > limits.max_aliases:
+                raise ManifestError(
+                    "", f"the manifest uses more than {limits.max_aliases} YAML aliases (*name)"
+                )
+            n = sizes.get(event.anchor or "", 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            n = 1
+            if event.anchor:
+                sizes[event.anchor] = 1
+        else:
+            continue
+        parent_anchor, total = stack[-1]
+        total += n
+        stack[-1] = (parent_anchor, total)
+        if total > limits.max_nodes:
+            raise ManifestError(
+                "",
+                f"the manifest expands to more than {limits.max_nodes} values (YAML aliases "
+                "count once per use); write the values out or use fewer aliases",
+            )
+
+
+def parse_manifest(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Manifest:
     """YAML text -> validated Manifest, or ManifestError naming what is wrong."""
     raw = text.encode() if isinstance(text, str) else text
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError("", f"the manifest is {len(raw)} bytes; at most {MAX_MANIFEST_BYTES}")
+    if len(raw) > limits.max_bytes:
+        raise ManifestError("", f"the manifest is {len(raw)} bytes; at most {limits.max_bytes}")
     try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            "",
+            f"the manifest is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}); save it as UTF-8",
+        ) from None
+    try:
+        _check_shape(raw, limits)
         data = yaml.load(raw, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

@@ -99,3 +99,58 @@ def test_pipeline_shape_fills_in_learners() -> None:
 )
 def test_memory_units(value: object, mb: float) -> None:
     assert parse_memory_mb(value) == mb
+
+
+def _bomb(levels: int) -> str:
+    """A 'billion laughs' document: each level refers nine times to the one before."""
+    text = "name: a\nframework: {command: x}\nenv:\n  L0: &l0 [x, x, x, x, x, x, x, x, x]\n"
+    for i in range(1, levels):
+        text += f"  L{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n"
+    return text
+
+
+def test_an_alias_bomb_is_refused_before_it_expands() -> None:
+    text = _bomb(8)  # 9**8 = 43 million values from under 400 bytes
+    assert len(text) < 600
+    with pytest.raises(ManifestError, match="expands to more than 20000 values"):
+        parse_manifest(text)
+
+
+def test_too_many_aliases_are_refused_even_when_each_is_small() -> None:
+    text = "name: a\nframework: {command: x}\nv: &v 1\nenv:\n" + "".join(
+        f"  K{i}: *v\n" for i in range(100)
+    )
+    with pytest.raises(ManifestError, match="more than 64 YAML aliases"):
+        parse_manifest(text)
+
+
+def test_a_deeply_nested_manifest_is_refused_without_recursing() -> None:
+    text = "name: a\nframework: {command: x}\nenv: " + "[" * 50_000 + "]" * 50_000
+    with pytest.raises(ManifestError, match="deeper than 32 levels"):
+        parse_manifest(text)
+
+
+def test_a_few_aliases_are_still_fine() -> None:
+    m = parse_manifest("name: a\nframework: {command: &c python t.py}\nenv: {CMD: *c}\n")
+    assert m.env == {"CMD": "python t.py"}
+
+
+def test_non_utf8_bytes_name_the_offset() -> None:
+    with pytest.raises(ManifestError, match=r"not UTF-8 text \(byte 0xff at offset 6\)"):
+        parse_manifest(b"name: \xff\xfe\nframework: {command: x}\n")
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("checkpoint.interval_s", "checkpoint: {interval_s: 1.0e+300}"),
+        ("checkpoint.grace_s", "checkpoint: {grace_s: 99999}"),
+        ("checkpoint.keep", "checkpoint: {keep: 9223372036854775808}"),
+        ("priority", "priority: -9223372036854775809"),
+        ("elastic.min", "elastic: {min: 5000, max: 8}"),
+    ],
+)
+def test_out_of_range_numbers_name_the_field(field: str, text: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(f"name: a\nframework: {{command: x}}\n{text}\n")
+    assert info.value.field == field
