@@ -22,7 +22,7 @@ from rhizome.v1 import (
 from services.api import errors
 from services.api.core import AdmitFn, LifecycleFn
 from services.config import split_address
-from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.store.jobs import JobRecord
 
 log = logging.getLogger("rhizome.api")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository
 
 
 def build(ctx: DaemonContext) -> Hosted:

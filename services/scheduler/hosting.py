@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
-from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.scheduler.api import (
     JobRequest,
     PlacementStore,
