@@ -125,7 +125,7 @@ def build(ctx: DaemonContext) -> Hosted:
     from rhizome.v1 import trainer_pb2, trainer_pb2_grpc
 
     from services.api.core import TrainerCore
-    from services.api.grpc_service import TrainerServicer
+    from services.api.servicer import TrainerServicer
     from services.store.objects import LocalObjectStore
 
     core = TrainerCore(

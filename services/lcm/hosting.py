@@ -11,7 +11,7 @@ def build(ctx: DaemonContext) -> Hosted:
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
     from services.lcm.manager import LcmConfig, LifecycleManager
-    from services.lcm.service import LifecycleServicer
+    from services.lcm.servicer import LifecycleServicer
     from services.store.etcd import EtcdStore
 
     config = ctx.config

@@ -41,7 +41,7 @@ from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
 from services.scheduler.scheduler import GangScheduler
-from services.scheduler.service import (
+from services.scheduler.servicer import (
     SchedulerServicer,
     placement_to_proto,
 )
