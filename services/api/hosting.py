@@ -9,15 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from rhizome.v1 import (
-    job_pb2,
-    lcm_pb2,
-    lcm_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-    tds_pb2,
-    tds_pb2_grpc,
-)
+from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2_grpc, tds_pb2, tds_pb2_grpc
 
 from services.api import errors
 from services.api.core import AdmitFn, LifecycleFn
@@ -62,11 +54,20 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     """The submit-time check: the scheduler refuses what can never fit, with its reason."""
     if channel is None:
         return None
+    # Imported with a scheduler to talk to: the scheduler package loads numpy, which a
+    # daemon hosting the API alone need not pay for at start-up.
+    from services.scheduler.api import SchedulerError
+    from services.scheduler.requests import admit_request
+
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
     def admit(job: JobRecord) -> tuple[bool, str]:
         try:
-            resp = stub.Admit(admission_request(job, check_only=True), timeout=10)
+            request = admit_request(job, check_only=True)
+        except SchedulerError as exc:  # what no scheduler takes (fractional GPUs)
+            return False, str(exc)
+        try:
+            resp = stub.Admit(request, timeout=10)
         except grpc.RpcError as exc:
             raise errors.Unavailable(f"the scheduler is unavailable: {exc.details()}") from None
         return bool(resp.admitted), str(resp.reason)
@@ -74,33 +75,21 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     return admit
 
 
-def admission_request(job: JobRecord, check_only: bool) -> scheduler_pb2.AdmitRequest:
-    res = job.resources
-    pipeline = job.manifest.get("pipeline") or {}
-    return scheduler_pb2.AdmitRequest(
-        job_id=job.job_id,
-        owner=job.owner,
-        priority=int(job.manifest.get("priority", 50)),
-        check_only=check_only,
-        # Bamboo §5.1: consecutive pipeline stages in different zones where there are zones.
-        zone_aware=int(pipeline.get("stages", 1)) > 1,
-        resources=job_pb2.Resources(
-            learners=int(res["learners"]),
-            gpus=float(res["gpus"]),
-            cpus=float(res["cpus"]),
-            memory_mb=float(res["memory_mb"]),
-            gpu_type=str(res["gpu_type"]),
-        ),
-    )
-
-
 def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
     """Hand each stored job to the scheduler without waiting for it; a push that fails
     is caught by the scheduler's periodic resync with the QUEUED records."""
+    from services.scheduler.api import SchedulerError
+    from services.scheduler.requests import admit_request
+
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
     def push(job: JobRecord) -> None:
-        stub.Admit.future(admission_request(job, check_only=False), timeout=10)
+        try:
+            request = admit_request(job, check_only=False)
+        except SchedulerError as exc:  # admission refused it already; the resync fails it
+            log.warning("not pushing %s to the scheduler: %s", job.job_id, exc)
+            return
+        stub.Admit.future(request, timeout=10)
 
     return push
 

@@ -39,7 +39,13 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Manifest:
+    """A validated manifest. Readers take fields through these properties, whose defaults
+    are the schema's (`schema_default`), never re-typed where a field is read."""
+
     data: dict[str, Any]
+
+    def _get(self, field: str) -> Any:
+        return self.data[field] if field in self.data else schema_default(field)
 
     @property
     def name(self) -> str:
@@ -51,18 +57,40 @@ class Manifest:
 
     @property
     def learners(self) -> int:
-        return int(self.data.get("learners", 1))
+        return int(self._get("learners"))
 
     @property
     def command(self) -> str:
         return str(self.data["framework"]["command"])
 
+    @property
+    def priority(self) -> int:
+        return int(self._get("priority"))
+
+    @property
+    def max_learner_restarts(self) -> int:
+        return int(self._get("max_learner_restarts"))
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Stages per pipeline; a job without `pipeline` is one stage."""
+        pipeline = self.data.get("pipeline")
+        return int(pipeline["stages"]) if pipeline else 1
+
+    @property
+    def pipelines(self) -> int:
+        """Data-parallel pipelines; a job without `pipeline` is one."""
+        pipeline = self.data.get("pipeline")
+        if not pipeline:
+            return 1
+        return int(pipeline.get("pipelines", schema_default("pipeline", "pipelines")))
+
     def resources(self) -> dict[str, Any]:
         return {
             "learners": self.learners,
-            "gpus": float(self.data.get("gpus", 0)),
-            "cpus": float(self.data.get("cpus", 1)),
-            "memory_mb": parse_memory_mb(self.data.get("memory", "1Gb")),
+            "gpus": float(self._get("gpus")),
+            "cpus": float(self._get("cpus")),
+            "memory_mb": parse_memory_mb(self._get("memory")),
             "gpu_type": str(self.data.get("gpu_type", "")),
         }
 
@@ -72,6 +100,19 @@ def schema() -> dict[str, Any]:
     text = resources.files("services.api").joinpath("manifest.schema.json").read_text()
     loaded: dict[str, Any] = json.loads(text)
     return loaded
+
+
+@cache
+def schema_default(*path: str) -> Any:
+    """The default the schema gives a field, by its path: `schema_default("priority")`,
+    `schema_default("pipeline", "pipelines")`. Defaults are written once, in the schema;
+    a field without one is a KeyError naming it."""
+    node = schema()
+    for part in path:
+        node = node["properties"][part]
+    if "default" not in node:
+        raise KeyError(f"manifest field {'.'.join(path)} has no default in the schema")
+    return node["default"]
 
 
 @cache
@@ -151,7 +192,7 @@ def validate(data: Any) -> Manifest:
     resources_ = manifest.resources()  # checks the memory size
     pipeline = data.get("pipeline")
     if pipeline:
-        shape = int(pipeline["stages"]) * int(pipeline.get("pipelines", 1))
+        shape = manifest.pipeline_stages * manifest.pipelines
         if "learners" in data and manifest.learners != shape:
             raise ManifestError(
                 "learners",
