@@ -12,7 +12,7 @@ import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2_grpc, tds_pb2, tds_pb2_grpc
 
 from services.api import errors
-from services.api.core import AdmitFn, LifecycleFn
+from services.api.core import AdmitFn, Lifecycle
 from services.config import split_address
 from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.store.jobs import JobRecord
@@ -21,25 +21,43 @@ log = logging.getLogger("rhizome.api")
 GAUGE_INTERVAL_S = 5.0
 
 
-def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
-    """Forward halt/resume/delete/scale of deployed jobs to the LCM over its RPCs."""
-    if channel is None:
-        return None
-    stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+# How the LCM's refusals reach the user: its status code says which API error it is.
+_LCM_ERRORS: dict[grpc.StatusCode, type[errors.ApiError]] = {
+    grpc.StatusCode.FAILED_PRECONDITION: errors.Conflict,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
+    grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
+}
 
-    def call(job_id: str, action: str, reason: str) -> str:
+
+class LcmClient:
+    """The API's lifecycle port (`services.api.core.Lifecycle`) over the LCM's RPCs: each
+    call is one typed request (`LcmJobRequest`, `LcmScaleRequest`)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+
+    def halt(self, job_id: str, reason: str) -> str:
+        return self._call(self.stub.HaltJob, lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason))
+
+    def resume(self, job_id: str, reason: str) -> str:
+        return self._call(self.stub.ResumeJob, lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason))
+
+    def delete(self, job_id: str, reason: str) -> str:
+        return self._call(self.stub.KillJob, lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason))
+
+    def scale(self, job_id: str, learners: int, reason: str) -> str:
+        request = lcm_pb2.LcmScaleRequest(job_id=job_id, learners=learners, reason=reason)
+        return self._call(self.stub.ScaleJob, request)
+
+    @staticmethod
+    def _call(method: Any, request: Any) -> str:
         try:
-            if action.startswith("scale:"):
-                learners = int(action.split(":", 1)[1])
-                resp = stub.ScaleJob(
-                    lcm_pb2.LcmScaleRequest(job_id=job_id, learners=learners), timeout=30
-                )
-            else:
-                method = {"halt": stub.HaltJob, "resume": stub.ResumeJob, "delete": stub.KillJob}[
-                    action
-                ]
-                resp = method(lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason), timeout=30)
+            resp = method(request, timeout=30)
         except grpc.RpcError as exc:
+            error = _LCM_ERRORS.get(exc.code())
+            if error is not None:
+                raise error(str(exc.details())) from None
             raise errors.Unavailable(
                 f"the lifecycle manager is unavailable: {exc.details()}"
             ) from None
@@ -47,7 +65,10 @@ def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
             raise errors.Conflict(resp.message)
         return str(resp.message)
 
-    return call
+
+def lifecycle_client(channel: grpc.Channel | None) -> Lifecycle | None:
+    """Forward halt/resume/delete/scale of deployed jobs to the LCM, when there is one."""
+    return LcmClient(channel) if channel is not None else None
 
 
 def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
