@@ -1,8 +1,10 @@
 """`rhizomed`: host any set of the platform services in one process.
 
-Each service registers a builder by name (`SERVICE_BUILDERS`); the daemon builds the
-requested ones into one gRPC server (with health checking and reflection), starts the
-REST gateway when the API is hosted, and shuts everything down cleanly on SIGTERM.
+Each service package hosts itself through `build(ctx) -> Hosted` in its `hosting.py`
+(the contract is `services/hosting.py`, which this module imports and the services
+import; nothing imports this module back). The daemon builds the requested services
+into one gRPC server (with health checking and reflection), starts their background
+work (the API's REST gateway among it), and shuts everything down cleanly on SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,46 +28,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.config import ALL_SERVICES, PlatformConfig, split_address
-from services.local_channel import LocalChannel, RecordingServer
+from services.hosting import DaemonContext, Hosted, ServiceBuilder
+from services.local_channel import RecordingServer
 
 log = logging.getLogger("rhizomed")
-
-
-@dataclass
-class Hosted:
-    """What a service builder hands back: RPC service names and background work."""
-
-    service_names: list[str] = field(default_factory=list)
-    start: Callable[[], None] | None = None
-    stop: Callable[[], None] | None = None
-
-
-@dataclass
-class DaemonContext:
-    config: PlatformConfig
-    server: grpc.Server
-    # Channels to the services, in this process or elsewhere (config.peers).
-    channels: dict[str, grpc.Channel] = field(default_factory=dict)
-    shared: dict[str, Any] = field(default_factory=dict)
-
-    def channel(self, service: str) -> grpc.Channel | None:
-        """A channel to `service`: in-process dispatch when this daemon hosts it (see
-        services/local_channel.py), a real channel to its peer address otherwise."""
-        if service in self.channels:
-            return self.channels[service]
-        if service in self.config.services:
-            real = grpc.insecure_channel(self.config.grpc_address)
-            handlers = self.server.handlers if isinstance(self.server, RecordingServer) else {}
-            self.channels[service] = LocalChannel(handlers, real)  # type: ignore[assignment]
-            return self.channels[service]
-        address = self.config.peers.get(service)
-        if not address:
-            return None
-        self.channels[service] = grpc.insecure_channel(address)
-        return self.channels[service]
-
-
-ServiceBuilder = Callable[[DaemonContext], Hosted]
 
 # Each service hosts itself through a `build(ctx) -> Hosted` function in its own package,
 # so adding a service never means editing the daemon's internals.
@@ -88,27 +52,6 @@ def builder(name: str) -> ServiceBuilder:
     module = importlib.import_module(SERVICE_MODULES[name])
     build: ServiceBuilder = module.build
     return build
-
-
-def mongo_database(ctx: DaemonContext) -> Any:
-    """One MongoDB connection per daemon, shared by the services it hosts."""
-    if "db" not in ctx.shared:
-        from services.store.mongo import connect
-
-        if not ctx.config.mongodb_uri:
-            raise click.UsageError("no MongoDB: pass --mongodb-uri or set RHIZOME_MONGODB_URI")
-        ctx.shared["db"] = connect(ctx.config.mongodb_uri)
-    return ctx.shared["db"]
-
-
-def jobs_repository(ctx: DaemonContext) -> Any:
-    if "jobs" not in ctx.shared:
-        from services.store.jobs import JobsRepository
-
-        repo = JobsRepository(mongo_database(ctx))
-        repo.ensure_indexes()
-        ctx.shared["jobs"] = repo
-    return ctx.shared["jobs"]
 
 
 class Daemon:

@@ -7,6 +7,7 @@ import io
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import pymongo.errors
 
@@ -22,8 +23,21 @@ MAX_IDEMPOTENCY_KEY = 128
 
 # job -> (admitted, reason): the scheduler refuses at submit what can never fit the cluster.
 AdmitFn = Callable[[JobRecord], tuple[bool, str]]
-# (job_id, action, reason) -> message; forwards halt/resume/delete of deployed jobs to the LCM.
-LifecycleFn = Callable[[str, str, str], str]
+
+
+class Lifecycle(Protocol):
+    """The lifecycle manager as the API sees it: halt, resume, delete and scale of deployed
+    jobs, one typed call each. Each returns the LCM's message, and raises an ApiError when
+    the LCM refuses (errors.Conflict, with its reason) or cannot be reached
+    (errors.Unavailable)."""
+
+    def halt(self, job_id: str, reason: str) -> str: ...
+
+    def resume(self, job_id: str, reason: str) -> str: ...
+
+    def delete(self, job_id: str, reason: str) -> str: ...
+
+    def scale(self, job_id: str, learners: int, reason: str) -> str: ...
 
 
 @dataclass
@@ -38,7 +52,7 @@ class TrainerCore:
         jobs: JobsRepository,
         objects: LocalObjectStore,
         admit: AdmitFn | None = None,
-        lifecycle: LifecycleFn | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.jobs = jobs
         self.objects = objects
@@ -129,20 +143,24 @@ class TrainerCore:
 
     # -- change -------------------------------------------------------------------------------
     def halt(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
-        return self._control(owner, job_id, "halt", states.HALTED, reason or "halted by user")
+        return self._control(
+            owner, job_id, Lifecycle.halt, states.HALTED, reason or "halted by user"
+        )
 
     def resume(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
         job = self.get(owner, job_id)
         if job.status != states.HALTED:
             raise errors.Conflict(f"job {job_id} is {job.status}; only a HALTED job can be resumed")
         if self.lifecycle is not None:
-            self.lifecycle(job_id, "resume", reason or "resumed by user")
+            self.lifecycle.resume(job_id, reason or "resumed by user")
             return self.get(owner, job_id)
         # Without a lifecycle manager the job goes back through the queue.
         return self._transition(job_id, states.QUEUED, reason or "resumed by user")
 
     def delete(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
-        job = self._control(owner, job_id, "delete", states.DELETED, reason or "deleted by user")
+        job = self._control(
+            owner, job_id, Lifecycle.delete, states.DELETED, reason or "deleted by user"
+        )
         if self.on_deleted is not None:
             self.on_deleted(job_id)
         return job
@@ -162,10 +180,17 @@ class TrainerCore:
         if self.lifecycle is None or job.status not in states.ACTIVE_STATES:
             resources = dict(job.resources, learners=learners)
             return self._wrap(lambda: self.jobs.update_fields(job_id, resources=resources))
-        self.lifecycle(job_id, f"scale:{learners}", "scaled by user")
+        self.lifecycle.scale(job_id, learners, "scaled by user")
         return self.get(owner, job_id)
 
-    def _control(self, owner: str, job_id: str, action: str, target: str, reason: str) -> JobRecord:
+    def _control(
+        self,
+        owner: str,
+        job_id: str,
+        forward: Callable[[Lifecycle, str, str], str],
+        target: str,
+        reason: str,
+    ) -> JobRecord:
         job = self.get(owner, job_id)
         if job.status == target:
             return job  # a retried halt/delete is a no-op, not an error
@@ -174,7 +199,7 @@ class TrainerCore:
             return self._transition(job_id, target, reason)
         if not states.is_legal(job.status, target):
             raise errors.Conflict(str(states.IllegalTransition(job_id, job.status, target)))
-        self.lifecycle(job_id, action, reason)
+        forward(self.lifecycle, job_id, reason)
         return self.get(owner, job_id)
 
     def _transition(self, job_id: str, target: str, reason: str) -> JobRecord:

@@ -39,6 +39,12 @@ class Conflict(ApiError):
     code = "conflict"
 
 
+class Unimplemented(ApiError):
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    http_status = 501
+    code = "unimplemented"
+
+
 class TooLarge(ApiError):
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
     http_status = 413

@@ -9,45 +9,55 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from rhizome.v1 import (
-    job_pb2,
-    lcm_pb2,
-    lcm_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-    tds_pb2,
-    tds_pb2_grpc,
-)
+from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2_grpc, tds_pb2, tds_pb2_grpc
 
 from services.api import errors
-from services.api.core import AdmitFn, LifecycleFn
+from services.api.core import AdmitFn, Lifecycle
 from services.config import split_address
-from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.store.jobs import JobRecord
 
 log = logging.getLogger("rhizome.api")
 GAUGE_INTERVAL_S = 5.0
 
 
-def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
-    """Forward halt/resume/delete/scale of deployed jobs to the LCM over its RPCs."""
-    if channel is None:
-        return None
-    stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+# How the LCM's refusals reach the user: its status code says which API error it is.
+_LCM_ERRORS: dict[grpc.StatusCode, type[errors.ApiError]] = {
+    grpc.StatusCode.FAILED_PRECONDITION: errors.Conflict,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
+    grpc.StatusCode.UNIMPLEMENTED: errors.Unimplemented,
+}
 
-    def call(job_id: str, action: str, reason: str) -> str:
+
+class LcmClient:
+    """The API's lifecycle port (`services.api.core.Lifecycle`) over the LCM's RPCs: each
+    call is one typed request (`LcmJobRequest`, `LcmScaleRequest`)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stub = lcm_pb2_grpc.LifecycleManagerStub(channel)
+
+    def halt(self, job_id: str, reason: str) -> str:
+        return self._call(self.stub.HaltJob, lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason))
+
+    def resume(self, job_id: str, reason: str) -> str:
+        return self._call(self.stub.ResumeJob, lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason))
+
+    def delete(self, job_id: str, reason: str) -> str:
+        return self._call(self.stub.KillJob, lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason))
+
+    def scale(self, job_id: str, learners: int, reason: str) -> str:
+        request = lcm_pb2.LcmScaleRequest(job_id=job_id, learners=learners, reason=reason)
+        return self._call(self.stub.ScaleJob, request)
+
+    @staticmethod
+    def _call(method: Any, request: Any) -> str:
         try:
-            if action.startswith("scale:"):
-                learners = int(action.split(":", 1)[1])
-                resp = stub.ScaleJob(
-                    lcm_pb2.LcmScaleRequest(job_id=job_id, learners=learners), timeout=30
-                )
-            else:
-                method = {"halt": stub.HaltJob, "resume": stub.ResumeJob, "delete": stub.KillJob}[
-                    action
-                ]
-                resp = method(lcm_pb2.LcmJobRequest(job_id=job_id, reason=reason), timeout=30)
+            resp = method(request, timeout=30)
         except grpc.RpcError as exc:
+            error = _LCM_ERRORS.get(exc.code())
+            if error is not None:
+                raise error(str(exc.details())) from None
             raise errors.Unavailable(
                 f"the lifecycle manager is unavailable: {exc.details()}"
             ) from None
@@ -55,18 +65,30 @@ def lifecycle_client(channel: grpc.Channel | None) -> LifecycleFn | None:
             raise errors.Conflict(resp.message)
         return str(resp.message)
 
-    return call
+
+def lifecycle_client(channel: grpc.Channel | None) -> Lifecycle | None:
+    """Forward halt/resume/delete/scale of deployed jobs to the LCM, when there is one."""
+    return LcmClient(channel) if channel is not None else None
 
 
 def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     """The submit-time check: the scheduler refuses what can never fit, with its reason."""
     if channel is None:
         return None
+    # Imported with a scheduler to talk to: the scheduler package loads numpy, which a
+    # daemon hosting the API alone need not pay for at start-up.
+    from services.scheduler.api import SchedulerError
+    from services.scheduler.requests import admit_request
+
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
     def admit(job: JobRecord) -> tuple[bool, str]:
         try:
-            resp = stub.Admit(admission_request(job, check_only=True), timeout=10)
+            request = admit_request(job, check_only=True)
+        except SchedulerError as exc:  # what no scheduler takes (fractional GPUs)
+            return False, str(exc)
+        try:
+            resp = stub.Admit(request, timeout=10)
         except grpc.RpcError as exc:
             raise errors.Unavailable(f"the scheduler is unavailable: {exc.details()}") from None
         return bool(resp.admitted), str(resp.reason)
@@ -74,33 +96,21 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     return admit
 
 
-def admission_request(job: JobRecord, check_only: bool) -> scheduler_pb2.AdmitRequest:
-    res = job.resources
-    pipeline = job.manifest.get("pipeline") or {}
-    return scheduler_pb2.AdmitRequest(
-        job_id=job.job_id,
-        owner=job.owner,
-        priority=int(job.manifest.get("priority", 50)),
-        check_only=check_only,
-        # Bamboo §5.1: consecutive pipeline stages in different zones where there are zones.
-        zone_aware=int(pipeline.get("stages", 1)) > 1,
-        resources=job_pb2.Resources(
-            learners=int(res["learners"]),
-            gpus=float(res["gpus"]),
-            cpus=float(res["cpus"]),
-            memory_mb=float(res["memory_mb"]),
-            gpu_type=str(res["gpu_type"]),
-        ),
-    )
-
-
 def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
     """Hand each stored job to the scheduler without waiting for it; a push that fails
     is caught by the scheduler's periodic resync with the QUEUED records."""
+    from services.scheduler.api import SchedulerError
+    from services.scheduler.requests import admit_request
+
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
     def push(job: JobRecord) -> None:
-        stub.Admit.future(admission_request(job, check_only=False), timeout=10)
+        try:
+            request = admit_request(job, check_only=False)
+        except SchedulerError as exc:  # admission refused it already; the resync fails it
+            log.warning("not pushing %s to the scheduler: %s", job.job_id, exc)
+            return
+        stub.Admit.future(request, timeout=10)
 
     return push
 
@@ -125,7 +135,7 @@ def build(ctx: DaemonContext) -> Hosted:
     from rhizome.v1 import trainer_pb2, trainer_pb2_grpc
 
     from services.api.core import TrainerCore
-    from services.api.grpc_service import TrainerServicer
+    from services.api.servicer import TrainerServicer
     from services.store.objects import LocalObjectStore
 
     core = TrainerCore(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository
 
 
 def build(ctx: DaemonContext) -> Hosted:
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
     from services.lcm.manager import LcmConfig, LifecycleManager
-    from services.lcm.service import LifecycleServicer
+    from services.lcm.servicer import LifecycleServicer
     from services.store.etcd import EtcdStore
 
     config = ctx.config

@@ -13,6 +13,7 @@ from services.manifest.types import (
     Pipeline,
     Resources,
     parse_memory_mb,
+    schema_default,
 )
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "parse_manifest",
     "parse_memory_mb",
     "schema",
+    "schema_default",
     "validate",
 ]

@@ -3,7 +3,7 @@
 The API validates the YAML document against `schema.json` (see `parse.py`) and stores the
 document with the job; services turn a stored document back into a `Manifest` with
 `Manifest.from_document` instead of reading dictionary keys by hand. Defaults are not
-written here: each comes from the schema's `default` keyword (`_default`), so the schema
+written here: each comes from the schema's `default` keyword (`schema_default`), so the schema
 is the one place that says what an omitted field means.
 """
 
@@ -32,12 +32,16 @@ class ManifestError(ValueError):
 
 
 @cache
-def _default(*path: str) -> Any:
-    """The schema's default for a field, e.g. _default("pipeline", "redundancy")."""
+def schema_default(*path: str) -> Any:
+    """The default the schema gives a field, by its path: `schema_default("priority")`,
+    `schema_default("pipeline", "pipelines")`. Defaults are written once, in the schema;
+    a field without one is a KeyError naming it."""
     node: Mapping[str, Any] = schema()
-    for name in path:
-        node = node["properties"][name]
-    return node.get("default")
+    for part in path:
+        node = node["properties"][part]
+    if "default" not in node:
+        raise KeyError(f"manifest field {'.'.join(path)} has no default in the schema")
+    return node["default"]
 
 
 def parse_memory_mb(value: Any, field: str = "memory") -> float:
@@ -168,11 +172,13 @@ class Manifest:
         if pipe:
             pipeline = Pipeline(
                 stages=int(pipe["stages"]),
-                pipelines=int(pipe.get("pipelines", _default("pipeline", "pipelines"))),
-                redundancy=str(pipe.get("redundancy", _default("pipeline", "redundancy"))),
+                pipelines=int(pipe.get("pipelines", schema_default("pipeline", "pipelines"))),
+                redundancy=str(pipe.get("redundancy", schema_default("pipeline", "redundancy"))),
                 microbatches=int(pipe["microbatches"]) if "microbatches" in pipe else None,
             )
-        learners = pipeline.workers if pipeline else int(doc.get("learners", _default("learners")))
+        learners = (
+            pipeline.workers if pipeline else int(doc.get("learners", schema_default("learners")))
+        )
         ck = doc.get("checkpoint") or {}
         el = doc.get("elastic")
         return cls(
@@ -182,14 +188,14 @@ class Manifest:
             version=str(doc.get("version", "")),
             resources=Resources(
                 learners=learners,
-                gpus=float(doc.get("gpus", _default("gpus"))),
-                cpus=float(doc.get("cpus", _default("cpus"))),
-                memory_mb=parse_memory_mb(doc.get("memory", _default("memory"))),
+                gpus=float(doc.get("gpus", schema_default("gpus"))),
+                cpus=float(doc.get("cpus", schema_default("cpus"))),
+                memory_mb=parse_memory_mb(doc.get("memory", schema_default("memory"))),
                 gpu_type=str(doc.get("gpu_type", "")),
             ),
-            priority=int(doc.get("priority", _default("priority"))),
+            priority=int(doc.get("priority", schema_default("priority"))),
             max_learner_restarts=int(
-                doc.get("max_learner_restarts", _default("max_learner_restarts"))
+                doc.get("max_learner_restarts", schema_default("max_learner_restarts"))
             ),
             env={str(k): str(v) for k, v in (doc.get("env") or {}).items()},
             data_stores=tuple(
@@ -203,17 +209,17 @@ class Manifest:
                 for ds in doc.get("data_stores") or []
             ),
             framework=Framework(
-                name=str(fw.get("name", _default("framework", "name"))),
+                name=str(fw.get("name", schema_default("framework", "name"))),
                 version=str(fw.get("version", "")),
                 command=str(fw["command"]),
             ),
             evaluation_metrics=doc.get("evaluation_metrics"),
             pipeline=pipeline,
             checkpoint=Checkpoint(
-                policy=str(ck.get("policy", _default("checkpoint", "policy"))),
+                policy=str(ck.get("policy", schema_default("checkpoint", "policy"))),
                 interval_s=float(ck["interval_s"]) if "interval_s" in ck else None,
                 grace_s=float(ck["grace_s"]) if "grace_s" in ck else None,
-                keep=int(ck.get("keep", _default("checkpoint", "keep"))),
+                keep=int(ck.get("keep", schema_default("checkpoint", "keep"))),
             ),
             elastic=Elastic(int(el["min"]), int(el["max"])) if el else None,
             instance_type=str(doc.get("instance_type", "")),

@@ -10,7 +10,8 @@ Modules, one concern each:
 - ``explain``    why a job waits, in words
 - ``scheduler``  ``GangScheduler``: the library the service wraps and the simulator drives
 - ``persist``    where records are kept (memory twin, MongoDB through services.store)
-- ``service``    the gRPC servicer for ``rhizome.v1.Scheduler``
+- ``requests``   job record → scheduler request (the one place), and its proto form
+- ``servicer``   the gRPC servicer for ``rhizome.v1.Scheduler``
 - ``sim``        the cluster simulator (``python -m services.scheduler.sim --help``)
 """
 

@@ -29,25 +29,17 @@ from typing import Any
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
-from services.daemon import DaemonContext, Hosted, jobs_repository
-from services.scheduler.api import (
-    JobRequest,
-    PlacementStore,
-    SchedState,
-    SchedulerError,
-    gpus_from_float,
-)
+from services.hosting import DaemonContext, Hosted, jobs_repository
+from services.scheduler.api import PlacementStore, SchedState, SchedulerError
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
+from services.scheduler.requests import job_request
 from services.scheduler.scheduler import GangScheduler
-from services.scheduler.service import (
-    SchedulerServicer,
-    placement_to_proto,
-)
+from services.scheduler.servicer import SchedulerServicer, placement_to_proto
 from services.store import states
 from services.store.errors import JobNotFound
-from services.store.jobs import JobRecord, JobsRepository
+from services.store.jobs import JobsRepository
 from services.store.mongo import database_name
 
 log = logging.getLogger("rhizome.scheduler")
@@ -63,26 +55,6 @@ RELEASE_INTERVAL_S = 0.5
 RESYNC_INTERVAL_S = 5.0
 # Passes woken back to back (a burst of submits) are spaced by at least this much.
 MIN_PASS_GAP_S = 0.05
-
-
-def job_request(job: JobRecord) -> JobRequest:
-    """What the scheduler needs from a stored job (resources are per learner)."""
-    res = job.resources
-    manifest = job.manifest
-    pipeline = manifest.get("pipeline") or {}
-    return JobRequest(
-        job_id=job.job_id,
-        learners=int(res.get("learners", 1)),
-        gpus=gpus_from_float(job.job_id, float(res.get("gpus", 0))),
-        gpu_type=str(res.get("gpu_type", "")),
-        cpus=float(res.get("cpus", 0)),
-        memory_mb=float(res.get("memory_mb", 0)),
-        owner=job.owner,
-        priority=int(manifest.get("priority", 50)),
-        arrival=job.created_at,
-        # Bamboo §5.1: consecutive pipeline stages in different zones where there are zones.
-        zone_aware=bool(pipeline) and int(pipeline.get("stages", 1)) > 1,
-    )
 
 
 class SchedulingLoop:

@@ -6,7 +6,7 @@ import os
 
 from rhizome.v1 import tds_pb2
 
-from services.daemon import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.store import states
 from services.store.errors import JobNotFound
 from services.tds.server import add_to_server

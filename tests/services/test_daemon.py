@@ -95,3 +95,36 @@ def test_sigterm_shuts_the_daemon_down_cleanly(tmp_path: Path, mongo_server: Man
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_services_import_the_hosting_contract_never_the_daemon() -> None:
+    """The daemon (the CLI) imports the hosting contract and the services' hosting
+    modules; no service imports the daemon back."""
+    import services
+    from services import daemon, hosting
+
+    root = Path(services.__file__).parent
+    # The embedded platform launches `rhizomed` and asks it which services it has.
+    allowed = {root / "daemon.py", root / "embedded" / "platform.py"}
+    importers = [
+        str(p.relative_to(root))
+        for p in sorted(root.rglob("*.py"))
+        if p not in allowed and "services.daemon" in _imports(p)
+    ]
+    assert importers == []
+    assert "services.daemon" not in _imports(Path(hosting.__file__))
+    for module in daemon.SERVICE_MODULES.values():
+        path = root.parent / (module.replace(".", "/") + ".py")
+        assert "services.hosting" in _imports(path), module

@@ -10,7 +10,7 @@ from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.embedded.process import ManagedServer
 from services.scheduler.persist import MemoryPlacementStore, MongoPlacementStore
 from services.scheduler.scheduler import GangScheduler
-from services.scheduler.service import build_server
+from services.scheduler.servicer import build_server
 from services.store.placements import PlacementRepository
 from tests.services.scheduler.conftest import gpu_cluster
 

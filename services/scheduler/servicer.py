@@ -28,17 +28,11 @@ import grpc
 from google.protobuf import timestamp_pb2
 from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
 
-from services.scheduler.api import (
-    AdmitResult,
-    JobRequest,
-    Placement,
-    SchedulerError,
-    UnknownJob,
-    gpus_from_float,
-)
+from services.scheduler.api import AdmitResult, Placement, SchedulerError, UnknownJob
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
+from services.scheduler.requests import request_from_proto
 from services.scheduler.scheduler import GangScheduler
 
 log = logging.getLogger(__name__)
@@ -49,24 +43,6 @@ def placement_to_proto(p: Placement) -> job_pb2.Placement:
     ts.FromNanoseconds(int(p.placed_at * 1e9))
     return job_pb2.Placement(
         learner_nodes={rank: node for rank, node in enumerate(p.learner_nodes)}, placed_at=ts
-    )
-
-
-def request_from_proto(req: scheduler_pb2.AdmitRequest, arrival: float) -> JobRequest:
-    res = req.resources
-    return JobRequest(
-        job_id=req.job_id,
-        learners=int(res.learners),
-        gpus=gpus_from_float(req.job_id, res.gpus),
-        gpu_type=res.gpu_type,
-        cpus=float(res.cpus),
-        memory_mb=float(res.memory_mb),
-        owner=req.owner,
-        priority=int(req.priority),
-        arrival=arrival,
-        max_nodes=int(req.max_nodes) or None,
-        zone_aware=bool(req.zone_aware),
-        node_selector=dict(req.node_selector),
     )
 
 

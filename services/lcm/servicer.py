@@ -64,11 +64,8 @@ class LifecycleServicer(lcm_pb2_grpc.LifecycleManagerServicer):
     def ScaleJob(
         self, request: lcm_pb2.LcmScaleRequest, context: grpc.ServicerContext
     ) -> lcm_pb2.LcmResponse:
-        return lcm_pb2.LcmResponse(
-            accepted=False,
-            message="scaling a running job needs the elastic runtime, which the local backend "
-            "does not run yet; halt the job, change its learners, and resume it",
-        )
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, scale_not_supported(request))
+        raise AssertionError("unreachable: abort raises")
 
     def _guard(self, context: grpc.ServicerContext, fn, *args: str) -> lcm_pb2.LcmResponse:  # type: ignore[no-untyped-def]
         try:
@@ -76,3 +73,14 @@ class LifecycleServicer(lcm_pb2_grpc.LifecycleManagerServicer):
         except StoreUnavailable as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # unreachable: abort raises
+
+
+def scale_not_supported(request: lcm_pb2.LcmScaleRequest) -> str:
+    """Why a running job cannot be scaled yet, and what to do instead."""
+    job, n = request.job_id, request.learners
+    return (
+        f"job {job}: scaling a running job is not supported yet (it needs the elastic "
+        "runtime, which the local backend does not run); to run it with "
+        f"{n} learners, halt it (`rhizome halt {job}`), scale it while it is halted "
+        f"(`rhizome scale {job} {n}`), and resume it (`rhizome resume {job}`)"
+    )
