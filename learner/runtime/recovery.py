@@ -14,7 +14,7 @@ further coordination is needed:
   predecessor's kept output or from its own recomputed forward (the data for block 0);
 - a backward needs its output gradient from the successor, resent if kept, else computed
   by the successor's backward (a pass-through: a block does not accumulate a microbatch
-  twice, ``Worker`` checks);
+  twice, the ``Interpreter`` checks);
 - messages that were in flight when the old links broke are simply resent: a receiver's
   report says what it never got.
 

@@ -1,0 +1,261 @@
+"""The instruction interpreter: runs one block's program of a step, with eager FRC/BRC.
+
+Each block the worker owns runs its instruction list (``schedule``) in its own thread
+(started by the step loop, ``engine``); blocks on the same worker (after a failover) hand
+each other activations and gradients through the transport's local mailbox instead of
+the network. Gradients are computed with ``torch.autograd.grad`` and added to a per-block
+accumulator under the worker lock with an epoch check, so a thread abandoned by a
+failover (still blocked in gloo, see ``comm``) can never touch the step that replaced it.
+
+Redundant computation: the block whose successor this worker shadows runs the replica's
+forward (eager FRC) as filler while a receive is in flight, where ``BubblePredictor``
+says it fits; eager BRC runs the replica's backward where the schedule puts ``Op.BRC``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from learner.runtime.api import LinkError, RuntimeFailure
+from learner.runtime.bubbles import BubblePredictor
+from learner.runtime.comm import ACT, BRC_GRAD, GRAD, BackgroundCall, tag
+from learner.runtime.schedule import Instr, Op
+from learner.runtime.worker_state import FrcRecord, WorkerState
+
+
+class Interpreter:
+    """Runs blocks' instruction lists for one worker; owns the bubble predictions."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        # a leftover FRC is free only on the last stage (see bubbles)
+        self._bubbles = BubblePredictor(overrun=0.1 if state.me % state.P == state.P - 1 else 0.5)
+
+    def run_block(
+        self, b: int, step: int, epoch: int, program: list[Instr], recovering: bool
+    ) -> None:
+        """Run ``program`` for owned block ``b``; ``recovering``: it is a failover's rest."""
+        st = self.state
+        blk = st.owned[b]
+        tr = st.transport
+        assert tr is not None
+        topo = st.topo
+        prog = st.progress
+        last, first = b == st.P - 1, b == 0
+        scale = 1.0 / (st.M * st.D)
+        inputs: dict[int, torch.Tensor] = {}
+        out_grads: dict[int, torch.Tensor] = {}
+        sends: list[Any] = []
+        # the block whose successor this worker shadows runs eager FRC in its waits
+        filling = (
+            not recovering and st.mode.eager_frc and st.replica is not None and b == st.me % st.P
+        )
+        for idx, ins in enumerate(program):
+            st.check_kill(ins.op, ins.microbatch)
+            st.guard(epoch)
+            m = ins.microbatch
+            if ins.op is Op.LOAD:
+                st.batch(step, m)  # prefetch
+            elif ins.op is Op.RECV_ACT:
+                src = topo.owner(st.pipe, b - 1)
+                inputs[m] = self._recv(
+                    (b, idx),
+                    filling,
+                    step,
+                    epoch,
+                    b if m == 0 else 0,  # the pipeline-fill bubble: b forwards upstream
+                    lambda src=src, m=m: tr.recv(  # type: ignore[misc]
+                        src, tag(ACT, b - 1, step, m), st.act_shapes[b - 1], st.act_dtype
+                    ),
+                )
+            elif ins.op is Op.FORWARD:
+                inp = st.batch(step, m)[0] if first else inputs.pop(m).requires_grad_(True)
+                out = blk.module(inp)
+                if last:
+                    out = st.job.loss_fn(out, st.batch(step, m)[1]) * scale
+                with st.lock:
+                    st.guard(epoch)
+                    prog.graphs[(b, m)] = (inp, out)
+                    if last:
+                        prog.losses[m] = float(out.item())
+                    else:
+                        prog.outputs[(b, m)] = out.detach()
+            elif ins.op is Op.SEND_ACT:
+                dst = topo.owner(st.pipe, b + 1)
+                sends.append(tr.send(dst, tag(ACT, b, step, m), prog.outputs[(b, m)]))
+            elif ins.op is Op.RECV_GRAD:
+                src = topo.owner(st.pipe, b + 1)
+                g = self._recv(
+                    (b, idx),
+                    filling,
+                    step,
+                    epoch,
+                    0,
+                    lambda src=src, m=m: tr.recv(  # type: ignore[misc]
+                        src, tag(GRAD, b + 1, step, m), st.act_shapes[b], st.act_dtype
+                    ),
+                )
+                out_grads[m] = g
+                holder = topo.replica_holder(st.pipe, b)
+                if st.mode.eager_brc and not recovering and holder is not None and holder != st.me:
+                    sends.append(tr.send(holder, tag(BRC_GRAD, b, step, m), g))
+            elif ins.op is Op.BACKWARD:
+                with st.lock:
+                    st.guard(epoch)
+                    # popped before use: autograd frees the graph, and a thread abandoned
+                    # mid-backward must leave the rendezvous a truthful report
+                    graph = prog.graphs.pop((b, m), None)
+                    accumulate = m not in prog.accumulated.setdefault(b, set())
+                if graph is None:
+                    raise RuntimeFailure(f"block {b}: no forward graph for microbatch {m}")
+                inp, out = graph
+                targets = [inp] if inp.requires_grad else []
+                # a pass-through backward (already accumulated) only feeds its predecessor
+                wrt = targets + (blk.params if accumulate else [])
+                grads = torch.autograd.grad(
+                    out,
+                    wrt,
+                    grad_outputs=None if last else out_grads.pop(m),
+                    allow_unused=True,
+                )
+                with st.lock:
+                    st.guard(epoch)
+                    if accumulate and m not in prog.accumulated[b]:
+                        for acc, pg in zip(blk.acc, grads[len(targets) :], strict=True):
+                            if pg is not None:
+                                acc.add_(pg)
+                        prog.accumulated[b].add(m)
+                    if targets:
+                        prog.input_grads[(b, m)] = grads[0]
+            elif ins.op is Op.SEND_GRAD:
+                dst = topo.owner(st.pipe, b - 1)
+                sends.append(tr.send(dst, tag(GRAD, b, step, m), prog.input_grads[(b, m)]))
+            elif ins.op is Op.BRC:
+                self._brc_backward(step, m, epoch)
+        for work in sends:
+            if work is not None:
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise LinkError(-1, str(exc).splitlines()[0].split(". ")[0]) from exc
+
+    def leftover_frc(self, step: int) -> None:
+        """Eager FRC that found no bubble in the pipeline part (run by the sync phase)."""
+        epoch = self.state.epoch
+        while (m := self._next_frc(step)) is not None:
+            self._ensure_frc(step, m, epoch)
+
+    def _recv(
+        self,
+        key: tuple[int, int],
+        filling: bool,
+        step: int,
+        epoch: int,
+        floor_frcs: int,
+        receive: Callable[[], torch.Tensor],
+    ) -> torch.Tensor:
+        """``receive()``, running pending eager FRC meanwhile where the wait is predicted long."""
+        bubbles = self._bubbles
+        t0 = time.monotonic()
+        if not (
+            filling and bubbles.fits(key, 0.0, floor_frcs) and self._next_frc(step) is not None
+        ):
+            got = receive()
+            bubbles.record_wait(key, time.monotonic() - t0)
+            return got
+        call = BackgroundCall(receive, f"recv-{key}")
+        while not call.done.is_set():
+            m = self._next_frc(step)
+            if m is None or not bubbles.fits(key, time.monotonic() - t0, floor_frcs):
+                break
+            self._ensure_frc(step, m, epoch)
+        call.done.wait()
+        # arrival measured in the receiving thread: filling does not shrink the prediction
+        bubbles.record_wait(key, call.finished_at - t0)
+        return call.result()
+
+    def _next_frc(self, step: int) -> int | None:
+        """The first microbatch whose eager FRC is still to run and can run now."""
+        st = self.state
+        rep = st.replica
+        if rep is None:
+            return None
+        k = rep.index
+        with st.lock:
+            for m in range(st.M):
+                rec = st.frc.get((k, m))
+                if rec is not None and rec.step == step:
+                    continue
+                if k == 0 or (k - 1, m) in st.progress.outputs:
+                    return m
+                return None  # inputs come in microbatch order
+        return None
+
+    def _frc_ctx(self) -> contextlib.AbstractContextManager[Any]:
+        # On a GPU the replica's saved activations go to (pinned) host memory (Bamboo §4.1).
+        if self.state.device.type == "cuda":
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return contextlib.nullcontext()
+
+    def _ensure_frc(self, step: int, m: int, epoch: int) -> None:
+        """The replica's forward of microbatch ``m`` (eager FRC), unless it already ran."""
+        st = self.state
+        rep = st.replica
+        assert rep is not None
+        k = rep.index
+        with st.lock:
+            rec = st.frc.get((k, m))
+            if rec is not None and rec.step == step:
+                return
+        st.apply_replica_update()
+        st.check_kill(Op.FRC, m)
+        t0 = time.monotonic()
+        if k == 0:
+            inp = st.batch(step, m)[0]
+        else:
+            with st.lock:
+                inp = st.progress.outputs[(k - 1, m)].detach().clone().requires_grad_(True)
+        with self._frc_ctx():
+            out = rep.module(inp)
+            if k == st.P - 1:
+                out = st.job.loss_fn(out, st.batch(step, m)[1]) * (1.0 / (st.M * st.D))
+        with st.lock:
+            st.guard(epoch)
+            st.frc[(k, m)] = FrcRecord(step, rep.version, inp, out)
+        self._bubbles.record_frc(time.monotonic() - t0)
+
+    def _brc_backward(self, step: int, m: int, epoch: int) -> None:
+        st = self.state
+        rep = st.replica
+        tr = st.transport
+        assert rep is not None and tr is not None
+        k = rep.index
+        self._ensure_frc(step, m, epoch)
+        with st.lock:
+            st.guard(epoch)
+            rec = st.frc[(k, m)]
+            rec.consumed = True
+        g = None
+        if k != st.P - 1:
+            g = tr.recv(
+                st.topo.owner(st.pipe, k),
+                tag(BRC_GRAD, k, step, m),
+                st.act_shapes[k],
+                st.act_dtype,
+            )
+        targets = [rec.inp] if rec.inp.requires_grad else []
+        grads = torch.autograd.grad(
+            rec.out, targets + rep.params, grad_outputs=g, allow_unused=True
+        )
+        with st.lock:
+            st.guard(epoch)
+            rec.brc_input_grad = grads[0] if targets else None
+            rec.brc_param_grads = [
+                torch.zeros_like(p) if gr is None else gr
+                for p, gr in zip(rep.params, grads[len(targets) :], strict=True)
+            ]

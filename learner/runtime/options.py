@@ -1,0 +1,52 @@
+"""How one pipeline worker is configured: ``WorkerOptions`` and test-only ``KillPoint``s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from learner.runtime.api import ConfigError
+from learner.runtime.schedule import Op
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """Make ``worker`` SIGKILL itself before ``op`` of ``microbatch`` (-1: any) at ``step``."""
+
+    worker: int
+    step: int
+    op: str
+    microbatch: int = -1
+
+    @classmethod
+    def parse(cls, spec: str) -> list[KillPoint]:
+        out = []
+        for part in filter(None, spec.split(",")):
+            fields = part.split(":")
+            if len(fields) not in (3, 4):
+                raise ConfigError(
+                    f"kill point {part!r}: expected worker:step:op[:microbatch], e.g. 1:2:forward:0"
+                )
+            if fields[2] not in {o.value for o in Op}:
+                raise ConfigError(
+                    f"kill point {part!r}: op {fields[2]!r} is unknown; use one of "
+                    f"{', '.join(o.value for o in Op)}"
+                )
+            m = int(fields[3]) if len(fields) == 4 else -1
+            out.append(cls(int(fields[0]), int(fields[1]), fields[2], m))
+        return out
+
+
+@dataclass
+class WorkerOptions:
+    worker: int
+    stages: int
+    pipelines: int
+    backend: str = "gloo"
+    device: str = "cpu"
+    detection_timeout_s: float = 5.0
+    lease_ttl_s: float = 2.0
+    poll_s: float = 0.05
+    out_dir: str | None = None
+    kill: list[KillPoint] = field(default_factory=list)
+    verbose: bool = True
+    startup_timeout_s: float = 120.0

@@ -1,0 +1,198 @@
+"""What one worker holds, shared by its step loop, interpreter and failover.
+
+``WorkerState`` is the worker's mutable state: the blocks it owns and shadows, what it
+holds of the current step (``StepProgress``, eager-FRC records), the configuration it
+runs in (generation, topology, links) and the lock and epoch that fence threads abandoned
+by a failover. The step loop (``engine``), the instruction interpreter (``interpreter``)
+and failover (``failover``) each keep their own state and share this one object, because
+all three read and write the same blocks under the same lock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import nn
+
+from learner.runtime.api import Batch, Interrupted, PipelineJob, RuntimeFailure
+from learner.runtime.comm import Groups, Transport
+from learner.runtime.options import WorkerOptions
+from learner.runtime.recovery import BlockProgress
+from learner.runtime.schedule import Op
+from learner.runtime.snapshot import OptimizerSnapshot
+from learner.runtime.topology import Topology
+
+
+@dataclass
+class BlockState:
+    index: int
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    version: int = 0
+    snapshot: OptimizerSnapshot | None = None
+    acc: list[torch.Tensor] = field(default_factory=list)
+    stash_step: int = -1
+    stash: torch.Tensor | None = None
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return list(self.module.parameters())
+
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def apply(self, reduced: torch.Tensor, step: int) -> None:
+        """Step the optimizer with the all-reduced gradients of ``step`` (flat, in order).
+
+        The snapshot taken first is what a failover rolls back to when this block ends up
+        one step ahead of the step to resume.
+        """
+        if self.version != step:
+            raise RuntimeFailure(
+                f"block {self.index} is at version {self.version} but step {step} is being applied"
+            )
+        if self.snapshot is None:
+            self.snapshot = OptimizerSnapshot()
+        self.snapshot.take(self.params, self.optimizer)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = reduced[offset : offset + n].view_as(p).clone()
+            offset += n
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version = step + 1
+
+
+@dataclass
+class StepProgress:
+    """What this worker holds of one step's pipeline work; it outlives a failover.
+
+    Everything is written under the worker lock after an epoch check, so a thread
+    abandoned by a failover cannot change it once the rendezvous has read it.
+    """
+
+    step: int
+    accumulated: dict[int, set[int]] = field(default_factory=dict)
+    graphs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    outputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    input_grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+
+    def report(self, block: int) -> BlockProgress:
+        def mbs(keys: Any) -> frozenset[int]:
+            return frozenset(m for b, m in keys if b == block)
+
+        return BlockProgress(
+            frozenset(self.accumulated.get(block, ())),
+            mbs(self.graphs),
+            mbs(self.outputs),
+            mbs(self.input_grads),
+        )
+
+
+@dataclass
+class FrcRecord:
+    step: int
+    version: int
+    inp: torch.Tensor
+    out: torch.Tensor
+    brc_param_grads: list[torch.Tensor] | None = None
+    brc_input_grad: torch.Tensor | None = None
+    # an eager BRC has started on the graph (autograd frees it): not reusable as a graph
+    consumed: bool = False
+
+
+class WorkerState:
+    """The state of one worker that its step loop, interpreter and failover share."""
+
+    def __init__(self, job: PipelineJob, opts: WorkerOptions) -> None:
+        self.job = job
+        self.opts = opts
+        self.me = opts.worker
+        self.P, self.D, self.M = opts.stages, opts.pipelines, job.microbatches
+        self.pipe = self.me // self.P
+        self.device = torch.device(opts.device)
+        self.mode = job.redundancy
+        self.timeout = timedelta(seconds=opts.detection_timeout_s)
+        # all-reduce peers may legitimately wait for another pipeline's failover
+        self.group_timeout = timedelta(seconds=max(4 * opts.detection_timeout_s, 20.0))
+        self.lock = threading.RLock()
+        # bumped by every failover: a thread that saw an older epoch was abandoned
+        self.epoch = 0
+        # set when the cluster state moved (a new generation, fatal, this worker evicted)
+        self.changed = threading.Event()
+        self.generation = 0
+        self.topo = Topology(self.P, self.D, frozenset(), self.mode.has_replica)
+        self.owned: dict[int, BlockState] = {}
+        self.replica: BlockState | None = None
+        self.frc: dict[tuple[int, int], FrcRecord] = {}
+        self.progress = StepProgress(-1)
+        # the replica's pending optimizer update (reduced gradients, step), see apply_replica_update
+        self.replica_update: tuple[torch.Tensor, int] | None = None
+        self.batches: dict[tuple[int, int], Batch] = {}
+        # shapes and dtype of block outputs, so a receiver can allocate before the message comes
+        self.act_shapes: list[torch.Size] = []
+        self.act_dtype = job.dtype
+        self.step = 0
+        self.events: list[str] = []
+        self.transport: Transport | None = None
+        self.groups: Groups | None = None
+
+    def log(self, msg: str) -> None:
+        self.events.append(msg)
+        if self.opts.verbose:
+            print(f"[worker {self.me}] {msg}", file=sys.stderr, flush=True)
+
+    def guard(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            raise Interrupted("abandoned by a failover")
+
+    def check_kill(self, op: Op | str, microbatch: int = -1) -> None:
+        # any generation: with two kill points the second may be reached only after the
+        # first loss was handled, while resuming the same step
+        for k in self.opts.kill:
+            if (
+                k.worker == self.me
+                and k.step == self.step
+                and k.op == str(op)
+                and k.microbatch in (-1, microbatch)
+            ):
+                print(
+                    f"[worker {self.me}] SIGKILL self at step {self.step} {op}({microbatch})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def batch(self, step: int, microbatch: int) -> Batch:
+        key = (step, microbatch)
+        with self.lock:
+            got = self.batches.get(key)
+        if got is None:
+            x, y = self.job.batch(step, self.pipe, microbatch)
+            if x.is_floating_point():
+                x = x.to(dtype=self.job.dtype)
+            got = (x.to(self.device), y.to(self.device))
+            with self.lock:
+                self.batches[key] = got
+        return got
+
+    def apply_replica_update(self) -> None:
+        """Bring the replica to the owner's version.
+
+        The sync phase leaves the update pending: it is applied when the replica is next
+        used (its FRC, in a bubble) or a failover reads it, off the critical path of the
+        step's end.
+        """
+        with self.lock:
+            got, self.replica_update = self.replica_update, None
+            if got is not None and self.replica is not None:
+                self.replica.apply(got[0], got[1])
