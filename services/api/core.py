@@ -167,12 +167,12 @@ class TrainerCore:
 
     def scale(self, owner: str, job_id: str, learners: int) -> JobRecord:
         job = self.get(owner, job_id)
-        elastic = job.manifest.get("elastic")
-        if not elastic:
+        elastic = job.spec.elastic
+        if elastic is None:
             raise errors.Conflict(
                 f"job {job_id} is not elastic; add `elastic: {{min: M, max: N}}` to its manifest"
             )
-        lo, hi = int(elastic["min"]), int(elastic["max"])
+        lo, hi = elastic.min, elastic.max
         if not lo <= learners <= hi:
             raise errors.BadRequest(
                 f"learners={learners} is outside the job's elastic bounds [{lo}, {hi}]"

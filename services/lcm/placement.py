@@ -20,7 +20,7 @@ def place_queued_locally(jobs: JobsRepository, limit: int = 50) -> list[str]:
     """Promote QUEUED jobs, oldest first, to PENDING on node "local"; returns their ids."""
     placed = []
     for job in jobs.by_status([states.QUEUED], limit=limit):
-        learners = int(job.resources.get("learners", 1))
+        learners = int(job.resources["learners"])  # the job's current size (scale changes it)
         placement = {
             "learner_nodes": {str(rank): LOCAL_NODE for rank in range(learners)},
             "placed_at": time.time(),
