@@ -3,8 +3,6 @@ REST gateway call this, so the two doors behave the same."""
 
 from __future__ import annotations
 
-import io
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -12,6 +10,7 @@ from typing import Protocol
 import pymongo.errors
 
 from services.api import errors
+from services.api.archive import check_archive
 from services.manifest import ManifestError, parse_manifest
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StoreUnavailable
@@ -85,7 +84,7 @@ class TrainerCore:
         except ManifestError as exc:
             raise errors.BadRequest(f"bad manifest: {exc}") from None
         if model_zip:
-            check_zip(model_zip)
+            check_archive(model_zip)
         # A retried key is caught by the unique index on insert (JobsRepository.create),
         # which saves every first submit a lookup.
         job_id = new_job_id()
@@ -225,17 +224,3 @@ def require_owner(owner: str) -> str:
     if len(owner) > 128:
         raise errors.BadRequest("user id longer than 128 characters")
     return owner
-
-
-def check_zip(data: bytes) -> None:
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            bad = zf.testzip()
-            names = zf.namelist()
-    except zipfile.BadZipFile:
-        raise errors.BadRequest("model definition is not a valid zip archive") from None
-    if bad is not None:
-        raise errors.BadRequest(f"model definition zip is corrupt at {bad!r}")
-    for name in names:
-        if name.startswith("/") or ".." in name.split("/"):
-            raise errors.BadRequest(f"model definition zip has an unsafe path {name!r}")

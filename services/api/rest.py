@@ -7,6 +7,7 @@ the code. Errors are JSON `{code, message}` with the matching HTTP status.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from google.protobuf import json_format
 from pydantic import BaseModel
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from services import __version__
 from services.api import errors
@@ -25,6 +28,22 @@ from services.api.core import MAX_MODEL_BYTES, TrainerCore
 from services.manifest import MAX_MANIFEST_BYTES, schema
 from services.store import states
 from services.store.jobs import JobRecord
+
+log = logging.getLogger(__name__)
+
+# Bounds of the query parameters: out-of-range values are a 400 naming the parameter,
+# never an overflow further down (the gRPC messages are int32/int64).
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthenticated",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
 
 # FfDL sent the user as `X-Watson-Userinfo: bluemix-instance-id=<user>`; both are accepted.
 USER_HEADER = "X-Rhizome-User"
@@ -78,6 +97,41 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
     @app.exception_handler(errors.ApiError)
     async def api_error(_: Request, exc: errors.ApiError) -> JSONResponse:
         return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.http_status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Routing errors (unknown path, wrong method) in the same {code, message} shape as
+        # ours.
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 404 and message == "Not Found":
+            message = "no such route; see /openapi.json for the API"
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path; a path served
+            # by several routes (GET and POST /v1/models) allows all of their methods.
+            allowed = sorted(
+                {
+                    m
+                    for route in app.router.routes
+                    if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE
+                    for m in (route.methods or ())
+                }
+            )
+            headers["Allow"] = ", ".join(allowed)
+            message = f"{request.method} is not allowed here; use {', '.join(allowed)}"
+        return JSONResponse(
+            {"code": _HTTP_CODES.get(exc.status_code, "error"), "message": message},
+            status_code=exc.status_code,
+            headers=headers,
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"code": "internal", "message": "internal error; the daemon log has the details"},
+            status_code=500,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -142,9 +196,9 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
     @app.get("/v1/models", tags=["models"])
     def list_models(
         status: list[str] = Query(default_factory=list),
-        name_prefix: str = "",
-        page_size: int = 50,
-        page_token: str = "",
+        name_prefix: str = Query("", max_length=128),
+        page_size: int = Query(50, ge=1, le=500),
+        page_token: str = Query("", max_length=256),
         x_rhizome_user: str | None = Header(None),
         x_watson_userinfo: str | None = Header(None),
     ) -> dict[str, Any]:
@@ -234,10 +288,10 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
     def get_logs(
         model_id: str,
         follow: bool = False,
-        learner: int = -1,
-        search: str = "",
-        pos: int = 0,
-        pagesize: int = 0,
+        learner: int = Query(-1, ge=-1, le=INT32_MAX),
+        search: str = Query("", max_length=1024),
+        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
+        pagesize: int = Query(0, ge=0, le=INT32_MAX),
         x_rhizome_user: str | None = Header(None),
         x_watson_userinfo: str | None = Header(None),
     ) -> StreamingResponse:
@@ -255,10 +309,10 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
     def get_metrics(
         model_id: str,
         follow: bool = False,
-        learner: int = -1,
-        name: str = "",
-        pos: int = 0,
-        pagesize: int = 0,
+        learner: int = Query(-1, ge=-1, le=INT32_MAX),
+        name: str = Query("", max_length=256),
+        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
+        pagesize: int = Query(0, ge=0, le=INT32_MAX),
         x_rhizome_user: str | None = Header(None),
         x_watson_userinfo: str | None = Header(None),
     ) -> StreamingResponse:

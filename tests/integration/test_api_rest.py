@@ -129,3 +129,61 @@ def test_a_connection_dropped_mid_upload_leaves_no_record(api: RunningApi) -> No
         sock.sendall(head + body + b"x" * 1000)  # then hang up long before the promised length
     listed = httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()
     assert listed["models"] == []
+
+
+def _zip_of(*members: tuple[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members:
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_routing_errors_have_the_same_body_and_405_says_what_is_allowed(api: RunningApi) -> None:
+    h = headers()
+    nowhere = httpx.get(f"{api.rest}/v1/nowhere", headers=h, timeout=5)
+    assert nowhere.status_code == 404
+    assert set(nowhere.json()) == {"code", "message"} and nowhere.json()["code"] == "not_found"
+    wrong = httpx.put(f"{api.rest}/v1/models", headers=h, timeout=5)
+    assert wrong.status_code == 405 and wrong.json()["code"] == "method_not_allowed"
+    assert set(wrong.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/v1/models?page_size=0", "page_size"),
+        ("/v1/models?page_size=99999999999999999999999", "page_size"),
+        ("/v1/models/job-x/logs?pos=9223372036854775808", "pos"),
+        ("/v1/models/job-x/logs?learner=-2", "learner"),
+        ("/v1/models/job-x/metrics?pagesize=-1", "pagesize"),
+    ],
+)
+def test_out_of_range_query_parameters_are_400_naming_them(
+    api: RunningApi, path: str, param: str
+) -> None:
+    r = httpx.get(f"{api.rest}{path}", headers=headers(), timeout=5)
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == "bad_request" and param in r.json()["message"]
+
+
+def test_hostile_archives_are_refused_and_store_nothing(api: RunningApi) -> None:
+    h = headers()
+    cases = [
+        (_zip_of(("zeros.bin", b"\0" * (20 * 1024 * 1024))), 413, "zip bomb"),
+        (_zip_of(), 400, "empty"),
+        (_zip_of(("../../etc/cron.d/x", b"x")), 400, "'..'"),
+    ]
+    for archive, status, fragment in cases:
+        files = {"manifest": ("manifest.yml", MANIFEST), "model_definition": ("m.zip", archive)}
+        r = httpx.post(f"{api.rest}/v1/models", files=files, headers=h, timeout=30)
+        assert r.status_code == status, r.text
+        assert fragment in r.json()["message"]
+    listed = httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()
+    assert listed["models"] == []
+
+
+def test_a_non_utf8_manifest_is_a_clear_400(api: RunningApi) -> None:
+    r = submit(api, headers(), manifest=b"name: \xff\xfe\nframework: {command: c}\n")
+    assert r.status_code == 400
+    assert "not UTF-8" in r.json()["message"]
