@@ -65,7 +65,11 @@ _SIM_OPTIONS = [
     _opt("--samples-per-step", type=int, help="Samples in one step (global batch)."),
     _opt("--on-demand-price", type=float, help="On-demand $ per node-hour."),
     _opt("--spot-price", type=float, help="Spot $ per node-hour."),
-    _opt("--trace", type=str, help="Preemption trace: a path or a bundled trace name such as aws-p3-64.csv."),
+    _opt(
+        "--trace",
+        type=str,
+        help="Preemption trace: a path or a bundled trace name such as aws-p3-64.csv.",
+    ),
     _opt(
         "--mttp", type=str, help="Instead of a trace: mean time to preemption of one node, e.g. 3h."
     ),
