@@ -148,7 +148,9 @@ def learner_mounts() -> list[Mount]:
         REPO_ROOT,
     ]
     kept: list[Path] = []
-    for path in sorted(set(paths), key=lambda p: len(p.parts)):
+    # Sorted fully (not by depth alone): the image's Dockerfile and labels are made from
+    # these, and set order varies between processes, which would defeat the build cache.
+    for path in sorted(set(paths), key=lambda p: (len(p.parts), str(p))):
         if not any(path.is_relative_to(parent) for parent in kept):
             kept.append(path)
     return [Mount(str(p), str(p), type="bind", read_only=True) for p in kept]
@@ -272,7 +274,7 @@ def _ancestors(paths: list[Path]) -> list[str]:
     found: set[str] = set()
     for path in paths:
         found.update(str(parent) for parent in path.parents if str(parent) != "/")
-    return sorted(found, key=lambda p: p.count("/"))
+    return sorted(found, key=lambda p: (p.count("/"), p))  # deterministic: see learner_mounts
 
 
 def offline_dockerfile(tag: str) -> str:

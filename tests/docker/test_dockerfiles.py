@@ -3,7 +3,10 @@ the machines running these tests do not reach (so there is no engine test of the
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -83,3 +86,21 @@ def test_offline_dockerfile_runs_as_the_learner_user_on_the_debootstrap_base() -
     assert steps[0] == ("FROM", BASE_IMAGE)
     assert ("USER", f"{LEARNER_UID}:{LEARNER_UID}") in steps
     assert steps[-1] == ("CMD", COMMANDS["learner"])
+
+
+def test_offline_dockerfile_is_the_same_in_every_process() -> None:
+    """The build cache (and the same image id from two `rhizome image build` runs) needs
+    a byte-identical Dockerfile, whatever each process's hash seed."""
+    script = "from services.images.build import offline_dockerfile; print(offline_dockerfile('t'))"
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO_ROOT,
+            env=dict(os.environ, PYTHONHASHSEED=str(seed)),
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(outputs) == 1
