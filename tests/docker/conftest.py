@@ -34,12 +34,15 @@ def docker_engine() -> Iterator[DockerEngine]:
     """A running engine: our own dockerd (stopped by pid afterwards) or DOCKER_HOST's."""
     data_dir = Path(tempfile.mkdtemp(prefix="rzd-", dir="/tmp"))
     engine = DockerEngine(data_dir)
+    problem = ""
     try:
         engine.start()
     except DependencyError as exc:
+        problem = str(exc)
+    if problem:  # failed outside the `except`, so the report is one message, not a chain
         engine.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
-        pytest.fail(f"{HOW_TO_PROVIDE} ({exc})", pytrace=False)
+        pytest.fail(f"{HOW_TO_PROVIDE} ({problem})", pytrace=False)
     try:
         yield engine
     finally:
@@ -73,7 +76,7 @@ def learner_image(docker_client: docker.DockerClient) -> LearnerImage:
     base comes from the cached root filesystem, or from debootstrap the first time."""
     lines: list[str] = []
     try:
-        result = build_offline(docker_client, lines.append)
+        return LearnerImage(build_offline(docker_client, lines.append), lines)
     except ImageBuildError as exc:
-        pytest.fail(f"building the learner image failed: {exc}", pytrace=False)
-    return LearnerImage(result, lines)
+        problem = str(exc)
+    pytest.fail(f"building the learner image failed: {problem}", pytrace=False)
