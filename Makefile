@@ -8,10 +8,10 @@ PROTOS := $(wildcard protos/rhizome/v1/*.proto)
 GEN_STAMP := gen/.generated
 PYTEST_ARGS ?=
 
-.PHONY: install protos run demo test test-unit test-chaos lint bench clean help
+.PHONY: install system-deps protos run demo test test-unit test-chaos lint bench clean help
 
 help:
-	@echo "make install  - create .venv with pinned dependencies and generate gRPC stubs"
+	@echo "make install  - create .venv with pinned dependencies, generate gRPC stubs, apt-get docker.io and debootstrap (as root)"
 	@echo "make run      - start the embedded platform (etcd, MongoDB-wire, Elasticsearch-API, daemon) in the foreground"
 	@echo "make demo     - start the platform, train examples/mnist end to end, stop the platform"
 	@echo "make test     - lint + the whole test suite against real servers"
@@ -19,7 +19,28 @@ help:
 	@echo "make bench    - run every benchmark in benchmarks/"
 	@echo "make clean    - remove .venv and generated code"
 
-install: $(STAMP) $(GEN_STAMP)
+install: $(STAMP) $(GEN_STAMP) system-deps
+
+# The Docker engine (dockerd) and debootstrap (which builds the offline learner base image)
+# are Debian packages, not wheels. Checked on every install because `command -v` costs
+# nothing, while a stamp would go stale when someone removes the packages. Only root can
+# apt-get; anyone else is told what to install and the rest of the install goes on (the
+# local backend needs neither; the docker tests then fail saying how to provide an engine).
+SYSTEM_PKGS_CHECK = missing=""; \
+	command -v dockerd >/dev/null 2>&1 || test -x /usr/sbin/dockerd || missing="$$missing docker.io"; \
+	command -v debootstrap >/dev/null 2>&1 || test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"
+
+system-deps:
+	@$(SYSTEM_PKGS_CHECK); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "note: not root, so not installing:$$missing. Run: sudo apt-get install$$missing (or set DOCKER_HOST to an engine you have)"; \
+		exit 0; \
+	fi; \
+	echo "installing Debian packages:$$missing"; \
+	if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing >/dev/null; }; then \
+		echo "warning: apt-get could not install$$missing; the docker tests will fail until an engine is provided (or DOCKER_HOST is set)"; \
+	fi
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)

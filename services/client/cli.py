@@ -525,8 +525,13 @@ def version(obj: Ctx, as_json: bool) -> None:
 
 
 # Commands whose code lives with the part they drive (the spot simulator, the preemption
-# injector); they are plain click commands registered here so `rhizome` is the one door.
-PLUGGED_COMMANDS = (("services.sim.cli", "estimate"), ("services.injector.cli", "inject"))
+# injector, the image builder); plain click commands registered here so `rhizome` is the
+# one door.
+PLUGGED_COMMANDS = (
+    ("services.sim.cli", "estimate"),
+    ("services.injector.cli", "inject"),
+    ("services.images.cli", "image"),
+)
 
 
 def _plug_commands() -> None:

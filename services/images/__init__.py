@@ -1,0 +1,1 @@
+"""Container images for the platform: the learner image (`rhizome image build`)."""

@@ -1,0 +1,82 @@
+"""Session fixtures for the docker tests: a real engine and the offline learner image.
+
+The engine is a `dockerd` started on a fresh, short /tmp directory (unix socket paths are
+limited to ~107 bytes) and stopped by its pid at the end of the session, also when tests
+fail; `DOCKER_HOST` selects an engine of yours instead and nothing is started. Without
+either the fixture FAILS: a docker test that silently skips would hide a platform that
+cannot run containers.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import pytest
+
+from services.embedded.docker_engine import DockerEngine
+from services.embedded.process import DependencyError
+from services.images.build import BuildResult, ImageBuildError, build_offline
+
+HOW_TO_PROVIDE = (
+    "the docker tests need a Docker engine: run `make install` as root (it installs "
+    "Debian's docker.io; the tests then start dockerd themselves), or set DOCKER_HOST to "
+    "a running engine"
+)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[DockerEngine]:
+    """A running engine: our own dockerd (stopped by pid afterwards) or DOCKER_HOST's."""
+    data_dir = Path(tempfile.mkdtemp(prefix="rzd-", dir="/tmp"))
+    engine = DockerEngine(data_dir)
+    problem = ""
+    try:
+        engine.start()
+    except DependencyError as exc:
+        problem = str(exc)
+    if problem:  # failed outside the `except`, so the report is one message, not a chain
+        engine.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+        pytest.fail(f"{HOW_TO_PROVIDE} ({problem})", pytrace=False)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+        if not engine.external:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_engine: DockerEngine) -> Iterator[docker.DockerClient]:
+    client = docker_engine.client()
+    yield client
+    client.close()
+
+
+@dataclass
+class LearnerImage:
+    """The built image and the progress lines its build printed."""
+
+    result: BuildResult
+    progress: list[str] = field(default_factory=list)
+
+    @property
+    def tag(self) -> str:
+        return self.result.tag
+
+
+@pytest.fixture(scope="session")
+def learner_image(docker_client: docker.DockerClient) -> LearnerImage:
+    """`rhizome-learner:<version>` built offline once per session. On a fresh engine the
+    base comes from the cached root filesystem, or from debootstrap the first time."""
+    lines: list[str] = []
+    try:
+        return LearnerImage(build_offline(docker_client, lines.append), lines)
+    except ImageBuildError as exc:
+        problem = str(exc)
+    pytest.fail(f"building the learner image failed: {problem}", pytrace=False)
