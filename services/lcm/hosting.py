@@ -10,9 +10,9 @@ from services.daemon import DaemonContext, Hosted, jobs_repository
 def build(ctx: DaemonContext) -> Hosted:
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
+    from contract.etcd import EtcdClient as EtcdStore
     from services.lcm.manager import LcmConfig, LifecycleManager
     from services.lcm.service import LifecycleServicer
-    from services.store.etcd import EtcdStore
 
     config = ctx.config
     if not config.etcd_url:
