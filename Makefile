@@ -64,9 +64,9 @@ demo: install
 	$(BIN)/python examples/demo.py
 
 lint: install
-	$(BIN)/ruff check services learner tests benchmarks examples
-	$(BIN)/ruff format --check services learner tests benchmarks examples
-	$(BIN)/mypy services learner
+	$(BIN)/ruff check contract services learner tests benchmarks examples
+	$(BIN)/ruff format --check contract services learner tests benchmarks examples
+	$(BIN)/mypy contract services learner
 
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

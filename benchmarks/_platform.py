@@ -12,8 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "gen")]
 
+from contract.procs import free_port  # noqa: E402
 from services.embedded.platform import DaemonServer  # noqa: E402
-from services.embedded.process import free_port  # noqa: E402
 from services.embedded.servers import EtcdServer, MongoServer  # noqa: E402
 
 

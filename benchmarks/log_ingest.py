@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from rhizome.v1 import tds_pb2  # noqa: E402
 
-from services.embedded.process import free_port, stop_process_group  # noqa: E402
+from contract.procs import free_port, stop_process_group  # noqa: E402
 from services.embedded.servers import ElasticsearchServer  # noqa: E402
 from services.tds.api import Query  # noqa: E402
 from services.tds.es_store import ElasticsearchStore  # noqa: E402

@@ -28,10 +28,9 @@ from collections.abc import Callable
 
 from _platform import BenchPlatform
 
-from learner.controller import procs
+from contract import etcd_keys, procs
+from contract.etcd import EtcdClient
 from services.client.sdk import Client, ClientError
-from services.store import etcd_keys
-from services.store.etcd import EtcdStore
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 
@@ -48,7 +47,7 @@ def until(probe: Callable[[], bool], timeout_s: float = 60) -> float:
     raise SystemExit("component did not come back within 60 s")
 
 
-def holder(etcd: EtcdStore, key: str) -> int:
+def holder(etcd: EtcdClient, key: str) -> int:
     entry = etcd.get(key)
     if entry is None or not isinstance(entry.value, dict):
         return 0
@@ -64,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, list[float]] = {k: [] for k in ("api", "lcm", "guardian", "learner")}
     with BenchPlatform() as platform:
-        etcd = EtcdStore.connect(platform.etcd.url)
+        etcd = EtcdClient.connect(platform.etcd.url)
         repo = JobsRepository(connect(platform.mongo.url))
         client = Client(platform.api, user="bench", timeout_s=2)
         job_id = client.create_job(MANIFEST).job_id

@@ -138,14 +138,16 @@ def worker_main(args: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
+    from contract.env import RuntimeEnv
     from learner.runtime.cluster_state import EtcdClusterStateStore
     from learner.runtime.engine import Worker
     from learner.runtime.worker import options_from_env
 
     torch.set_num_threads(1)
-    opts = options_from_env()
+    env = RuntimeEnv.from_environ(os.environ)
+    opts = options_from_env(env)
     opts.verbose = args.phase == "failover"
-    host, _, port = os.environ["RHIZOME_RUNTIME_STORE"].rpartition(":")
+    host, _, port = env.store.rpartition(":")
     store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=60))
     runs = []
     if args.phase == "overhead":
@@ -157,9 +159,7 @@ def worker_main(args: argparse.Namespace) -> None:
     code = 0
     for i, (model, mode, rep) in enumerate(runs):
         job = JOBS[model](args.steps, mode)
-        cluster = EtcdClusterStateStore(
-            os.environ["RHIZOME_RUNTIME_ETCD"], f"{os.environ['RHIZOME_RUNTIME_JOB_ID']}-{i}"
-        )
+        cluster = EtcdClusterStateStore(env.etcd, f"{env.job_id}-{i}")
         worker = Worker(job, opts, cluster, dist.PrefixStore(f"run{i}", store))
         try:
             worker.run()

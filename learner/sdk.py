@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
+from contract.env import LearnerConfigError, LearnerEnv
+from contract.status import ExitCode
 from learner.checkpoint.api import CommittedCheckpoint
-from learner.checkpoint.env import CheckpointEnv
 from learner.checkpoint.manager import CheckpointManager, DummyContext
 
 Context = CheckpointManager | DummyContext
@@ -35,11 +37,22 @@ _context: Context | None = None
 
 
 def init(env: Mapping[str, str] | None = None) -> Context:
-    """Create (or replace) the process-wide context from `env` (default `os.environ`)."""
+    """Create (or replace) the process-wide context from `env` (default `os.environ`).
+
+    With the process's own environment, a missing or malformed variable ends the process
+    like every learner entry point: one line naming it, exit `ExitCode.CONFIG_ERROR`
+    (a script cannot repair its environment). With an explicit `env` it raises
+    `LearnerConfigError`."""
     global _context
     if _context is not None:
         _context.close()
-    parsed = CheckpointEnv.from_env(os.environ if env is None else env)
+    try:
+        parsed = LearnerEnv.from_environ(os.environ if env is None else env)
+    except LearnerConfigError as exc:
+        if env is not None:
+            raise
+        print(f"rhizome: {exc}", file=sys.stderr, flush=True)
+        sys.exit(ExitCode.CONFIG_ERROR)
     _context = CheckpointManager(parsed) if parsed.enabled else DummyContext()
     return _context
 

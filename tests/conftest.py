@@ -42,12 +42,12 @@ def es_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedServe
 def stores(etcd_server: ManagedServer, mongo_server: ManagedServer) -> Iterator[dict[str, Any]]:
     """The lifecycle tests' view of the real stores: the jobs repository, an etcd client
     and both URLs (for the guardians and daemons the tests start)."""
-    from services.store.etcd import EtcdStore
+    from contract.etcd import EtcdClient
     from services.store.jobs import JobsRepository
     from services.store.mongo import connect
 
     repo = JobsRepository(connect(mongo_server.url))
     repo.ensure_indexes()
-    etcd = EtcdStore.connect(etcd_server.url)
+    etcd = EtcdClient.connect(etcd_server.url)
     yield {"repo": repo, "etcd": etcd, "etcd_url": etcd_server.url, "mongo_url": mongo_server.url}
     etcd.close()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.embedded.process import DependencyError, pid_alive
+from contract.procs import pid_alive
+from services.embedded.process import DependencyError
 from services.embedded.servers import EtcdServer, MongoServer
 
 

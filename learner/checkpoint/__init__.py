@@ -1,8 +1,8 @@
 """Adaptive checkpointing (Spotify): preemption notices, the Daly/emergency policy, atomic
 backups to an object store, and the manager that gathers them for `learner.sdk`.
 
-One module per concern: `env` (every environment variable), `api` (abstract classes and
-errors), `policy` (pure functions), `notices` (notice sources by name), `storage` (object
+One module per concern (the environment variables are `contract.env.LearnerEnv`): `api`
+(abstract classes and errors), `policy` (pure functions), `notices` (notice sources by name), `storage` (object
 stores), `manager` (the context object and its dummy twin).
 """
 
@@ -16,16 +16,12 @@ from learner.checkpoint.api import (
     PreemptionNoticeSource,
     StorageError,
 )
-from learner.checkpoint.env import PREEMPTED_EXIT_CODE, CheckpointEnv, EnvError
 from learner.checkpoint.policy import daly_interval, emergency_save_fits
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE",
-    "CheckpointEnv",
     "CheckpointError",
     "CheckpointKind",
     "CommittedCheckpoint",
-    "EnvError",
     "NoticeSourceError",
     "ObjectStore",
     "PreemptionNotice",

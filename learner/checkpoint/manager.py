@@ -40,6 +40,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from contract.env import LearnerEnv
+from contract.status import ExitCode
 from learner.checkpoint import notices, policy
 from learner.checkpoint.api import (
     CheckpointKind,
@@ -48,7 +50,6 @@ from learner.checkpoint.api import (
     PreemptionNotice,
     PreemptionNoticeSource,
 )
-from learner.checkpoint.env import PREEMPTED_EXIT_CODE, CheckpointEnv
 from learner.checkpoint.storage import GarbageCollectingStore, LocalDirectoryStore, open_store
 
 log = logging.getLogger("rhizome.checkpoint")
@@ -64,18 +65,18 @@ class CheckpointManager:
 
     def __init__(
         self,
-        env: CheckpointEnv,
+        env: LearnerEnv,
         *,
         store: ObjectStore | None = None,
         sources: list[PreemptionNoticeSource] | None = None,
     ) -> None:
         self.env = env
-        self.root = Path(env.checkpoint_dir) / env.job_id / env.learner_id
+        self.root = env.checkpoint_root / env.checkpoint_job / env.learner_id
         # The learner's own directory (events, restored checkpoints) exists whatever the
         # store is; a remote store does not create it.
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = store or self._open_store(env)
-        self.staging = Path(env.checkpoint_dir) / ".staging" / env.job_id / env.learner_id
+        self.staging = env.checkpoint_root / ".staging" / env.checkpoint_job / env.learner_id
         self.sources = (
             sources if sources is not None else [notices.create(n, env) for n in env.notice_sources]
         )
@@ -235,7 +236,7 @@ class CheckpointManager:
             "interval_s": self.interval_s(),
             "mttp_s": self.env.mttp_s,
             "restart_s": self.env.restart_s,
-            "job_id": self.env.job_id,
+            "job_id": self.env.checkpoint_job,
             "learner_id": self.env.learner_id,
         }
         if self._notice is not None:
@@ -289,14 +290,14 @@ class CheckpointManager:
             sys.stderr.flush()
             # Leave now: the checkpoint is committed and the node is about to go; a normal
             # interpreter shutdown (torch teardown, atexit) can outlast the grace period.
-            os._exit(PREEMPTED_EXIT_CODE)
+            os._exit(ExitCode.PREEMPTED)
 
-    def _open_store(self, env: CheckpointEnv) -> ObjectStore:
+    def _open_store(self, env: LearnerEnv) -> ObjectStore:
         """The checkpoint dir, or RHIZOME_BACKUP_URL (e.g. s3://bucket/prefix) namespaced
         by job and learner as the local store is."""
         if not env.backup_url:
             return LocalDirectoryStore(self.root, keep_periodic=env.keep)
-        url = f"{env.backup_url.rstrip('/')}/{env.job_id}/{env.learner_id}"
+        url = f"{env.backup_url.rstrip('/')}/{env.checkpoint_job}/{env.learner_id}"
         return open_store(url, keep_periodic=env.keep)
 
     def latest_checkpoint(self) -> CommittedCheckpoint | None:

@@ -29,38 +29,37 @@ from email.utils import parsedate_to_datetime
 from types import FrameType
 from typing import Any
 
+from contract.env import LearnerEnv
+from contract.registry import Registry
 from learner.checkpoint.api import (
     NoticeCallback,
     NoticeSourceError,
     PreemptionNotice,
     PreemptionNoticeSource,
 )
-from learner.checkpoint.env import CheckpointEnv
 
 log = logging.getLogger(__name__)
 
-SourceFactory = Callable[[CheckpointEnv], PreemptionNoticeSource]
-_REGISTRY: dict[str, SourceFactory] = {}
+SourceFactory = Callable[[LearnerEnv], PreemptionNoticeSource]
+SOURCES: Registry[SourceFactory] = Registry(
+    "preemption notice source",
+    error=lambda message: NoticeSourceError(
+        f"{message} (RHIZOME_NOTICE_SOURCES takes a comma-separated list of them)"
+    ),
+)
 
 
-def register(name: str, factory: SourceFactory) -> None:
+def register(name: str, factory: SourceFactory | str) -> None:
     """Make a notice source available under `name` (as in RHIZOME_NOTICE_SOURCES)."""
-    _REGISTRY[name] = factory
+    SOURCES.register(name, factory)
 
 
 def registered() -> list[str]:
-    return sorted(_REGISTRY)
+    return SOURCES.names()
 
 
-def create(name: str, env: CheckpointEnv) -> PreemptionNoticeSource:
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise NoticeSourceError(
-            f"unknown preemption notice source {name!r}; RHIZOME_NOTICE_SOURCES takes a "
-            f"comma-separated list of {', '.join(registered())}"
-        ) from None
-    return factory(env)
+def create(name: str, env: LearnerEnv) -> PreemptionNoticeSource:
+    return SOURCES.get(name)(env)
 
 
 class SigtermSource(PreemptionNoticeSource):

@@ -8,18 +8,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-
-def daly_interval(save_s: float, mttp_s: float, restart_s: float) -> float:
-    """τ_opt = sqrt(2·δ·(MTTP + R)), in seconds of training between saves."""
-    if save_s < 0 or mttp_s <= 0 or restart_s < 0:
-        raise ValueError(
-            f"daly_interval needs save_s >= 0, mttp_s > 0, restart_s >= 0; "
-            f"got save_s={save_s}, mttp_s={mttp_s}, restart_s={restart_s}"
-        )
-    return math.sqrt(2.0 * save_s * (mttp_s + restart_s))
+# The formula lives in the contract: the platform's simulator models the same policy.
+from contract.policy import daly_interval
 
 
 def emergency_save_fits(step_s: float, save_s: float, backup_s: float, grace_s: float) -> bool:
@@ -66,3 +58,6 @@ def insurance_decision(
     if next_periodic_in_s is not None and next_periodic_in_s <= step_s:
         return Decision(False, "periodic-soon", tau)
     return Decision(True, "insurance", tau)
+
+
+__all__ = ["Decision", "daly_interval", "emergency_save_fits", "insurance_decision"]

@@ -42,6 +42,7 @@ import boto3.exceptions
 import botocore.exceptions
 from botocore.config import Config
 
+from contract import env as learner_vars
 from learner.checkpoint.api import CheckpointKind, CommittedCheckpoint, StorageError
 from learner.checkpoint.storage import (
     COMMITTED_MARKER,
@@ -55,7 +56,7 @@ from learner.checkpoint.storage import (
     parse_name,
 )
 
-ENDPOINT_ENV = "RHIZOME_S3_ENDPOINT_URL"
+ENDPOINT_ENV = learner_vars.S3_ENDPOINT_URL
 _DELETE_BATCH = 1000  # the most keys one DeleteObjects call takes
 _ERRORS = (
     botocore.exceptions.BotoCoreError,

@@ -1,15 +1,23 @@
-"""`python -m learner.controller --spec PATH`: run one learner (see controller.py)."""
+"""`python -m learner.controller --spec PATH`: run one learner (see controller.py).
+
+Exit codes (`contract.status.ExitCode`): USAGE when the spec cannot be read,
+CONFIG_ERROR (one line naming the variable) when a learner variable is malformed,
+otherwise what `Controller.run` returns."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
-from learner.controller.controller import Controller, LearnerSpec
-from learner.controller.etcdio import EtcdIO
+from contract.env import LearnerConfigError, LearnerEnv
+from contract.etcd import EtcdClient
+from contract.learner_spec import LearnerSpec
+from contract.status import ExitCode
+from learner.controller.controller import Controller
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = LearnerSpec.load(args.spec)
     except (OSError, ValueError, TypeError) as exc:
         print(f"learner controller: cannot read spec {args.spec}: {exc}", file=sys.stderr)
-        return 2
-    controller = Controller(spec, EtcdIO(spec.etcd_url))
+        return ExitCode.USAGE
+    try:
+        # Our own labels and what the command will get: refuse both before starting it.
+        LearnerEnv.from_environ({**os.environ, **spec.env})
+    except LearnerConfigError as exc:
+        print(f"learner controller: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    controller = Controller(spec, EtcdClient(spec.etcd_url))
 
     def on_term(*_: object) -> None:
         controller.terminate.set()

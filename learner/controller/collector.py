@@ -58,12 +58,13 @@ import grpc
 import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
+from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
 from learner.controller.metric_sources.tail import LineTailer
 
 log = logging.getLogger(__name__)
 
-STREAMS = ("stdout", "stderr")
+STREAMS = COMMAND_STREAMS  # the files the command writes (contract.logs)
 OFFSETS_FILE = "collector.offsets.json"
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,

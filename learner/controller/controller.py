@@ -38,85 +38,34 @@ import subprocess
 import threading
 import time
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.controller import keys, procs
-from learner.controller.etcdio import EtcdIO
+from contract import etcd_keys, procs
+from contract.env import Role, labels
+from contract.etcd import EtcdClient, Lease
+from contract.learner_spec import LearnerSpec
+from contract.status import ExitCode, LearnerStatus
 
 log = logging.getLogger("learner.controller")
 
-STARTING = "STARTING"
-DOWNLOADING = "DOWNLOADING"
-PROCESSING = "PROCESSING"
-STORING = "STORING"
-COMPLETED = "COMPLETED"
-FAILED = "FAILED"
-HALTED = "HALTED"
-FINAL_STATES = frozenset({COMPLETED, FAILED, HALTED})
+# The phases kept in controller.json are the statuses' values (restart safety reads them).
+STARTING = LearnerStatus.STARTING
+DOWNLOADING = LearnerStatus.DOWNLOADING
+PROCESSING = LearnerStatus.PROCESSING
+STORING = LearnerStatus.STORING
+COMPLETED = LearnerStatus.COMPLETED
+FAILED = LearnerStatus.FAILED
+HALTED = LearnerStatus.HALTED
 
-EXIT_OK = 0
-EXIT_DUPLICATE = 3  # another live controller holds this rank
-EXIT_TERMINATED = 143
-KILLED_EXIT_CODE = 137  # the command vanished without writing its exit code
+EXIT_OK = ExitCode.OK
+EXIT_DUPLICATE = ExitCode.FATAL  # another live controller holds this rank
+EXIT_TERMINATED = ExitCode.PREEMPTED
+KILLED_EXIT_CODE = ExitCode.KILLED  # the command vanished without writing its exit code
 
 # The wrapper keeps the command's exit code on disk, so a restarted controller (not the
 # command's parent any more) still learns it.
 _WRAPPER = '/bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp" && mv "$2.tmp" "$2"; exit $rc'
-
-
-@dataclass
-class LearnerSpec:
-    """What the guardian (through a backend) tells a controller; written as spec.json."""
-
-    job_id: str
-    rank: int
-    world_size: int
-    job_dir: str
-    command: str
-    etcd_url: str
-    generation: int = 1
-    restart: int = 0
-    env: dict[str, str] = field(default_factory=dict)
-    model_zip: str = ""
-    data_stores: list[dict[str, Any]] = field(default_factory=list)
-    result_store: str = ""
-    tds_address: str = ""
-    metric_sources: Any = None
-    grace_s: float = 10.0
-    lease_ttl_s: int = 2
-
-    @classmethod
-    def load(cls, path: Path) -> LearnerSpec:
-        data = json.loads(Path(path).read_text())
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown spec fields {', '.join(unknown)}")
-        return cls(**data)
-
-    def dump(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=1, sort_keys=True))
-        tmp.replace(path)
-
-    @property
-    def learner_dir(self) -> Path:
-        return Path(self.job_dir) / "learners" / str(self.rank)
-
-    @property
-    def code_dir(self) -> Path:
-        return Path(self.job_dir) / "code"
-
-    @property
-    def result_dir(self) -> Path:
-        return Path(self.env.get("RHIZOME_RESULT_DIR") or Path(self.job_dir) / "results")
-
-    @property
-    def incarnation(self) -> list[int]:
-        return [self.generation, self.restart]
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -126,28 +75,27 @@ def write_json(path: Path, data: Any) -> None:
 
 
 class Controller:
-    def __init__(self, spec: LearnerSpec, etcd: EtcdIO) -> None:
+    def __init__(self, spec: LearnerSpec, etcd: EtcdClient) -> None:
         self.spec = spec
         self.etcd = etcd
-        self.key = keys.learner_status(spec.job_id, spec.rank)
-        self.lease = 0
+        self.key = etcd_keys.learner_status(spec.job_id, spec.rank)
+        self.lease: Lease | None = None
         self.history: list[list[Any]] = []
         self.halt = threading.Event()
         self.terminate = threading.Event()
         self.wake = threading.Event()
-        self._stop_lease = threading.Event()
         self.reaper = procs.Reaper()
         self.state_path = spec.learner_dir / "controller.json"
         self.exit_path = spec.learner_dir / f"exit-{spec.generation}-{spec.restart}"
         self.state: dict[str, Any] = {}
 
     # -- etcd status --------------------------------------------------------------------
-    def _value(self, status: str, exit_code: int | None, message: str) -> dict[str, Any]:
+    def _value(self, status: LearnerStatus, exit_code: int | None, message: str) -> dict[str, Any]:
         return {
-            "status": status,
+            "status": status.value,
             "pid": os.getpid(),
             "start": procs.start_ticks(os.getpid()),
-            "lease": self.lease,
+            "lease": self.lease.id if self.lease else 0,
             "generation": self.spec.generation,
             "restart": self.spec.restart,
             "exit_code": exit_code,
@@ -156,24 +104,25 @@ class Controller:
             "history": self.history[-20:],
         }
 
-    def record(self, status: str, exit_code: int | None = None, message: str = "") -> None:
-        self.history.append([status, round(time.time(), 3)])
-        final = status in FINAL_STATES
+    def record(
+        self, status: LearnerStatus, exit_code: int | None = None, message: str = ""
+    ) -> None:
+        self.history.append([status.value, round(time.time(), 3)])
         value = self._value(status, exit_code, message)
-        self.etcd.put(self.key, value, lease=None if final else self.lease)
+        self.etcd.put(self.key, value, lease=None if status.final else self.lease)
         log.info("learner %s/%d: %s %s", self.spec.job_id, self.spec.rank, status, message)
 
     def claim(self) -> bool:
         """Take the rank's status key; False if another live controller holds it."""
         deadline = time.monotonic() + self.spec.lease_ttl_s + 5
         while time.monotonic() < deadline:
-            self.history = [[STARTING, round(time.time(), 3)]]
+            self.history = [[STARTING.value, round(time.time(), 3)]]
             if self.etcd.create(self.key, self._value(STARTING, None, ""), lease=self.lease):
                 return True
             current = self.etcd.get(self.key)
             if current is None:
                 continue
-            value, lease = current
+            value, lease = current.value, current.lease
             holder_alive = isinstance(value, dict) and procs.ref_alive(
                 value.get("pid"), value.get("start")
             )
@@ -192,7 +141,7 @@ class Controller:
             if state.get("incarnation") == self.spec.incarnation:
                 self.state = state
                 return
-        self.state = {"incarnation": self.spec.incarnation, "phase": DOWNLOADING}
+        self.state = {"incarnation": self.spec.incarnation, "phase": DOWNLOADING.value}
         with contextlib.suppress(FileNotFoundError):
             self.exit_path.unlink()
         self.save_state()
@@ -226,18 +175,16 @@ class Controller:
                 with contextlib.suppress(FileExistsError):
                     link.symlink_to(Path(source).expanduser().resolve())
         self.spec.result_dir.mkdir(parents=True, exist_ok=True)
-        Path(
-            self.spec.env.get("RHIZOME_CHECKPOINT_DIR") or Path(self.spec.job_dir) / "checkpoints"
-        ).mkdir(parents=True, exist_ok=True)
+        self.spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
     def spawn(self) -> procs.ProcRef:
         # Fencing: whatever still runs for this rank (an earlier incarnation whose
         # controller died before it wrote the pid down) goes before a new command starts.
-        procs.kill_labelled(self.spec.job_id, self.spec.rank, procs.ROLE_LEARNER)
+        procs.kill_labelled(self.spec.job_id, self.spec.rank, Role.LEARNER)
         learner_dir = self.spec.learner_dir
         env = dict(os.environ)
         env.update(self.spec.env)
-        env[procs.ROLE_ENV] = procs.ROLE_LEARNER
+        env.update(labels(self.spec.job_id, self.spec.rank, Role.LEARNER))
         with (
             open(learner_dir / "stdout.log", "ab") as out,
             open(learner_dir / "stderr.log", "ab") as err,
@@ -284,7 +231,7 @@ class Controller:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(ref.pid, signal.SIGTERM)
         procs.kill_labelled(
-            self.spec.job_id, self.spec.rank, procs.ROLE_LEARNER, grace_s=self.spec.grace_s
+            self.spec.job_id, self.spec.rank, Role.LEARNER, grace_s=self.spec.grace_s
         )
 
     def store_results(self) -> None:
@@ -296,15 +243,11 @@ class Controller:
 
     def _control_changed(self) -> None:
         with contextlib.suppress(Exception):
-            current = self.etcd.get(keys.control(self.spec.job_id))
+            current = self.etcd.get(etcd_keys.control(self.spec.job_id))
             if (
                 current
-                and isinstance(current[0], dict)
-                and current[0].get("action")
-                in (
-                    "halt",
-                    "delete",
-                )
+                and isinstance(current.value, dict)
+                and current.value.get("action") in ("halt", "delete")
             ):
                 self.halt.set()
                 self.wake.set()
@@ -335,22 +278,20 @@ class Controller:
         self.spec.learner_dir.mkdir(parents=True, exist_ok=True)
         procs.become_subreaper()
         self.reaper.start()
-        self.lease = self.etcd.grant(self.spec.lease_ttl_s)
-        self.etcd.keep_alive(self.lease, self.spec.lease_ttl_s, self._stop_lease)
+        lease = self.lease = self.etcd.grant(self.spec.lease_ttl_s).keep_alive()
         if not self.claim():
             log.warning(
                 "rank %d of %s is held by another controller", self.spec.rank, self.spec.job_id
             )
-            self.etcd.revoke(self.lease)
+            lease.revoke()
             return EXIT_DUPLICATE
-        cancel = self.etcd.watch(keys.control(self.spec.job_id), self._control_changed)
+        cancel = self.etcd.watch(etcd_keys.control(self.spec.job_id), self._control_changed)
         self._control_changed()
         try:
             return self._lifecycle()
         finally:
             cancel()
-            self._stop_lease.set()
-            self.etcd.revoke(self.lease)
+            lease.revoke()
             self.reaper.stop()
 
     def _lifecycle(self) -> int:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from contract.status import ExitCode
+
 
 class RedundancyMode(enum.StrEnum):
     """How a stage keeps its successor's layers ready (Bamboo §4).
@@ -126,5 +128,6 @@ class FatalFailure(RuntimeFailure):
         self.lost_stages = tuple(lost_stages)
 
 
-EXIT_FATAL = 3
-EXIT_EVICTED = 4
+# A worker's exit code, read by the launcher (and, through it, by the platform).
+EXIT_FATAL = ExitCode.FATAL
+EXIT_EVICTED = ExitCode.EVICTED

@@ -1,6 +1,7 @@
 """The runtime's cluster state and where it is kept (etcd, or memory for unit tests).
 
-Keys under ``/rhizome/jobs/<job_id>/runtime/`` (every value is small JSON, < 1 KB):
+Keys under ``contract.etcd_keys.runtime_prefix(job_id)`` (``/rhizome/jobs/<job_id>/runtime/``;
+every value is small JSON, < 1 KB):
 
 ``state``                  generation, P, D, dead workers, fatal reason (see ``ClusterState``)
 ``members/<worker>``       present while the worker's lease lives: liveness
@@ -32,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from contract import etcd_keys
+from contract.etcd import EtcdClient, Lease, encode
 from learner.runtime.api import ConfigError
 
 
@@ -46,12 +49,19 @@ class ClusterState:
     fatal_pipeline: int = -1
     fatal_stages: tuple[int, ...] = field(default_factory=tuple)
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ClusterState:
-        data = json.loads(raw)
+        return cls.from_dict(json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ClusterState:
+        data = dict(raw)
         data["dead"] = tuple(data.get("dead", ()))
         data["fatal_stages"] = tuple(data.get("fatal_stages", ()))
         return cls(**data)
@@ -199,37 +209,35 @@ class InMemoryClusterStateStore(ClusterStateStore):
 
 
 class EtcdClusterStateStore(ClusterStateStore):
-    """The cluster state in etcd, through the ``pyetcd`` client (python-etcd3 API)."""
+    """The cluster state in etcd, through the contract's one etcd client."""
 
     def __init__(self, endpoint: str, job_id: str) -> None:
-        import pyetcd  # local: only this class talks to etcd
-
-        host, port = _parse_endpoint(endpoint)
-        self._client = pyetcd.client(host=host, port=port, timeout=10)
-        self.prefix = f"/rhizome/jobs/{job_id}/runtime/"
-        self._lease: Any = None
+        try:
+            self._client = EtcdClient(endpoint, timeout_s=10)
+        except ValueError as exc:
+            raise ConfigError(f"etcd endpoint {endpoint!r}: {exc}") from None
+        self.prefix = etcd_keys.runtime_prefix(job_id)
+        # Refreshed from the worker's own loop (`keepalive`), never from a thread of its
+        # own: a hung worker must lose its membership.
+        self._lease: Lease | None = None
 
     def _key(self, key: str) -> str:
         return self.prefix + key
 
     def get_state(self) -> tuple[ClusterState | None, Token]:
-        value, meta = self._client.get(self._key("state"))
-        if value is None:
+        entry = self._client.get(self._key("state"))
+        if entry is None:
             return None, 0
-        return ClusterState.from_json(value), int(meta.mod_revision)
+        return ClusterState.from_dict(entry.value), entry.mod_revision
 
     def set_state(self, state: ClusterState, token: Token) -> bool:
-        raw = state.to_json()
-        _check_small("state", raw)
-        key = self._key("state")
-        tx = self._client.transactions
-        compare = [tx.version(key) == 0] if token == 0 else [tx.mod(key) == token]
-        ok, _ = self._client.transaction(compare=compare, success=[tx.put(key, raw)], failure=[])
-        return bool(ok)
+        value = state.to_dict()
+        _check_small("state", encode(value).decode())
+        return self._client.cas(self._key("state"), value, token)
 
     def register(self, worker: int, ttl_s: float) -> None:
-        self._lease = self._client.lease(max(1, round(ttl_s)))
-        self._client.put(self._key(f"members/{worker}"), str(worker), lease=self._lease)
+        self._lease = self._client.grant(max(1, round(ttl_s)))
+        self._client.put(self._key(f"members/{worker}"), worker, lease=self._lease)
 
     def keepalive(self) -> None:
         if self._lease is not None:
@@ -237,44 +245,30 @@ class EtcdClusterStateStore(ClusterStateStore):
 
     def alive_members(self) -> set[int]:
         prefix = self._key("members/")
-        return {
-            int(meta.key.decode()[len(prefix) :]) for _, meta in self._client.get_prefix(prefix)
-        }
+        return {int(key[len(prefix) :]) for key in self._client.get_prefix(prefix)}
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        raw = json.dumps(value, separators=(",", ":"))
-        _check_small(key, raw)
-        self._client.put(self._key(key), raw)
+        _check_small(key, encode(value).decode())
+        self._client.put(self._key(key), value)
 
     def get(self, key: str) -> dict[str, Any] | None:
-        value, _ = self._client.get(self._key(key))
-        return None if value is None else dict(json.loads(value))
+        entry = self._client.get(self._key(key))
+        return None if entry is None else dict(entry.value)
 
     def get_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for value, meta in self._client.get_prefix(self._key(prefix)):
-            out[meta.key.decode()[len(self.prefix) :]] = dict(json.loads(value))
-        return out
+        return {
+            key[len(self.prefix) :]: dict(entry.value)
+            for key, entry in self._client.get_prefix(self._key(prefix)).items()
+        }
 
     def delete_all(self) -> None:
         self._client.delete_prefix(self.prefix)
 
     def close(self) -> None:
         if self._lease is not None:
-            try:
-                self._lease.revoke()
-            except Exception:
-                pass
+            self._lease.revoke()
             self._lease = None
         self._client.close()
-
-
-def _parse_endpoint(endpoint: str) -> tuple[str, int]:
-    rest = endpoint.split("://", 1)[-1].rstrip("/")
-    host, _, port = rest.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"etcd endpoint {endpoint!r}: expected host:port or http://host:port")
-    return host, int(port)
 
 
 def initial_state(store: ClusterStateStore, stages: int, pipelines: int) -> ClusterState:

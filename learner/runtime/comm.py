@@ -29,14 +29,15 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
+from contract.registry import Registry
 from learner.runtime.api import ConfigError, Interrupted, LinkError
 
 GroupFactory = Callable[[dist.Store, int, int, timedelta], Any]
-_BACKENDS: dict[str, GroupFactory] = {}
+BACKENDS: Registry[GroupFactory] = Registry("process group backend", error=ConfigError)
 
 
-def register_backend(name: str, factory: GroupFactory) -> None:
-    _BACKENDS[name] = factory
+def register_backend(name: str, factory: GroupFactory | str) -> None:
+    BACKENDS.register(name, factory)
 
 
 def _gloo(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
@@ -54,13 +55,7 @@ register_backend("nccl", _nccl)
 
 
 def make_group(backend: str, store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
-    try:
-        factory = _BACKENDS[backend]
-    except KeyError:
-        raise ConfigError(
-            f"backend {backend!r} is unknown; use one of {sorted(_BACKENDS)}"
-        ) from None
-    return factory(store, rank, size, timeout)
+    return BACKENDS.get(backend)(store, rank, size, timeout)
 
 
 T = TypeVar("T")

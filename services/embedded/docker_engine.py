@@ -25,12 +25,8 @@ import docker
 from docker.errors import DockerException
 from requests.exceptions import RequestException
 
-from services.embedded.process import (
-    DependencyError,
-    ManagedServer,
-    ServerInfo,
-    pid_alive,
-)
+from contract.procs import pid_alive
+from services.embedded.process import DependencyError, ManagedServer, ServerInfo
 
 # A unix socket's path must fit `sockaddr_un.sun_path` (108 bytes with the NUL); dockerd
 # and its containerd make deeper sockets under the exec root, so keep the data dir short.

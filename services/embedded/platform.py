@@ -20,13 +20,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.embedded.process import (
-    DependencyError,
-    ManagedServer,
-    free_port,
-    pid_alive,
-    stop_process_group,
-)
+from contract.procs import free_port, pid_alive, stop_process_group
+from services.embedded.process import DependencyError, ManagedServer
 from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
 
 STATE_FILE = "platform.json"

@@ -13,44 +13,16 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.procs import free_port, stop_process_group
+
 
 class DependencyError(RuntimeError):
     """A dependency did not come up; the message names it and its log file."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def venv_bin(name: str) -> str:
-    """The path of an executable installed beside this interpreter."""
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else name
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as dead.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
 
 
 @dataclass
@@ -160,38 +132,3 @@ class ManagedServer(abc.ABC):
         if self.proc is not None:
             self.proc.wait(timeout=10)
         self.pid = None
-
-
-def stop_process_group(pid: int, timeout_s: float = 10.0) -> None:
-    """SIGTERM the process group led by `pid`, then SIGKILL it if it lingers."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if not pid_alive(pid) and not _group_alive(pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs. Zombies do not count: an orphan's
-    zombie lingers until PID 1 reaps it, which some containers' PID 1 never does."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            # fields: state, ppid, pgrp, ...
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False

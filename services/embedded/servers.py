@@ -17,7 +17,9 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from services.embedded.process import ManagedServer, free_port, venv_bin
+from contract.etcd import etcd_argv, etcd_healthy
+from contract.procs import free_port, venv_bin
+from services.embedded.process import ManagedServer
 
 
 def _tcp_open(port: int) -> bool:
@@ -42,25 +44,14 @@ class EtcdServer(ManagedServer):
         self.peer_port = peer_port or free_port()
 
     def argv(self) -> list[str]:
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        return [
-            venv_bin("etcd"),
-            "--name=default",
-            f"--data-dir={self.data_dir / 'etcd-data'}",
-            f"--listen-client-urls={self.url}",
-            f"--advertise-client-urls={self.url}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}",
-            "--log-level=warn",
-        ]
+        return etcd_argv(self.data_dir / "etcd-data", self.port, self.peer_port)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def healthy(self) -> bool:
-        return _http_ok(f"{self.url}/health")
+        return etcd_healthy(self.url)
 
 
 class MongoServer(ManagedServer):

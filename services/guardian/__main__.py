@@ -1,7 +1,9 @@
 """`python -m services.guardian --job-id J ...`: run one job's guardian (guardian.py).
 
-Started by the LCM; exit codes: 0 the job left the guardian's hands (ended, halted),
-3 another guardian holds the job, 4 the guardian lost its lease, 143 terminated."""
+Started by the LCM; exit codes (`contract.status.ExitCode`): OK (0) the job left the
+guardian's hands (ended, halted), FATAL (3) another guardian holds the job, EVICTED (4)
+the guardian lost its lease, PREEMPTED (143) terminated, USAGE (2) bad arguments or no
+store."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import signal
 import sys
 from pathlib import Path
 
-from learner.controller import procs
+from contract import procs
+from contract.etcd import EtcdClient
+from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.guardian import Guardian, GuardianConfig
 from services.store.errors import StoreUnavailable
-from services.store.etcd import EtcdStore
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from services.store.preemption_stats import PreemptionStatsRepository
@@ -42,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
             backend=args.backend,
             tds_address=args.tds,
         )
-        etcd = EtcdStore.connect(config.etcd_url)
+        etcd = EtcdClient.connect(config.etcd_url)
         db = connect(config.mongodb_uri)
         jobs = JobsRepository(db)
         stats = PreemptionStatsRepository(db)
     except (StoreUnavailable, ValueError) as exc:
         print(f"guardian: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     # Orphans of our learners (a controller died) land on us, and we reap them.
     procs.become_subreaper()
     reaper = procs.Reaper().start()

@@ -38,31 +38,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.controller import procs
+from contract import etcd_keys, procs
+from contract.etcd import EtcdClient, Lease
+from contract.procs import free_port
+from contract.status import (
+    FINAL_STATUSES,
+    HAPPY_PATH,
+    PREEMPTION_EXIT_CODES,
+    ExitCode,
+    LearnerStatus,
+)
 from services.backends.api import Backend, JobSpec
-from services.embedded.process import free_port
-from services.store import etcd_keys, states
+from services.store import states
 from services.store.errors import JobNotFound, StaleToken
-from services.store.etcd import EtcdStore, Lease
 from services.store.jobs import JobRecord, JobsRepository
 from services.store.preemption_stats import PreemptionStatsRepository
 
 log = logging.getLogger("rhizome.guardian")
 
-EXIT_DONE = 0
-EXIT_ALREADY_GUARDED = 3
-EXIT_LEASE_LOST = 4
-EXIT_TERMINATED = 143
+# What the LCM reads from a guardian's exit (services/guardian/__main__.py lists them).
+EXIT_DONE = ExitCode.OK
+EXIT_ALREADY_GUARDED = ExitCode.FATAL  # another guardian holds the job: do not restart
+EXIT_LEASE_LOST = ExitCode.EVICTED
+EXIT_TERMINATED = ExitCode.PREEMPTED
 
 STEPS = ("keys", "volume", "secrets", "learners", "helper")
 COMPLETE = "complete"
 RESTARTS = "restarts"
-# How a learner ends when its node is preempted: 143 = exited after SIGTERM (the SDK's
-# emergency save exits so), 137 / -9 = SIGKILL, -15 = died of SIGTERM.
-PREEMPTION_EXIT_CODES = frozenset({143, 137, -9, -15})
-
 # How far each learner status is along the happy path (the job follows the slowest).
-_LEVEL = {"STARTING": 0, "DOWNLOADING": 1, "PROCESSING": 2, "STORING": 3, "COMPLETED": 4}
+_LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
     states.PENDING: 0,
     states.DEPLOYING: 0,
@@ -74,7 +78,7 @@ _JOB_LEVEL = {
     states.STORING: 3,
 }
 _HAPPY = (states.DOWNLOADING, states.PROCESSING, states.STORING)
-_LEARNER_FINAL = frozenset({"COMPLETED", "FAILED", "HALTED"})
+_LEARNER_FINAL = FINAL_STATUSES
 
 
 class DeployStepFailed(RuntimeError):
@@ -126,7 +130,7 @@ class Guardian:
     def __init__(
         self,
         config: GuardianConfig,
-        etcd: EtcdStore,
+        etcd: EtcdClient,
         jobs: JobsRepository,
         backend: Backend,
         stats: PreemptionStatsRepository | None = None,
@@ -268,9 +272,9 @@ class Guardian:
             return
         self.preempted[rank] = (instance_type, zone, now)
 
-    def record_reallocation(self, rank: int, status: str, now: float) -> None:
+    def record_reallocation(self, rank: int, status: LearnerStatus, now: float) -> None:
         """The preempted learner processes again: the wait feeds the restart time R."""
-        if self.stats is None or rank not in self.preempted or status != "PROCESSING":
+        if self.stats is None or rank not in self.preempted or status != LearnerStatus.PROCESSING:
             return
         instance_type, zone, since = self.preempted.pop(rank)
         try:
@@ -345,7 +349,7 @@ class Guardian:
     def run_step(self, step: str, spec: JobSpec) -> dict[str, Any]:
         if step == "keys":
             self.etcd.put(
-                etcd_keys.runtime_prefix(self.job_id) + "config",
+                etcd_keys.runtime_config(self.job_id),
                 {
                     "world_size": spec.learners,
                     "master_addr": "127.0.0.1",
@@ -416,14 +420,14 @@ class Guardian:
             if isinstance(statuses, int):
                 return statuses
             job = self.advance(job, statuses)
-            if all(s == "COMPLETED" for s in statuses.values()):
+            if all(s == LearnerStatus.COMPLETED for s in statuses.values()):
                 return self.finish(states.COMPLETED, "every learner finished", exit_code=0)
 
-    def learner_statuses(self, spec: JobSpec, max_restarts: int) -> dict[int, str] | int:
+    def learner_statuses(self, spec: JobSpec, max_restarts: int) -> dict[int, LearnerStatus] | int:
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
         restarts_entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, RESTARTS))
         restarts: dict[str, int] = dict(restarts_entry.value) if restarts_entry else {}
-        statuses: dict[int, str] = {}
+        statuses: dict[int, LearnerStatus] = {}
         now = time.monotonic()
         for rank in range(spec.learners):
             entry = entries.get(etcd_keys.learner_status(self.job_id, rank))
@@ -444,13 +448,13 @@ class Guardian:
                         spec, rank, int(restarts.get(str(rank), 0))
                     )
                     self.started_at[rank] = now
-                statuses[rank] = "STARTING"
+                statuses[rank] = LearnerStatus.STARTING
             elif entry.lease:
                 if not procs.ref_alive(value.get("pid"), value.get("start")):
                     self.etcd.revoke(entry.lease)  # its controller died: free the rank now
                     self.wake.set()
-                statuses[rank] = str(value.get("status", "STARTING"))
-            elif value.get("status") == "FAILED":
+                statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
+            elif value.get("status") == LearnerStatus.FAILED:
                 done = int(restarts.get(str(rank), 0))
                 code = int(value.get("exit_code") or 1)
                 if done >= max_restarts:
@@ -464,13 +468,14 @@ class Guardian:
                 )
                 self.handles[rank] = self.backend.start_learner(spec, rank, done + 1)
                 self.started_at[rank] = now
-                statuses[rank] = "STARTING"
+                statuses[rank] = LearnerStatus.STARTING
             else:
-                statuses[rank] = str(value.get("status"))
+                # a final status: COMPLETED or HALTED (FAILED was handled above)
+                statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
             self.record_reallocation(rank, statuses[rank], now)
         return statuses
 
-    def advance(self, job: JobRecord, statuses: dict[int, str]) -> JobRecord:
+    def advance(self, job: JobRecord, statuses: dict[int, LearnerStatus]) -> JobRecord:
         """Move the record along the happy path as far as the slowest learner is."""
         slowest = min((_LEVEL.get(s, 0) for s in statuses.values()), default=0)
         while True:

@@ -10,9 +10,9 @@ from services.hosting import DaemonContext, Hosted, jobs_repository
 def build(ctx: DaemonContext) -> Hosted:
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
+    from contract.etcd import EtcdClient
     from services.lcm.manager import LcmConfig, LifecycleManager
     from services.lcm.servicer import LifecycleServicer
-    from services.store.etcd import EtcdStore
 
     config = ctx.config
     if not config.etcd_url:
@@ -30,7 +30,7 @@ def build(ctx: DaemonContext) -> Hosted:
             place_locally=not has_scheduler,
         ),
         jobs_repository(ctx),
-        EtcdStore.connect(config.etcd_url),
+        EtcdClient.connect(config.etcd_url),
     )
     ctx.shared["lcm"] = manager
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LifecycleServicer(manager), ctx.server)

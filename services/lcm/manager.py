@@ -31,17 +31,19 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learner.controller import procs
+from contract import etcd_keys, procs
+from contract.etcd import EtcdClient, Lease
+from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.lcm.placement import place_queued_locally
-from services.store import etcd_keys, states
+from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
-from services.store.etcd import EtcdStore, Lease
 from services.store.jobs import JobsRepository
 
 log = logging.getLogger("rhizome.lcm")
 
-GUARDIAN_ALREADY_GUARDED = 3
+# A guardian that exits so found the job guarded by another: restarting it cannot help.
+GUARDIAN_ALREADY_GUARDED = ExitCode.FATAL
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Supervised:
 
 
 class LifecycleManager:
-    def __init__(self, config: LcmConfig, jobs: JobsRepository, etcd: EtcdStore) -> None:
+    def __init__(self, config: LcmConfig, jobs: JobsRepository, etcd: EtcdClient) -> None:
         self.config = config
         self.jobs = jobs
         self.etcd = etcd
@@ -169,8 +171,12 @@ class LifecycleManager:
         if self.config.place_locally:
             place_queued_locally(self.jobs)
         active = self.jobs.by_status(states.ACTIVE_STATES)
-        keys = self.etcd.get_prefix(f"{etcd_keys.ROOT}/jobs/")
-        guardian_keys = {k: e for k, e in keys.items() if k.endswith("/guardian")}
+        keys = self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        guardian_keys = {
+            k: e
+            for k, e in keys.items()
+            if k == etcd_keys.guardian_lease(etcd_keys.job_of(k) or "")
+        }
         active_ids = {j.job_id for j in active}
         for job in active:
             self.ensure_guardian(
@@ -181,7 +187,7 @@ class LifecycleManager:
                 if not self.guardians[job_id].ref.alive():
                     self.guardians.pop(job_id)
                     self.failures.pop(job_id, None)
-        leftover = {k.split("/")[3] for k in keys} - active_ids
+        leftover = {j for j in map(etcd_keys.job_of, keys) if j} - active_ids
         for job_id in leftover:
             self.collect(job_id, guardian_keys.get(etcd_keys.guardian_lease(job_id)))
 
@@ -241,7 +247,7 @@ class LifecycleManager:
             lived = time.monotonic() - current.started if current else 0.0
             if current is not None and current.ref.pid == pid:
                 self.guardians.pop(job_id)
-            if code in (0, GUARDIAN_ALREADY_GUARDED):
+            if code in (ExitCode.OK, GUARDIAN_ALREADY_GUARDED):
                 self.failures.pop(job_id, None)
                 self.not_before.pop(job_id, None)
             else:

@@ -84,7 +84,7 @@ _SIM_OPTIONS = [
         "--strategy",
         "strategies",
         multiple=True,
-        type=click.Choice(list(REGISTRY)),
+        type=click.Choice(REGISTRY.names()),
         help="Strategy to simulate; repeat for several (default: all).",
     ),
     _opt(
@@ -191,7 +191,7 @@ def _run(job: JobSpec, model: PreemptionModel, prices: Prices, opts: dict[str, A
             degraded_slowdown=opts["degraded_slowdown"],
             checkpoint_every_s=parse_duration(opts["redundant_checkpoint_every"]),
         )
-        names = list(opts["strategies"]) or list(REGISTRY)
+        names = list(opts["strategies"]) or REGISTRY.names()
         intervals = [parse_duration(i) for i in (opts["intervals"] or DEFAULT_INTERVALS)]
         strategies = factories(names, intervals_s=intervals, redundancy=redundancy)
         rows = simulate(job, model, prices, strategies, runs=opts["runs"], seed=opts["seed"])

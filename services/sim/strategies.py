@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from learner.checkpoint.policy import daly_interval
+from contract.policy import daly_interval
+from contract.registry import Registry
 from services.sim.engine import Strategy
 from services.sim.model import SimInputError
 
@@ -257,12 +258,40 @@ def _fmt_interval(s: float) -> str:
 
 
 StrategyFactory = Callable[[], Strategy]
-REGISTRY: dict[str, str] = {
-    "on-demand": "on-demand nodes, never preempted",
-    "checkpoint-restart": "spot, save every fixed interval, restart from the last checkpoint",
-    "adaptive": "spot, emergency save on notice, Daly insurance saves otherwise (Spotify)",
-    "redundant": "spot, redundant computation with failover and reconfiguration (Bamboo)",
-}
+# A strategy's name -> the factories it stands for, given the run's options.
+StrategyBuilder = Callable[[list[float], RedundancyParams], list[StrategyFactory]]
+
+
+def _on_demand(intervals_s: list[float], redundancy: RedundancyParams) -> list[StrategyFactory]:
+    """On-demand nodes, never preempted."""
+    return [OnDemand]
+
+
+def _checkpoint_restart(
+    intervals_s: list[float], redundancy: RedundancyParams
+) -> list[StrategyFactory]:
+    """Spot, save every fixed interval, restart from the last checkpoint (one per interval)."""
+    if not intervals_s:
+        raise SimInputError("checkpoint-restart needs at least one --interval")
+    return [lambda iv=iv: CheckpointRestart(iv) for iv in intervals_s]  # type: ignore[misc]
+
+
+def _adaptive(intervals_s: list[float], redundancy: RedundancyParams) -> list[StrategyFactory]:
+    """Spot, emergency save on notice, Daly insurance saves otherwise (Spotify)."""
+    return [Adaptive]
+
+
+def _redundant(intervals_s: list[float], redundancy: RedundancyParams) -> list[StrategyFactory]:
+    """Spot, redundant computation with failover and reconfiguration (Bamboo)."""
+    return [lambda: Redundant(redundancy)]
+
+
+# In the order the CLI runs them by default.
+REGISTRY: Registry[StrategyBuilder] = Registry("strategy", error=SimInputError, ordered=True)
+REGISTRY.register("on-demand", _on_demand)
+REGISTRY.register("checkpoint-restart", _checkpoint_restart)
+REGISTRY.register("adaptive", _adaptive)
+REGISTRY.register("redundant", _redundant)
 
 
 def factories(
@@ -274,17 +303,5 @@ def factories(
     """One factory per simulated strategy; checkpoint-restart expands to one per interval."""
     out: list[StrategyFactory] = []
     for name in names:
-        if name == "on-demand":
-            out.append(OnDemand)
-        elif name == "checkpoint-restart":
-            if not intervals_s:
-                raise SimInputError("checkpoint-restart needs at least one --interval")
-            for iv in intervals_s:
-                out.append(lambda iv=iv: CheckpointRestart(iv))  # type: ignore[misc]
-        elif name == "adaptive":
-            out.append(Adaptive)
-        elif name == "redundant":
-            out.append(lambda: Redundant(redundancy))
-        else:
-            raise SimInputError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}")
+        out.extend(REGISTRY.get(name)(intervals_s, redundancy))
     return out

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+# MongoDB or etcd cannot be reached; the message names which and where. Defined with the
+# one etcd client (the learners raise it too); re-exported here for the platform's stores.
+from contract.etcd import StoreUnavailable
+
 
 class StoreError(RuntimeError):
-    """Base class of every store error."""
-
-
-class StoreUnavailable(StoreError):
-    """MongoDB or etcd cannot be reached; the message names which and where."""
+    """Base class of the store errors below."""
 
 
 class JobNotFound(StoreError, LookupError):
@@ -33,3 +33,12 @@ class IdempotencyConflict(StoreError):
 
 class StaleToken(StoreError):
     """A compare-and-set lost: someone else changed the record since it was read."""
+
+
+__all__ = [
+    "IdempotencyConflict",
+    "JobNotFound",
+    "StaleToken",
+    "StoreError",
+    "StoreUnavailable",
+]

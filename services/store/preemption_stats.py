@@ -15,7 +15,7 @@ Each falls back from the zone to the instance type (all zones) to the configured
 when fewer than `min_samples` records back it; `Estimate.scope` says which was used.
 
 The guardian turns an estimate into the learner's environment with `learner_env()`
-(`RHIZOME_MTTP_S`, `RHIZOME_RESTART_S`, see `learner/checkpoint/env.py`).
+(`RHIZOME_MTTP_S`, `RHIZOME_RESTART_S`, see `contract/env.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import pymongo
 from pymongo.database import Database
 
-from learner.checkpoint import env as ckpt_env
+from contract import env as learner_vars
 from services.store.retry import with_retries
 
 COLLECTION = "preemption_stats"
@@ -47,7 +47,10 @@ class Estimate:
 
     def learner_env(self) -> dict[str, str]:
         """The variables the guardian sets on the job's learners."""
-        return {ckpt_env.MTTP_S: f"{self.mttp_s:.3f}", ckpt_env.RESTART_S: f"{self.restart_s:.3f}"}
+        return {
+            learner_vars.MTTP_S: f"{self.mttp_s:.3f}",
+            learner_vars.RESTART_S: f"{self.restart_s:.3f}",
+        }
 
 
 def _check_name(what: str, value: str) -> None:

@@ -23,8 +23,9 @@ from typing import Any
 
 from rhizome.v1 import tds_pb2
 
-LOG_STREAMS = ("stdout", "stderr", "controller")
-METRIC_SOURCES = ("logger", "regex_extractor", "emetrics_file", "tensorboard")
+# The streams a log line may name; re-exported for the servicer, defined in the contract.
+from contract.logs import LOG_STREAMS as LOG_STREAMS
+from contract.registry import Registry
 
 # (learner, stream) for logs, (learner, source) for metrics: the unit within which
 # seq numbers are contiguous.
@@ -148,22 +149,20 @@ class TrainingDataStore(abc.ABC):
         """Release connections."""
 
 
-_STORES: dict[str, Callable[..., TrainingDataStore]] = {}
+def _load_builtin() -> None:
+    # Importing the backends registers them; done on first use so `api` stays import-light.
+    from services.tds import es_store, memory_store  # noqa: F401
 
 
-def register_store(name: str, factory: Callable[..., TrainingDataStore]) -> None:
-    _STORES[name] = factory
+STORES: Registry[Callable[..., TrainingDataStore]] = Registry(
+    "training data store", error=InvalidRequest, load=_load_builtin
+)
+
+
+def register_store(name: str, factory: Callable[..., TrainingDataStore] | str) -> None:
+    STORES.register(name, factory)
 
 
 def create_store(name: str, **kwargs: Any) -> TrainingDataStore:
     """A store backend by name: 'elasticsearch' (url=...) or 'memory'."""
-    # Importing the backends registers them; done here so `api` stays import-light.
-    from services.tds import es_store, memory_store  # noqa: F401
-
-    try:
-        factory = _STORES[name]
-    except KeyError:
-        raise InvalidRequest(
-            f"unknown training data store {name!r}; choose one of {sorted(_STORES)}"
-        ) from None
-    return factory(**kwargs)
+    return STORES.get(name)(**kwargs)

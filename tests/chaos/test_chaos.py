@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from learner.controller import procs
+from contract import etcd_keys, procs
+from contract.env import Role
+from contract.etcd import EtcdClient
+from contract.procs import free_port
 from services.client.sdk import Client, ClientError
 from services.embedded.platform import DaemonServer
-from services.embedded.process import ManagedServer, free_port
-from services.store import etcd_keys, states
-from services.store.etcd import EtcdStore
+from services.embedded.process import ManagedServer
+from services.store import states
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from tests.services.guardian.helpers import code_zip, wait_for
@@ -132,7 +134,7 @@ def test_jobs_survive_repeated_sigkills_of_platform_processes(
     platform = Platform(tmp_path, etcd_server.url, mongo_server.url)
     platform.start()
     repo = JobsRepository(connect(mongo_server.url))
-    etcd = EtcdStore.connect(etcd_server.url)
+    etcd = EtcdClient.connect(etcd_server.url)
     rng = random.Random(7)
     violations: list[str] = []
     stop_sampling = threading.Event()
@@ -158,7 +160,7 @@ def test_jobs_survive_repeated_sigkills_of_platform_processes(
             while not stop_sampling.wait(0.1):
                 for job_id in expected:
                     groups: dict[str, set[int]] = {}
-                    for pid in procs.labelled(job_id, role=procs.ROLE_LEARNER):
+                    for pid in procs.labelled(job_id, role=Role.LEARNER):
                         with contextlib.suppress(OSError):
                             env = Path(f"/proc/{pid}/environ").read_bytes()
                             rank = [v for v in env.split(b"\0") if v.startswith(b"RHIZOME_RANK=")]
@@ -187,7 +189,7 @@ def test_jobs_survive_repeated_sigkills_of_platform_processes(
                     os.kill(rng.choice(pids), signal.SIGKILL)
                     kills.append("guardian")
             else:
-                pids = [p for j in expected for p in procs.labelled(j, role=procs.ROLE_CONTROLLER)]
+                pids = [p for j in expected for p in procs.labelled(j, role=Role.CONTROLLER)]
                 if pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(rng.choice(pids), signal.SIGKILL)

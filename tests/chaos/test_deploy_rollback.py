@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from learner.controller import procs
-from services.store import etcd_keys, states
+from contract import etcd_keys, procs
+from contract.env import Role
+from services.store import states
 from tests.services.guardian.helpers import history, start_guardian, submit, wait_for
 from tests.services.guardian.test_guardian import assert_clean, run
 
@@ -27,7 +28,7 @@ def test_guardian_killed_mid_deploy_rolls_back_and_redeploys_cleanly(
     helper_key = etcd_keys.deploy_step(job.job_id, "helper")
     # Learners are started; the helper step is recorded as started but not done.
     wait_for("the helper step to start", lambda: stores["etcd"].get(helper_key))
-    assert len(procs.labelled(job.job_id, role=procs.ROLE_CONTROLLER)) == 2
+    assert len(procs.labelled(job.job_id, role=Role.CONTROLLER)) == 2
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
     assert run(stores, tmp_path, job.job_id) == 0

@@ -18,8 +18,8 @@ from typing import Any
 import docker
 import pytest
 
+from contract.procs import pid_alive
 from services.embedded.docker_engine import DockerEngine, engine_answers, mounts_under
-from services.embedded.process import pid_alive
 from services.images.build import (
     BASE_IMAGE,
     LEARNER_UID,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.procs import free_port
 from services.config import PlatformConfig
 from services.daemon import Daemon
-from services.embedded.process import ManagedServer, free_port
+from services.embedded.process import ManagedServer
 
 
 @dataclass

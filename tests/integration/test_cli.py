@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.embedded.process import ManagedServer, pid_alive
+from contract.procs import pid_alive
+from services.embedded.process import ManagedServer
 
 pytestmark = pytest.mark.integration
 

@@ -89,10 +89,10 @@ def test_deleting_a_job_deletes_its_logs_after_the_retention(
 
     from rhizome.v1 import tds_pb2
 
+    from contract.procs import free_port
     from services.client.sdk import Client
     from services.config import PlatformConfig
     from services.daemon import Daemon
-    from services.embedded.process import free_port
 
     monkeypatch.setenv("RHIZOME_LOG_RETENTION_S", "0")
     daemon = Daemon(

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import job_pb2
 
+from contract.procs import free_port
 from services.client.sdk import Client, ClientError
 from services.config import PlatformConfig
 from services.daemon import Daemon
-from services.embedded.process import ManagedServer, free_port
+from services.embedded.process import ManagedServer
 from services.scheduler.api import QuotaConfigError
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.procs import free_port
 from services.embedded.platform import grpc_serving
-from services.embedded.process import ManagedServer, free_port
+from services.embedded.process import ManagedServer
 
 DAEMON = [sys.executable, "-m", "services.daemon"]
 

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-LOG_STREAMS = ("stdout", "stderr")
+from contract.logs import COMMAND_STREAMS
+from contract.registry import Registry
+
+# A metric source may read one of the command's streams by name.
+LOG_STREAMS = COMMAND_STREAMS
 
 
 class MetricSourceError(ValueError):
@@ -73,13 +77,7 @@ class MetricSource(abc.ABC):
         return path if path.is_absolute() else self.learner_dir / path
 
 
-_SOURCES: dict[str, Callable[[Mapping[str, Any], Path, str], MetricSource]] = {}
-
-
-def register_source(
-    name: str, factory: Callable[[Mapping[str, Any], Path, str], MetricSource]
-) -> None:
-    _SOURCES[name] = factory
+SourceFactory = Callable[[Mapping[str, Any], Path, str], MetricSource]
 
 
 def _load_builtin() -> None:
@@ -91,13 +89,22 @@ def _load_builtin() -> None:
     )
 
 
+# The built-in types register themselves when their modules are imported, on first use.
+SOURCES: Registry[SourceFactory] = Registry(
+    "metric source type", error=MetricSourceError, load=_load_builtin
+)
+
+
+def register_source(name: str, factory: SourceFactory | str) -> None:
+    SOURCES.register(name, factory)
+
+
 def create_sources(spec: Any, learner_dir: Path) -> list[MetricSource]:
     """Sources for a manifest's `evaluation_metrics` (None, one mapping, or a list).
 
     Each gets an id, its type name — `regex_extractor`, then `regex_extractor.1` for a
     second of the same type — which keys its seq numbers and document ids.
     """
-    _load_builtin()
     if spec is None:
         return []
     specs = [spec] if isinstance(spec, Mapping) else spec
@@ -111,15 +118,15 @@ def create_sources(spec: Any, learner_dir: Path) -> list[MetricSource]:
         if not isinstance(one, Mapping):
             raise MetricSourceError(f"evaluation_metrics[{i}] must be a mapping with a 'type'")
         kind = one.get("type")
-        if kind not in _SOURCES:
+        if not isinstance(kind, str) or kind not in SOURCES:
             raise MetricSourceError(
-                f"evaluation_metrics[{i}].type is {kind!r}; use one of {sorted(_SOURCES)}"
+                f"evaluation_metrics[{i}].type is {kind!r}; use one of {SOURCES.names()}"
             )
         n = counts.get(kind, 0)
         counts[kind] = n + 1
         source_id = kind if n == 0 else f"{kind}.{n}"
         try:
-            out.append(_SOURCES[kind](one, Path(learner_dir), source_id))
+            out.append(SOURCES.get(kind)(one, Path(learner_dir), source_id))
         except MetricSourceError as exc:
             raise MetricSourceError(f"evaluation_metrics[{i}] ({kind}): {exc}") from exc
     return out

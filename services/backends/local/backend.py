@@ -19,6 +19,7 @@ whose parents died. Memory limits use a memory cgroup when this process may crea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -27,8 +28,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from learner.controller import procs
-from learner.controller.controller import LearnerSpec
+from contract import env as learner_vars
+from contract import procs
+from contract.env import LearnerConfigError, LearnerEnv, Role
+from contract.learner_spec import LearnerSpec
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
 
 log = logging.getLogger(__name__)
@@ -37,13 +40,31 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
-    """The environment a distributed learner expects (torch.distributed's env:// names)."""
+    """The environment a distributed learner expects: torch.distributed's env:// names and
+    the `LearnerEnv` of the contract. A manifest's own `env` comes first; the platform's
+    estimates and the learner's identity override it. A malformed `RHIZOME_*` value in
+    the manifest fails this deploy step, naming the variable, instead of the learner."""
     nodes = {str(k): str(v) for k, v in (job.placement.get("learner_nodes") or {}).items()}
     node = nodes.get(str(rank), "local")
     same_node = [r for r in range(job.learners) if nodes.get(str(r), "local") == node]
     local_rank = same_node.index(rank) if rank in same_node else 0
     env = {str(k): str(v) for k, v in (job.manifest.get("env") or {}).items()}
     env.update(job.platform_env)
+    try:
+        chosen = LearnerEnv.from_environ(env)
+    except LearnerConfigError as exc:
+        raise BackendError(f"learner {rank}: the manifest's env: {exc}") from exc
+    contract_env = dataclasses.replace(
+        chosen,
+        job_id=job.job_id,
+        rank=rank,
+        learner_id=str(rank),
+        job_dir=job.job_dir,
+        checkpoint_dir=job.checkpoint_dir,
+        result_dir=str(Path(job.job_dir) / "results" / str(rank)),
+        secrets=str(Path(job.job_dir) / "secrets" / "env"),
+    )
+    env.update(contract_env.to_environ())
     env.update(
         RANK=str(rank),
         WORLD_SIZE=str(job.learners),
@@ -53,13 +74,6 @@ def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
         MASTER_PORT=str(job.master_port),
         CUDA_VISIBLE_DEVICES=visible_devices(job, rank, local_rank),
         PYTHONUNBUFFERED="1",
-        RHIZOME_JOB_ID=job.job_id,
-        RHIZOME_RANK=str(rank),
-        RHIZOME_LEARNER_ID=str(rank),
-        RHIZOME_JOB_DIR=job.job_dir,
-        RHIZOME_CHECKPOINT_DIR=job.checkpoint_dir,
-        RHIZOME_RESULT_DIR=str(Path(job.job_dir) / "results" / str(rank)),
-        RHIZOME_SECRETS=str(Path(job.job_dir) / "secrets" / "env"),
     )
     return env
 
@@ -134,13 +148,11 @@ class LocalBackend(Backend):
         spec_path = learner_dir / "spec.json"
         spec.dump(spec_path)
         env = dict(os.environ)
-        for key in [k for k in env if k.startswith("RHIZOME_")]:
+        for key in learner_vars.platform_variables(env):
             env.pop(key)  # the platform's own settings are not the learner's business
         env.update(
             {
-                procs.JOB_ENV: job.job_id,
-                procs.RANK_ENV: str(rank),
-                procs.ROLE_ENV: procs.ROLE_CONTROLLER,
+                **learner_vars.labels(job.job_id, rank, Role.CONTROLLER),
                 "PYTHONUNBUFFERED": "1",
                 # `python` in a manifest means the platform's interpreter on this machine.
                 "PATH": os.pathsep.join([str(Path(self.python).parent), env.get("PATH", "")]),

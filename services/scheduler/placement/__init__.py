@@ -15,28 +15,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from contract.registry import Registry
 from services.scheduler.api import PlacementPolicy, UnknownPolicy
 
-_REGISTRY: dict[str, Callable[..., PlacementPolicy]] = {}
+POLICIES: Registry[Callable[..., PlacementPolicy]] = Registry(
+    "placement policy", error=UnknownPolicy
+)
 
 
-def register_policy(name: str, factory: Callable[..., PlacementPolicy]) -> None:
+def register_policy(name: str, factory: Callable[..., PlacementPolicy] | str) -> None:
     """Make ``factory(**options)`` available as ``get_policy(name, **options)``."""
-    _REGISTRY[name] = factory
+    POLICIES.register(name, factory)
 
 
 def get_policy(name: str, **options: Any) -> PlacementPolicy:
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise UnknownPolicy(
-            f"unknown placement policy {name!r}; choose one of {', '.join(policy_names())}"
-        ) from None
-    return factory(**options)
+    return POLICIES.get(name)(**options)
 
 
 def policy_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return POLICIES.names()
 
 
 def _register_builtin() -> None:

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from contract.env import LearnerEnv
+from contract.status import ExitCode
 from learner.checkpoint.api import (
     CheckpointKind,
     NoticeCallback,
     PreemptionNotice,
     PreemptionNoticeSource,
 )
-from learner.checkpoint.env import PREEMPTED_EXIT_CODE, CheckpointEnv
 from learner.checkpoint.manager import CheckpointManager
 
 
@@ -32,7 +33,7 @@ class SilentSigterm(PreemptionNoticeSource):
 def _manager(
     tmp_path: Path, sources: list[PreemptionNoticeSource] | None = None, **kw: object
 ) -> CheckpointManager:
-    env = CheckpointEnv(enabled=True, job_id="j", checkpoint_dir=tmp_path / "ck", **kw)  # type: ignore[arg-type]
+    env = LearnerEnv(job_id="j", checkpoint_dir=str(tmp_path / "ck"), **kw)  # type: ignore[arg-type]
     return CheckpointManager(env, sources=sources or [])
 
 
@@ -82,7 +83,7 @@ def test_emergency_save_exits_with_the_preempted_status(
     monkeypatch.setattr("learner.checkpoint.manager.os._exit", fake_exit)
     with pytest.raises(SystemExit):
         m.backup(_save(m, "x"))
-    assert exits == [PREEMPTED_EXIT_CODE]
+    assert exits == [ExitCode.PREEMPTED]
     latest = m.latest_checkpoint()
     assert latest is not None and latest.kind is CheckpointKind.EMERGENCY
 

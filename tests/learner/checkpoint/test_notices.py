@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from contract.env import LearnerEnv
 from learner.checkpoint import notices
 from learner.checkpoint.api import NoticeSourceError, PreemptionNotice
-from learner.checkpoint.env import CheckpointEnv
 
 
 class FakeMetadata:
@@ -80,8 +80,8 @@ def metadata() -> Iterator[tuple[FakeMetadata, str]]:
         server.server_close()
 
 
-def _env(url: str, **kw: Any) -> CheckpointEnv:
-    return CheckpointEnv(metadata_url=url, notice_poll_s=0.05, **kw)
+def _env(url: str, **kw: Any) -> LearnerEnv:
+    return LearnerEnv(metadata_url=url, notice_poll_s=0.05, **kw)
 
 
 def test_aws_reports_time_left_until_instance_action(metadata: tuple[FakeMetadata, str]) -> None:
@@ -161,7 +161,7 @@ def test_unreachable_endpoint_is_no_notice() -> None:
 
 def test_sigterm_reports_the_configured_grace() -> None:
     got: list[PreemptionNotice] = []
-    source = notices.create("sigterm", CheckpointEnv(grace_s=42.0))
+    source = notices.create("sigterm", LearnerEnv(grace_s=42.0))
     before = signal.getsignal(signal.SIGTERM)
     source.start(got.append)
     try:
@@ -178,4 +178,4 @@ def test_sigterm_reports_the_configured_grace() -> None:
 
 def test_unknown_source_names_the_known_ones() -> None:
     with pytest.raises(NoticeSourceError, match="aws, azure, gcp, sigterm"):
-        notices.create("ibm", CheckpointEnv())
+        notices.create("ibm", LearnerEnv())

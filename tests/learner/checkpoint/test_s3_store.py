@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from contract.procs import free_port
 from learner.checkpoint.api import CheckpointKind, StorageError
 from learner.checkpoint.s3 import ENDPOINT_ENV, S3Store
 from learner.checkpoint.storage import (
@@ -44,12 +44,6 @@ CREDENTIALS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _moto_server() -> str:
     local = Path(sys.executable).parent / "moto_server"
     found = str(local) if local.exists() else shutil.which("moto_server")
@@ -63,7 +57,7 @@ def _moto_server() -> str:
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [_moto_server(), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -255,7 +249,7 @@ def test_missing_bucket_and_unreachable_endpoint_are_clear_errors(
 ) -> None:
     with pytest.raises(StorageError, match=r"bucket 'no-such-bucket' does not exist; create it"):
         open_store("s3://no-such-bucket/x")
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv(ENDPOINT_ENV, dead)
     with pytest.raises(StorageError, match="cannot reach the endpoint") as err:
         open_store("s3://any-bucket/x")
@@ -272,10 +266,10 @@ def test_missing_bucket_and_unreachable_endpoint_are_clear_errors(
 def test_the_sdk_backs_up_to_s3_and_resumes_from_local_files(
     s3env: dict[str, str], bucket: str, tmp_path: Path
 ) -> None:
-    from learner.checkpoint.env import CheckpointEnv
+    from contract.env import LearnerEnv
     from learner.checkpoint.manager import CheckpointManager
 
-    env = CheckpointEnv.from_env(
+    env = LearnerEnv.from_environ(
         {
             "RHIZOME_JOB_ID": "job-s3",
             "RHIZOME_CHECKPOINT_DIR": str(tmp_path / "ckpt"),

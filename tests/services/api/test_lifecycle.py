@@ -15,10 +15,10 @@ import grpc
 import pytest
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
+from contract.procs import free_port
 from services.api import errors
 from services.api.core import TrainerCore
 from services.api.hosting import lifecycle_client
-from services.embedded.process import free_port
 from services.lcm.servicer import LifecycleServicer
 from services.manifest import parse_manifest
 from services.store import states

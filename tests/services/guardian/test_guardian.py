@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from learner.controller import procs
+from contract import etcd_keys, procs
 from services.guardian.guardian import EXIT_ALREADY_GUARDED
-from services.store import etcd_keys, states
+from services.store import states
 from tests.services.guardian.helpers import history, start_guardian, submit, wait_for
 
 pytestmark = pytest.mark.integration

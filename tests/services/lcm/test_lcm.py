@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from learner.controller import procs
+from contract import etcd_keys, procs
 from services.lcm.manager import LcmConfig, LifecycleManager
-from services.store import etcd_keys, states
+from services.store import states
 from tests.services.guardian.helpers import history, submit, wait_for
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
-from services.embedded.process import stop_process_group
+from contract.procs import stop_process_group
 from services.tds.api import TrainingDataStore
 from services.tds.server import serve
 from services.tds.servicer import TrainingDataServicer

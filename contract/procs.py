@@ -1,9 +1,10 @@
-"""Process bookkeeping shared by the learner controller and the local backend.
+"""Process helpers both sides use: free ports, liveness, process groups, job labels.
 
 Every learner process carries its job in its environment (`RHIZOME_JOB_ID`, `RHIZOME_RANK`,
-`RHIZOME_ROLE`): that is the label by which a rollback or a teardown finds *everything*
-of a job, even processes whose parent died and whose pid was never written down. A pid
-alone is not an identity (pids are reused), so a reference is (pid, start time).
+`RHIZOME_ROLE`, see `contract.env.labels`): that is the label by which a rollback or a
+teardown finds *everything* of a job, even processes whose parent died and whose pid was
+never written down. A pid alone is not an identity (pids are reused), so a reference is
+(pid, start time).
 
 On this kind of machine PID 1 may not reap orphans, so every supervisor in the chain
 (daemon, guardian, controller) makes itself a child subreaper and reaps what lands on it.
@@ -15,18 +16,47 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-JOB_ENV = "RHIZOME_JOB_ID"
-RANK_ENV = "RHIZOME_RANK"
-ROLE_ENV = "RHIZOME_ROLE"
-ROLE_CONTROLLER = "controller"
-ROLE_LEARNER = "learner"
+from contract import env as learner_env
+from contract.env import Role
+
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def venv_bin(name: str) -> str:
+    """The path of an executable installed beside this interpreter (else the bare name,
+    for PATH)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it still answers kill(0))."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
 
 
 def start_ticks(pid: int) -> int | None:
@@ -70,12 +100,12 @@ def _environ(pid: int) -> dict[str, str] | None:
     env = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
-        if sep and key.startswith(b"RHIZOME_"):
+        if sep and key.startswith(learner_env.PREFIX.encode()):
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
 
 
-def labelled(job_id: str, rank: int | None = None, role: str | None = None) -> list[int]:
+def labelled(job_id: str, rank: int | None = None, role: Role | None = None) -> list[int]:
     """Pids of live processes labelled with this job (and rank / role when given)."""
     me = os.getpid()
     found = []
@@ -86,11 +116,11 @@ def labelled(job_id: str, rank: int | None = None, role: str | None = None) -> l
         if pid == me:
             continue
         env = _environ(pid)
-        if not env or env.get(JOB_ENV) != job_id:
+        if not env or env.get(learner_env.JOB_ID) != job_id:
             continue
-        if rank is not None and env.get(RANK_ENV) != str(rank):
+        if rank is not None and env.get(learner_env.RANK) != str(rank):
             continue
-        if role is not None and env.get(ROLE_ENV) != role:
+        if role is not None and env.get(learner_env.ROLE) != role.value:
             continue
         if start_ticks(pid) is not None:
             found.append(pid)
@@ -111,7 +141,7 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
 def kill_labelled(
     job_id: str,
     rank: int | None = None,
-    role: str | None = None,
+    role: Role | None = None,
     grace_s: float = 0.0,
     timeout_s: float = 10.0,
 ) -> int:
@@ -138,6 +168,8 @@ def kill_labelled(
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: an orphan's
+    zombie lingers until PID 1 reaps it, which some containers' PID 1 never does."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -153,6 +185,23 @@ def group_alive(pgid: int) -> bool:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 return True
     return False
+
+
+def stop_process_group(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGTERM the process group led by `pid`, then SIGKILL it if it lingers."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not pid_alive(pid) and not group_alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def become_subreaper() -> bool:

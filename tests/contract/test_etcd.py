@@ -7,14 +7,15 @@ import uuid
 
 import pytest
 
-from services.embedded.process import ManagedServer, free_port
+from contract.etcd import EtcdClient, parse_url
+from contract.procs import free_port
+from services.embedded.process import ManagedServer
 from services.store.errors import StoreUnavailable
-from services.store.etcd import EtcdStore, parse_url
 
 
 @pytest.mark.integration
 def test_create_cas_lease_and_watch(etcd_server: ManagedServer) -> None:
-    store = EtcdStore.connect(etcd_server.url)
+    store = EtcdClient.connect(etcd_server.url)
     prefix = f"/test/{uuid.uuid4().hex}/"
     changed = threading.Event()
     cancel = store.watch_prefix(prefix, changed.set)
@@ -43,7 +44,7 @@ def test_unreachable_etcd_is_a_clear_error() -> None:
     with pytest.raises(
         StoreUnavailable, match=f"etcd at {url} is unreachable.*rhizome up --embedded"
     ):
-        EtcdStore.connect(url, timeout_s=1)
+        EtcdClient.connect(url, timeout_s=1)
 
 
 def test_bad_urls_say_what_is_expected() -> None:

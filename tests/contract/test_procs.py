@@ -7,26 +7,27 @@ import subprocess
 import sys
 import uuid
 
-from learner.controller import procs
+from contract import procs
+from contract.env import Role, labels
 
 
-def _labelled_sleeper(job_id: str, rank: int, role: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, procs.JOB_ENV: job_id, procs.RANK_ENV: str(rank), procs.ROLE_ENV: role}
+def _labelled_sleeper(job_id: str, rank: int, role: Role) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **labels(job_id, rank, role)}
     # A shell with a child: killing must take the whole group, not just the leader.
     return subprocess.Popen(["/bin/sh", "-c", "sleep 60 & wait"], env=env, start_new_session=True)
 
 
 def test_labelled_finds_by_job_rank_and_role_and_kill_takes_the_groups() -> None:
     job = f"job-test-{uuid.uuid4().hex[:8]}"
-    a = _labelled_sleeper(job, 0, procs.ROLE_LEARNER)
-    b = _labelled_sleeper(job, 1, procs.ROLE_CONTROLLER)
+    a = _labelled_sleeper(job, 0, Role.LEARNER)
+    b = _labelled_sleeper(job, 1, Role.CONTROLLER)
     try:
         found = {}
         for _ in range(100):
             found = {
                 "all": procs.labelled(job),
                 "rank0": procs.labelled(job, rank=0),
-                "ctl": procs.labelled(job, role=procs.ROLE_CONTROLLER),
+                "ctl": procs.labelled(job, role=Role.CONTROLLER),
             }
             if len(found["all"]) == 4:
                 break

@@ -1,0 +1,411 @@
+"""Every environment variable a learner receives, as one typed record.
+
+A backend builds a `LearnerEnv` and writes it with `to_environ()`; the learner reads it
+back with `LearnerEnv.from_environ(os.environ)`. A missing or malformed variable raises
+`LearnerConfigError` naming the variable and what is wrong; a learner entry point prints
+that one line and exits with `ExitCode.CONFIG_ERROR`.
+
+Written by the platform (the local backend, from the guardian's job spec):
+
+| variable | field | meaning | default |
+| --- | --- | --- | --- |
+| `RHIZOME_JOB_ID` | `job_id` | job id; with `RHIZOME_CHECKPOINT_DIR` it turns the checkpoint SDK on | unset |
+| `RHIZOME_RANK` | `rank` | learner rank (also a process label) | unset |
+| `RHIZOME_ROLE` | `role` | process label: `controller` or `learner` | unset |
+| `RHIZOME_LEARNER_ID` | `learner_id` | learner id, namespaced in the checkpoint store | `0` |
+| `RHIZOME_JOB_DIR` | `job_dir` | the job's directory | unset |
+| `RHIZOME_CHECKPOINT_DIR` | `checkpoint_dir` | checkpoint store root (a local directory) | `.rhizome/checkpoints` |
+| `RHIZOME_RESULT_DIR` | `result_dir` | copied to the result store when the learner ends | `<job_dir>/results` |
+| `RHIZOME_SECRETS` | `secrets` | file of data-store credentials | unset |
+| `RHIZOME_MTTP_S` | `mttp_s` | platform's mean time to preemption (instance type + zone) | `3600` |
+| `RHIZOME_RESTART_S` | `restart_s` | platform's mean restart time R (allocation + preparation) | `300` |
+
+Checkpointing knobs (a manifest's `env` may set them; the backend passes them on):
+
+| variable | field | meaning | default |
+| --- | --- | --- | --- |
+| `RHIZOME_GRACE_S` | `grace_s` | grace after SIGTERM before SIGKILL | `30` |
+| `RHIZOME_BACKUP_URL` | `backup_url` | back up there instead: `s3://bucket/prefix` or a path | unset |
+| `RHIZOME_S3_ENDPOINT_URL` | `s3_endpoint_url` | S3-compatible server for `s3://` stores | unset |
+| `RHIZOME_NOTICE_SOURCES` | `notice_sources` | comma list of `sigterm,aws,azure,gcp` | `sigterm` |
+| `RHIZOME_METADATA_URL` | `metadata_url` | cloud metadata base URL (tests: 127.0.0.1) | `http://169.254.169.254` |
+| `RHIZOME_NOTICE_POLL_S` | `notice_poll_s` | metadata polling period | `1` |
+| `RHIZOME_SAVE_S` | `save_s` | prior for the save time δ until measured | `10` |
+| `RHIZOME_BACKUP_S` | `backup_s` | prior for the backup time β until measured | `10` |
+| `RHIZOME_INSURANCE` | `insurance` | `auto`, `always` or `never` | `auto` |
+| `RHIZOME_PERIODIC_EVERY_S` | `periodic_every_s` | the script's own save period, if declared | unset (learned) |
+| `RHIZOME_KEEP` | `keep` | committed periodic checkpoints kept besides the newest | `1` |
+| `RHIZOME_EMERGENCY_EXIT` | `emergency_exit` | exit (143) after an emergency save (`1`) or go on (`0`) | `1` |
+
+Written by the pipeline runtime's launcher for each worker (`RuntimeEnv`, field
+`runtime`), all prefixed `RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`,
+`ETCD`, `JOB_ID` (required), `BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`,
+`OUT_DIR`, `KILL`, `REDUNDANCY`, `THREADS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+PREFIX = "RHIZOME_"
+
+JOB_ID = "RHIZOME_JOB_ID"
+RANK = "RHIZOME_RANK"
+ROLE = "RHIZOME_ROLE"
+LEARNER_ID = "RHIZOME_LEARNER_ID"
+JOB_DIR = "RHIZOME_JOB_DIR"
+CHECKPOINT_DIR = "RHIZOME_CHECKPOINT_DIR"
+RESULT_DIR = "RHIZOME_RESULT_DIR"
+SECRETS = "RHIZOME_SECRETS"
+MTTP_S = "RHIZOME_MTTP_S"
+RESTART_S = "RHIZOME_RESTART_S"
+GRACE_S = "RHIZOME_GRACE_S"
+BACKUP_URL = "RHIZOME_BACKUP_URL"
+S3_ENDPOINT_URL = "RHIZOME_S3_ENDPOINT_URL"
+NOTICE_SOURCES = "RHIZOME_NOTICE_SOURCES"
+METADATA_URL = "RHIZOME_METADATA_URL"
+NOTICE_POLL_S = "RHIZOME_NOTICE_POLL_S"
+SAVE_S = "RHIZOME_SAVE_S"
+BACKUP_S = "RHIZOME_BACKUP_S"
+INSURANCE = "RHIZOME_INSURANCE"
+PERIODIC_EVERY_S = "RHIZOME_PERIODIC_EVERY_S"
+KEEP = "RHIZOME_KEEP"
+EMERGENCY_EXIT = "RHIZOME_EMERGENCY_EXIT"
+
+RUNTIME_PREFIX = "RHIZOME_RUNTIME_"
+
+DEFAULT_CHECKPOINT_DIR = Path(".rhizome/checkpoints")
+INSURANCE_MODES = ("auto", "always", "never")
+_LAUNCH_HINT = (
+    "start this script with `python -m learner.runtime.launch --stages P --pipelines D script.py`"
+)
+
+
+class LearnerConfigError(ValueError):
+    """A learner variable is missing or malformed; `variable` names it."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}{problem}")
+        self.variable = variable
+
+
+class Role(StrEnum):
+    """The `RHIZOME_ROLE` label: which process of a learner this is."""
+
+    CONTROLLER = "controller"
+    LEARNER = "learner"
+
+
+# -- parsing helpers: each names the variable in its error ---------------------------------
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name)
+    return None if raw is None or raw == "" else raw
+
+
+def _str(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    raw = _raw(env, name)
+    return default if raw is None else raw
+
+
+def _required(env: Mapping[str, str], name: str, hint: str) -> str:
+    raw = _raw(env, name)
+    if raw is None:
+        raise LearnerConfigError(name, f" is not set: {hint}")
+    return raw
+
+
+def _int_value(name: str, raw: str, minimum: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LearnerConfigError(
+            name, f"={raw!r} must be a whole number, e.g. {name}={max(minimum, 1)}"
+        ) from None
+    if value < minimum:
+        raise LearnerConfigError(name, f"={raw!r} must be >= {minimum}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = _raw(env, name)
+    return default if raw is None else _int_value(name, raw, minimum)
+
+
+def _float_value(name: str, raw: str, positive: bool) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LearnerConfigError(
+            name, f"={raw!r} is not a number of seconds; set e.g. {name}=30"
+        ) from None
+    if positive and not value > 0:
+        raise LearnerConfigError(name, f"={raw!r} must be > 0")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, *, positive: bool = True) -> float:
+    raw = _raw(env, name)
+    return default if raw is None else _float_value(name, raw, positive)
+
+
+def _fmt(value: Any) -> str:
+    """How a field is written: three decimals for seconds (readable, and what the
+    platform has always written) unless that would lose the value."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        short = f"{value:.3f}"
+        return short if float(short) == value else repr(value)
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """What the pipeline runtime's launcher tells each worker (`RHIZOME_RUNTIME_*`)."""
+
+    worker: int
+    stages: int
+    pipelines: int
+    store: str  # host:port of the launcher's TCPStore
+    etcd: str  # etcd client URL
+    job_id: str  # keys live under etcd_keys.runtime_prefix(job_id)
+    backend: str = "gloo"
+    device: str | None = None  # None: cuda with nccl, cpu otherwise
+    detection_timeout_s: float = 10.0
+    lease_ttl_s: float = 2.0
+    out_dir: str | None = None
+    kill: str = ""  # testing: worker:step:op[:microbatch][,...]
+    redundancy: str | None = None  # overrides the script's redundancy mode
+    # None: not set by the launcher, so a value in the launcher's own environment (or the
+    # worker's default) stands.
+    threads: int | None = None
+
+    # field -> variable suffix (the names predate this record; keep them)
+    _NAMES = {
+        "worker": "WORKER",
+        "stages": "STAGES",
+        "pipelines": "PIPELINES",
+        "store": "STORE",
+        "etcd": "ETCD",
+        "job_id": "JOB_ID",
+        "backend": "BACKEND",
+        "device": "DEVICE",
+        "detection_timeout_s": "DETECTION_TIMEOUT",
+        "lease_ttl_s": "LEASE_TTL",
+        "out_dir": "OUT_DIR",
+        "kill": "KILL",
+        "redundancy": "REDUNDANCY",
+        "threads": "THREADS",
+    }
+
+    @classmethod
+    def var(cls, field_name: str) -> str:
+        return RUNTIME_PREFIX + cls._NAMES[field_name]
+
+    @property
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if self.backend == "nccl" else "cpu")
+
+    @property
+    def resolved_threads(self) -> int:
+        """torch's intra-op threads: one unless told (P x D workers share the cores)."""
+        return self.threads or 1
+
+    def to_environ(self) -> dict[str, str]:
+        return {
+            self.var(f.name): _fmt(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    @classmethod
+    def present(cls, environ: Mapping[str, str]) -> bool:
+        return any(k.startswith(RUNTIME_PREFIX) for k in environ)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RuntimeEnv:
+        v = cls.var
+        store = _required(environ, v("store"), _LAUNCH_HINT)
+        host, _, port = store.rpartition(":")
+        if not host or not port.isdigit():
+            raise LearnerConfigError(v("store"), f"={store!r} must be HOST:PORT")
+        return cls(
+            worker=_int_value(v("worker"), _required(environ, v("worker"), _LAUNCH_HINT), 0),
+            stages=_int_value(v("stages"), _required(environ, v("stages"), _LAUNCH_HINT), 1),
+            pipelines=_int_value(
+                v("pipelines"), _required(environ, v("pipelines"), _LAUNCH_HINT), 1
+            ),
+            store=store,
+            etcd=_required(environ, v("etcd"), _LAUNCH_HINT),
+            job_id=_required(environ, v("job_id"), _LAUNCH_HINT),
+            backend=_str(environ, v("backend"), "gloo") or "gloo",
+            device=_str(environ, v("device")),
+            detection_timeout_s=_float(environ, v("detection_timeout_s"), 10.0),
+            lease_ttl_s=_float(environ, v("lease_ttl_s"), 2.0),
+            out_dir=_str(environ, v("out_dir")),
+            kill=_str(environ, v("kill"), "") or "",
+            redundancy=_str(environ, v("redundancy")),
+            threads=None
+            if _raw(environ, v("threads")) is None
+            else _int(environ, v("threads"), 1, minimum=1),
+        )
+
+
+# field -> variable, for every LearnerEnv field but `runtime`
+_LEARNER_VARS = {
+    "job_id": JOB_ID,
+    "rank": RANK,
+    "role": ROLE,
+    "learner_id": LEARNER_ID,
+    "job_dir": JOB_DIR,
+    "checkpoint_dir": CHECKPOINT_DIR,
+    "result_dir": RESULT_DIR,
+    "secrets": SECRETS,
+    "mttp_s": MTTP_S,
+    "restart_s": RESTART_S,
+    "grace_s": GRACE_S,
+    "backup_url": BACKUP_URL,
+    "s3_endpoint_url": S3_ENDPOINT_URL,
+    "notice_sources": NOTICE_SOURCES,
+    "metadata_url": METADATA_URL,
+    "notice_poll_s": NOTICE_POLL_S,
+    "save_s": SAVE_S,
+    "backup_s": BACKUP_S,
+    "insurance": INSURANCE,
+    "periodic_every_s": PERIODIC_EVERY_S,
+    "keep": KEEP,
+    "emergency_exit": EMERGENCY_EXIT,
+}
+
+
+@dataclass(frozen=True)
+class LearnerEnv:
+    """Every variable a learner process receives; see the module docstring's tables."""
+
+    # written by the platform
+    job_id: str | None = None
+    rank: int | None = None
+    role: Role | None = None
+    learner_id: str = "0"
+    job_dir: str | None = None
+    checkpoint_dir: str | None = None
+    result_dir: str | None = None
+    secrets: str | None = None
+    mttp_s: float = 3600.0
+    restart_s: float = 300.0
+    # checkpointing knobs
+    grace_s: float = 30.0
+    backup_url: str | None = None
+    s3_endpoint_url: str | None = None
+    notice_sources: tuple[str, ...] = ("sigterm",)
+    metadata_url: str = "http://169.254.169.254"
+    notice_poll_s: float = 1.0
+    save_s: float = 10.0
+    backup_s: float = 10.0
+    insurance: str = "auto"
+    periodic_every_s: float | None = None
+    keep: int = 1
+    emergency_exit: bool = True
+    # written by the pipeline runtime's launcher, for its workers only
+    runtime: RuntimeEnv | None = field(default=None)
+
+    # -- what the learner derives ---------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        """On the platform (or told where to checkpoint): the checkpoint SDK is live."""
+        return bool(self.job_id or self.checkpoint_dir)
+
+    @property
+    def checkpoint_job(self) -> str:
+        """The job's name in the checkpoint store (`local` for a script run by hand)."""
+        return self.job_id or "local"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else DEFAULT_CHECKPOINT_DIR
+
+    @staticmethod
+    def var(field_name: str) -> str:
+        """The variable of a field (`LearnerEnv.var("mttp_s") == "RHIZOME_MTTP_S"`)."""
+        return _LEARNER_VARS[field_name]
+
+    # -- the two directions -----------------------------------------------------------------
+    def to_environ(self) -> dict[str, str]:
+        """What a backend writes: every field that has a value (defaults included, so a
+        learner's environment shows every setting it runs with)."""
+        out = {
+            var: _fmt(getattr(self, name))
+            for name, var in _LEARNER_VARS.items()
+            if getattr(self, name) is not None
+        }
+        if self.runtime is not None:
+            out.update(self.runtime.to_environ())
+        return out
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> LearnerEnv:
+        """What a learner reads (default `os.environ`); raises `LearnerConfigError`."""
+        env = os.environ if environ is None else environ
+        insurance = _str(env, INSURANCE, "auto") or "auto"
+        if insurance not in INSURANCE_MODES:
+            raise LearnerConfigError(
+                INSURANCE, f"={insurance!r}: expected one of {', '.join(INSURANCE_MODES)}"
+            )
+        role_raw = _raw(env, ROLE)
+        try:
+            role = Role(role_raw) if role_raw is not None else None
+        except ValueError:
+            roles = ", ".join(r.value for r in Role)
+            raise LearnerConfigError(ROLE, f"={role_raw!r}: expected one of {roles}") from None
+        rank_raw = _raw(env, RANK)
+        sources = tuple(
+            s.strip() for s in (env.get(NOTICE_SOURCES) or "sigterm").split(",") if s.strip()
+        )
+        periodic = _raw(env, PERIODIC_EVERY_S)
+        return cls(
+            job_id=_str(env, JOB_ID),
+            rank=None if rank_raw is None else _int_value(RANK, rank_raw, 0),
+            role=role,
+            learner_id=_str(env, LEARNER_ID, "0") or "0",
+            job_dir=_str(env, JOB_DIR),
+            checkpoint_dir=_str(env, CHECKPOINT_DIR),
+            result_dir=_str(env, RESULT_DIR),
+            secrets=_str(env, SECRETS),
+            mttp_s=_float(env, MTTP_S, 3600.0),
+            restart_s=_float(env, RESTART_S, 300.0, positive=False),
+            grace_s=_float(env, GRACE_S, 30.0, positive=False),
+            backup_url=_str(env, BACKUP_URL),
+            s3_endpoint_url=_str(env, S3_ENDPOINT_URL),
+            notice_sources=sources,
+            metadata_url=(_str(env, METADATA_URL) or "http://169.254.169.254").rstrip("/"),
+            notice_poll_s=_float(env, NOTICE_POLL_S, 1.0),
+            save_s=_float(env, SAVE_S, 10.0, positive=False),
+            backup_s=_float(env, BACKUP_S, 10.0, positive=False),
+            insurance=insurance,
+            periodic_every_s=None
+            if periodic is None
+            else _float_value(PERIODIC_EVERY_S, periodic, True),
+            keep=_int(env, KEEP, 1),
+            emergency_exit=(env.get(EMERGENCY_EXIT) or "1") not in ("0", "false", "no"),
+            runtime=RuntimeEnv.from_environ(env) if RuntimeEnv.present(env) else None,
+        )
+
+
+def labels(job_id: str, rank: int, role: Role) -> dict[str, str]:
+    """The three variables by which `contract.procs.labelled` finds a job's processes
+    (a pid alone is not an identity; these survive their parent's death)."""
+    return {JOB_ID: job_id, RANK: str(rank), ROLE: role.value}
+
+
+def platform_variables(environ: Mapping[str, str]) -> list[str]:
+    """The `RHIZOME_*` names in `environ` (a backend drops its own before starting a
+    learner: the platform's settings are not the learner's business)."""
+    return [k for k in environ if k.startswith(PREFIX)]
