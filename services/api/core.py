@@ -143,7 +143,7 @@ class TrainerCore:
     # -- change -------------------------------------------------------------------------------
     def halt(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
         return self._control(
-            owner, job_id, Lifecycle.halt, states.HALTED, reason or "halted by user"
+            owner, job_id, lambda lc: lc.halt, states.HALTED, reason or "halted by user"
         )
 
     def resume(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
@@ -158,7 +158,7 @@ class TrainerCore:
 
     def delete(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
         job = self._control(
-            owner, job_id, Lifecycle.delete, states.DELETED, reason or "deleted by user"
+            owner, job_id, lambda lc: lc.delete, states.DELETED, reason or "deleted by user"
         )
         if self.on_deleted is not None:
             self.on_deleted(job_id)
@@ -186,7 +186,9 @@ class TrainerCore:
         self,
         owner: str,
         job_id: str,
-        forward: Callable[[Lifecycle, str, str], str],
+        # Picks the port's bound method (`lambda lc: lc.halt`). Not `Lifecycle.halt`: that
+        # is the Protocol's own empty method, which would forward nothing.
+        forward: Callable[[Lifecycle], Callable[[str, str], str]],
         target: str,
         reason: str,
     ) -> JobRecord:
@@ -198,7 +200,7 @@ class TrainerCore:
             return self._transition(job_id, target, reason)
         if not states.is_legal(job.status, target):
             raise errors.Conflict(str(states.IllegalTransition(job_id, job.status, target)))
-        forward(self.lifecycle, job_id, reason)
+        forward(self.lifecycle)(job_id, reason)
         return self.get(owner, job_id)
 
     def _transition(self, job_id: str, target: str, reason: str) -> JobRecord:

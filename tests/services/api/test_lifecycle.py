@@ -170,3 +170,16 @@ def test_an_unreachable_lcm_is_unavailable() -> None:
 
 def test_no_lcm_channel_means_no_lifecycle_port() -> None:
     assert lifecycle_client(None) is None
+
+
+@pytest.mark.parametrize(
+    ("action", "method", "reason"),
+    [("halt", "HaltJob", "halted by user"), ("delete", "KillJob", "deleted by user")],
+)
+def test_halting_or_deleting_a_deployed_job_through_the_api_reaches_the_lcm(
+    lcm: tuple[RecordingLcm, grpc.Channel], tmp_path: Path, action: str, method: str, reason: str
+) -> None:
+    servicer, channel = lcm
+    core = core_for(elastic_job(states.PROCESSING), channel, tmp_path)
+    getattr(core, action)("alice", JOB)
+    assert [(m, r.job_id, r.reason) for m, r in servicer.requests] == [(method, JOB, reason)]
