@@ -37,10 +37,25 @@ Checkpointing knobs (a manifest's `env` may set them; the backend passes them on
 | `RHIZOME_KEEP` | `keep` | committed periodic checkpoints kept besides the newest | `1` |
 | `RHIZOME_EMERGENCY_EXIT` | `emergency_exit` | exit (143) after an emergency save (`1`) or go on (`0`) | `1` |
 
+From the manifest's `checkpoint:` and `pipeline:` sections (the backend writes them; a
+variable the manifest's `env:` sets explicitly wins over the section, except the grace,
+which is the platform's own SIGTERM -> SIGKILL delay and so always the truth):
+
+| variable | field | from | default |
+| --- | --- | --- | --- |
+| `RHIZOME_CHECKPOINT_POLICY` | `checkpoint_policy` | `checkpoint.policy`: `adaptive`, `fixed` or `none` | `adaptive` |
+| `RHIZOME_CHECKPOINT_INTERVAL_S` | `checkpoint_interval_s` | `checkpoint.interval_s` | unset |
+| `RHIZOME_KEEP` | `keep` | `checkpoint.keep` − 1 (the section counts the newest too) | |
+| `RHIZOME_GRACE_S` | `grace_s` | `checkpoint.grace_s`, else the platform's grace | |
+| `RHIZOME_PIPELINE_STAGES` | `pipeline_stages` | `pipeline.stages` | unset |
+| `RHIZOME_PIPELINE_PIPELINES` | `pipeline_pipelines` | `pipeline.pipelines` | unset |
+| `RHIZOME_PIPELINE_REDUNDANCY` | `pipeline_redundancy` | `pipeline.redundancy` | unset |
+| `RHIZOME_PIPELINE_MICROBATCHES` | `pipeline_microbatches` | `pipeline.microbatches` | unset |
+
 Written by the pipeline runtime's launcher for each worker (`RuntimeEnv`, field
 `runtime`), all prefixed `RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`,
 `ETCD`, `JOB_ID` (required), `BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`,
-`OUT_DIR`, `KILL`, `REDUNDANCY`, `THREADS`.
+`OUT_DIR`, `KILL`, `REDUNDANCY`, `MICROBATCHES`, `THREADS`.
 """
 
 from __future__ import annotations
@@ -77,11 +92,18 @@ INSURANCE = "RHIZOME_INSURANCE"
 PERIODIC_EVERY_S = "RHIZOME_PERIODIC_EVERY_S"
 KEEP = "RHIZOME_KEEP"
 EMERGENCY_EXIT = "RHIZOME_EMERGENCY_EXIT"
+CHECKPOINT_POLICY = "RHIZOME_CHECKPOINT_POLICY"
+CHECKPOINT_INTERVAL_S = "RHIZOME_CHECKPOINT_INTERVAL_S"
+PIPELINE_STAGES = "RHIZOME_PIPELINE_STAGES"
+PIPELINE_PIPELINES = "RHIZOME_PIPELINE_PIPELINES"
+PIPELINE_REDUNDANCY = "RHIZOME_PIPELINE_REDUNDANCY"
+PIPELINE_MICROBATCHES = "RHIZOME_PIPELINE_MICROBATCHES"
 
 RUNTIME_PREFIX = "RHIZOME_RUNTIME_"
 
 DEFAULT_CHECKPOINT_DIR = Path(".rhizome/checkpoints")
 INSURANCE_MODES = ("auto", "always", "never")
+CHECKPOINT_POLICIES = ("adaptive", "fixed", "none")
 _LAUNCH_HINT = (
     "start this script with `python -m learner.runtime.launch --stages P --pipelines D script.py`"
 )
@@ -184,6 +206,7 @@ class RuntimeEnv:
     out_dir: str | None = None
     kill: str = ""  # testing: worker:step:op[:microbatch][,...]
     redundancy: str | None = None  # overrides the script's redundancy mode
+    microbatches: int | None = None  # overrides the script's microbatches per step
     # None: not set by the launcher, so a value in the launcher's own environment (or the
     # worker's default) stands.
     threads: int | None = None
@@ -203,6 +226,7 @@ class RuntimeEnv:
         "out_dir": "OUT_DIR",
         "kill": "KILL",
         "redundancy": "REDUNDANCY",
+        "microbatches": "MICROBATCHES",
         "threads": "THREADS",
     }
 
@@ -253,6 +277,9 @@ class RuntimeEnv:
             out_dir=_str(environ, v("out_dir")),
             kill=_str(environ, v("kill"), "") or "",
             redundancy=_str(environ, v("redundancy")),
+            microbatches=None
+            if _raw(environ, v("microbatches")) is None
+            else _int(environ, v("microbatches"), 1, minimum=1),
             threads=None
             if _raw(environ, v("threads")) is None
             else _int(environ, v("threads"), 1, minimum=1),
@@ -283,6 +310,12 @@ _LEARNER_VARS = {
     "periodic_every_s": PERIODIC_EVERY_S,
     "keep": KEEP,
     "emergency_exit": EMERGENCY_EXIT,
+    "checkpoint_policy": CHECKPOINT_POLICY,
+    "checkpoint_interval_s": CHECKPOINT_INTERVAL_S,
+    "pipeline_stages": PIPELINE_STAGES,
+    "pipeline_pipelines": PIPELINE_PIPELINES,
+    "pipeline_redundancy": PIPELINE_REDUNDANCY,
+    "pipeline_microbatches": PIPELINE_MICROBATCHES,
 }
 
 
@@ -314,6 +347,14 @@ class LearnerEnv:
     periodic_every_s: float | None = None
     keep: int = 1
     emergency_exit: bool = True
+    # from the manifest's checkpoint: section
+    checkpoint_policy: str = "adaptive"
+    checkpoint_interval_s: float | None = None
+    # from the manifest's pipeline: section (what the runtime's launcher runs)
+    pipeline_stages: int | None = None
+    pipeline_pipelines: int | None = None
+    pipeline_redundancy: str | None = None
+    pipeline_microbatches: int | None = None
     # written by the pipeline runtime's launcher, for its workers only
     runtime: RuntimeEnv | None = field(default=None)
 
@@ -370,6 +411,20 @@ class LearnerEnv:
             s.strip() for s in (env.get(NOTICE_SOURCES) or "sigterm").split(",") if s.strip()
         )
         periodic = _raw(env, PERIODIC_EVERY_S)
+        policy = _str(env, CHECKPOINT_POLICY, "adaptive") or "adaptive"
+        if policy not in CHECKPOINT_POLICIES:
+            raise LearnerConfigError(
+                CHECKPOINT_POLICY, f"={policy!r}: expected one of {', '.join(CHECKPOINT_POLICIES)}"
+            )
+        interval = _raw(env, CHECKPOINT_INTERVAL_S)
+        if policy == "fixed" and interval is None:
+            raise LearnerConfigError(
+                CHECKPOINT_INTERVAL_S, " is not set: the fixed policy needs an interval"
+            )
+        optional_int = {
+            name: None if _raw(env, name) is None else _int(env, name, 1, minimum=1)
+            for name in (PIPELINE_STAGES, PIPELINE_PIPELINES, PIPELINE_MICROBATCHES)
+        }
         return cls(
             job_id=_str(env, JOB_ID),
             rank=None if rank_raw is None else _int_value(RANK, rank_raw, 0),
@@ -395,6 +450,14 @@ class LearnerEnv:
             else _float_value(PERIODIC_EVERY_S, periodic, True),
             keep=_int(env, KEEP, 1),
             emergency_exit=(env.get(EMERGENCY_EXIT) or "1") not in ("0", "false", "no"),
+            checkpoint_policy=policy,
+            checkpoint_interval_s=None
+            if interval is None
+            else _float_value(CHECKPOINT_INTERVAL_S, interval, True),
+            pipeline_stages=optional_int[PIPELINE_STAGES],
+            pipeline_pipelines=optional_int[PIPELINE_PIPELINES],
+            pipeline_redundancy=_str(env, PIPELINE_REDUNDANCY),
+            pipeline_microbatches=optional_int[PIPELINE_MICROBATCHES],
             runtime=RuntimeEnv.from_environ(env) if RuntimeEnv.present(env) else None,
         )
 

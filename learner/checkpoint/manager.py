@@ -136,6 +136,10 @@ class CheckpointManager:
         return min(graces) if graces else 0.0
 
     def interval_s(self) -> float:
+        """The insurance interval: the manifest's under the fixed policy, else Daly's
+        optimum from the platform's preemption estimates."""
+        if self.env.checkpoint_policy == "fixed" and self.env.checkpoint_interval_s:
+            return self.env.checkpoint_interval_s
         return policy.daly_interval(self._save_s, self.env.mttp_s, self.env.restart_s)
 
     # -- SDK calls ------------------------------------------------------------------
@@ -156,6 +160,9 @@ class CheckpointManager:
         if not self._periodic_points:
             return None
         period = self.env.periodic_every_s
+        if period is None and self.env.checkpoint_policy == "adaptive":
+            # Under the adaptive policy the manifest's interval is the script's own period.
+            period = self.env.checkpoint_interval_s
         if period is None and len(self._periodic_points) == 2:
             period = self._periodic_points[1] - self._periodic_points[0]
         if period is None:
@@ -164,6 +171,11 @@ class CheckpointManager:
 
     def should_save(self) -> bool:
         now = time.monotonic()
+        if self.env.checkpoint_policy == "none":
+            # The manifest said the script saves when it wants: no emergency or insurance
+            # saves from the platform.
+            self.last_decision = policy.Decision(False, "policy-none", self.interval_s())
+            return False
         notice = self._notice
         if notice is not None and not self._emergency_done:
             left = notice.time_left(time.time())
@@ -197,8 +209,10 @@ class CheckpointManager:
             mttp_s=self.env.mttp_s,
             restart_s=self.env.restart_s,
             grace_s=self.expected_grace_s,
-            mode=self.env.insurance,
+            # Fixed: insurance saves every interval, whether or not a notice would come.
+            mode="always" if self.env.checkpoint_policy == "fixed" else self.env.insurance,
             next_periodic_in_s=self._next_periodic_in(now),
+            interval_s=self.interval_s(),
         )
         self.last_decision = decision
         if decision.save:

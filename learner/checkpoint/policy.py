@@ -39,6 +39,7 @@ def insurance_decision(
     grace_s: float,
     mode: str = "auto",
     next_periodic_in_s: float | None = None,
+    interval_s: float | None = None,
 ) -> Decision:
     """Whether an insurance save is due now, at a step boundary.
 
@@ -46,9 +47,10 @@ def insurance_decision(
     grace period (the notice then covers every preemption); `"always"` takes them anyway
     (for preemptions that come without notice); `"never"` relies on notices alone.
     An insurance save is skipped when the script's own periodic save will come within the
-    next step: that save counts as the insurance save.
+    next step: that save counts as the insurance save. `interval_s` replaces Daly's
+    interval (the manifest's fixed policy).
     """
-    tau = daly_interval(save_s, mttp_s, restart_s)
+    tau = interval_s if interval_s is not None else daly_interval(save_s, mttp_s, restart_s)
     if mode == "never" or (
         mode == "auto" and emergency_save_fits(step_s, save_s, backup_s, grace_s)
     ):

@@ -235,11 +235,15 @@ class Controller:
         )
 
     def store_results(self) -> None:
-        if not self.spec.result_store:
-            return
+        """Copy the learner's results to the job's result store, and to each data store
+        that names a `training_results` container (FfDL's results location)."""
         source = self.spec.result_dir
-        if source.exists() and any(source.iterdir()):
-            shutil.copytree(source, Path(self.spec.result_store), dirs_exist_ok=True)
+        if not source.exists() or not any(source.iterdir()):
+            return
+        targets = [Path(self.spec.result_store)] if self.spec.result_store else []
+        targets += [Path(s["results_path"]) for s in self.spec.data_stores if s.get("results_path")]
+        for target in targets:
+            shutil.copytree(source, target, dirs_exist_ok=True)
 
     def _control_changed(self) -> None:
         with contextlib.suppress(Exception):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from contract.env import RuntimeEnv
+from contract.env import LearnerConfigError, LearnerEnv, RuntimeEnv
 from contract.etcd import etcd_argv, etcd_binary, etcd_healthy
 from contract.procs import free_port
 from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
@@ -80,8 +80,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m learner.runtime.launch",
         description="Run a pipeline-parallel training script as P x D local worker processes.",
     )
-    p.add_argument("--stages", type=int, required=True, help="pipeline depth P")
-    p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
+    p.add_argument(
+        "--stages",
+        type=int,
+        default=None,
+        help="pipeline depth P (on the platform: the manifest's)",
+    )
+    p.add_argument(
+        "--pipelines",
+        type=int,
+        default=None,
+        help="data-parallel pipelines D (default 1; on the platform: the manifest's)",
+    )
+    p.add_argument(
+        "--microbatches", type=int, default=None, help="override the script's microbatches"
+    )
     p.add_argument("--etcd", default="auto", help="etcd client URL, or 'auto' for a private one")
     p.add_argument("--job-id", default=None, help="keys live under /rhizome/jobs/<job-id>/runtime/")
     p.add_argument("--redundancy", default=None, help="override the script's redundancy mode")
@@ -97,6 +110,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    try:
+        platform = LearnerEnv.from_environ(os.environ)
+    except LearnerConfigError as exc:
+        p.error(str(exc))
+    # On the platform the manifest's pipeline: section decides the shape (the scheduler
+    # placed that many learners); a flag may repeat it but not contradict it.
+    for flag, mine, theirs in (
+        ("--stages", "stages", platform.pipeline_stages),
+        ("--pipelines", "pipelines", platform.pipeline_pipelines),
+        ("--redundancy", "redundancy", platform.pipeline_redundancy),
+        ("--microbatches", "microbatches", platform.pipeline_microbatches),
+    ):
+        given = getattr(args, mine)
+        if theirs is None:
+            continue
+        if given is not None and given != theirs:
+            p.error(
+                f"{flag} {given} disagrees with the manifest's pipeline.{mine} ({theirs}); "
+                f"drop the flag or change the manifest"
+            )
+        setattr(args, mine, theirs)
+    if args.stages is None:
+        p.error("--stages is required (or run it as a platform job with a pipeline: section)")
+    if args.pipelines is None:
+        args.pipelines = 1
+    if args.microbatches is not None and args.microbatches < 1:
+        p.error(f"--microbatches {args.microbatches}: must be >= 1")
     if args.stages < 1 or args.pipelines < 1:
         p.error(f"--stages {args.stages} --pipelines {args.pipelines}: both must be >= 1")
     if args.redundancy is not None:
@@ -150,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
             out_dir=str(Path(args.out_dir).resolve()) if args.out_dir else None,
             kill=args.kill,
             redundancy=args.redundancy or None,
+            microbatches=args.microbatches,
         )
         env = dict(os.environ)
         # Keep freed memory in the heap: eager FRC holds each step's replica graphs until

@@ -68,6 +68,8 @@ def train(job: PipelineJob) -> None:
                 raise LearnerConfigError(
                     RuntimeEnv.var("redundancy"), f"={env.redundancy!r}: {exc}"
                 ) from None
+        if env.microbatches:
+            job.microbatches = env.microbatches  # checked with the rest by job.validate
     except LearnerConfigError as exc:
         _config_error(exc)
         return

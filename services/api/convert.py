@@ -17,7 +17,7 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 def job_to_proto(job: JobRecord) -> job_pb2.Job:
     manifest = struct_pb2.Struct()
-    manifest.update(job.manifest)
+    manifest.update(job.spec.redacted())  # data-store credentials never leave the store
     res = job.resources
     msg = job_pb2.Job(
         job_id=job.job_id,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.registry import Registry
+from services.manifest import Manifest
 
 
 class BackendError(RuntimeError):
@@ -38,14 +39,16 @@ class JobSpec:
     checkpoint_dir: str
     result_store: str
     etcd_url: str
+    manifest: Manifest  # the job's typed manifest (services/manifest)
     generation: int = 1
     model_zip: str = ""
-    manifest: dict[str, Any] = field(default_factory=dict)
     placement: dict[str, Any] = field(default_factory=dict)
     gpus_per_learner: float = 0.0
     memory_mb: float = 0.0
     master_port: int = 0
     tds_address: str = ""
+    # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
+    # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0
     # Set by the platform on every learner (e.g. the preemption estimates for the
     # checkpoint policy); a manifest's own `env` cannot override them.

@@ -49,6 +49,7 @@ from contract.status import (
     LearnerStatus,
 )
 from services.backends.api import Backend, JobSpec
+from services.manifest import Manifest
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
 from services.store.jobs import JobRecord, JobsRepository
@@ -219,12 +220,12 @@ class Guardian:
         return str(self.config.jobs_dir / self.job_id)
 
     def spec(self, job: JobRecord, generation: int, master_port: int) -> JobSpec:
-        manifest = job.manifest
-        checkpoint = manifest.get("checkpoint") or {}
+        manifest = job.spec
+        grace_s = manifest.checkpoint.grace_s
         return JobSpec(
             job_id=job.job_id,
-            command=str(manifest["framework"]["command"]),
-            learners=int(job.resources.get("learners", manifest.get("learners", 1))),
+            command=manifest.command,
+            learners=int(job.resources["learners"]),  # the job's current size
             job_dir=self.job_dir,
             checkpoint_dir=str(Path(self.job_dir) / "checkpoints"),
             result_store=str(self.config.objects_dir / "results" / job.job_id),
@@ -233,22 +234,22 @@ class Guardian:
             model_zip=str(self.config.objects_dir / job.model_path) if job.model_path else "",
             manifest=manifest,
             placement=dict(job.placement or {}),
-            gpus_per_learner=float(job.resources.get("gpus", 0)),
-            memory_mb=float(job.resources.get("memory_mb", 0)),
+            gpus_per_learner=float(job.resources["gpus"]),
+            memory_mb=float(job.resources["memory_mb"]),
             master_port=master_port,
             tds_address=self.config.tds_address,
-            grace_s=float(checkpoint.get("grace_s", self.config.learner_grace_s)),
+            grace_s=self.config.learner_grace_s if grace_s is None else grace_s,
             platform_env=self.preemption_env(manifest),
         )
 
     # -- what the platform learns about preemptions (ARCHITECTURE §6) ---------------------
     @staticmethod
-    def site(manifest: dict[str, Any]) -> tuple[str, str]:
+    def site(manifest: Manifest) -> tuple[str, str]:
         """The instance type and zone preemption statistics are kept under."""
-        zones = manifest.get("zones") or ["local"]
-        return str(manifest.get("instance_type") or "local"), str(zones[0])
+        zone = manifest.zones[0] if manifest.zones else "local"
+        return manifest.instance_type or "local", zone
 
-    def preemption_env(self, manifest: dict[str, Any]) -> dict[str, str]:
+    def preemption_env(self, manifest: Manifest) -> dict[str, str]:
         """RHIZOME_MTTP_S and RHIZOME_RESTART_S from the platform's current estimates."""
         if self.stats is None:
             return {}
@@ -402,7 +403,7 @@ class Guardian:
         complete = self.etcd.get(etcd_keys.deploy_step(self.job_id, COMPLETE))
         assert complete is not None
         spec = self.spec(job, int(complete.value["generation"]), int(complete.value["master_port"]))
-        max_restarts = int(job.manifest.get("max_learner_restarts", 2))
+        max_restarts = job.spec.max_learner_restarts
         while True:
             self.wake.wait(0.5)  # etcd watches wake us at once on any change
             self.wake.clear()

@@ -20,6 +20,7 @@ from services.manifest.schema import schema
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?[Bb]?|[KMGT]b|[KMGT]B)?\s*$")
 _UNIT_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
 MAX_MEMORY_MB = 4 * 1024 * 1024
+REDACTED = "***"
 
 
 class ManifestError(ValueError):
@@ -154,6 +155,19 @@ class Manifest:
     @property
     def learners(self) -> int:
         return self.resources.learners
+
+    def redacted(self) -> dict[str, Any]:
+        """The document as the API shows it: every data-store connection value (keys,
+        passwords, tokens) replaced by `***`. Only the learner's secrets file holds them."""
+        doc = dict(self.document)
+        if doc.get("data_stores"):
+            doc["data_stores"] = [
+                {**ds, "connection": dict.fromkeys(ds.get("connection") or {}, REDACTED)}
+                if ds.get("connection")
+                else dict(ds)
+                for ds in doc["data_stores"]
+            ]
+        return doc
 
     @property
     def command(self) -> str:

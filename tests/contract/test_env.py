@@ -49,7 +49,13 @@ def test_values_are_parsed() -> None:
 
 def test_what_a_backend_writes_a_learner_reads_back() -> None:
     runtime = RuntimeEnv(
-        worker=3, stages=2, pipelines=2, store="127.0.0.1:1234", etcd="http://e:1", job_id="r"
+        worker=3,
+        stages=2,
+        pipelines=2,
+        store="127.0.0.1:1234",
+        etcd="http://e:1",
+        job_id="r",
+        microbatches=8,
     )
     written = LearnerEnv(
         job_id="job-1",
@@ -66,6 +72,12 @@ def test_what_a_backend_writes_a_learner_reads_back() -> None:
         periodic_every_s=90.0,
         keep=4,
         emergency_exit=False,
+        checkpoint_policy="fixed",
+        checkpoint_interval_s=120.0,
+        pipeline_stages=2,
+        pipeline_pipelines=2,
+        pipeline_redundancy="lazy-frc-lazy-brc",
+        pipeline_microbatches=8,
         runtime=runtime,
     )
     environ = written.to_environ()
@@ -84,6 +96,9 @@ def test_what_a_backend_writes_a_learner_reads_back() -> None:
         ("RHIZOME_KEEP", "two", "RHIZOME_KEEP='two' must be a whole number"),
         ("RHIZOME_RANK", "x", "RHIZOME_RANK='x' must be a whole number"),
         ("RHIZOME_ROLE", "boss", "expected one of controller, learner"),
+        ("RHIZOME_CHECKPOINT_POLICY", "often", "expected one of adaptive, fixed, none"),
+        ("RHIZOME_CHECKPOINT_POLICY", "fixed", "RHIZOME_CHECKPOINT_INTERVAL_S is not set"),
+        ("RHIZOME_PIPELINE_STAGES", "0", "must be >= 1"),
         ("RHIZOME_RUNTIME_WORKER", "0", "RHIZOME_RUNTIME_STORE is not set"),
     ],
 )

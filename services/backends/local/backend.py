@@ -27,6 +27,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from contract import env as learner_vars
 from contract import procs
@@ -39,17 +40,62 @@ log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
+def manifest_variables(job: JobSpec) -> dict[str, str]:
+    """The learner variables the manifest's checkpoint: and pipeline: sections set."""
+    ck = job.manifest.checkpoint
+    out = {
+        learner_vars.CHECKPOINT_POLICY: ck.policy,
+        learner_vars.KEEP: str(ck.keep - 1),  # the section counts the newest one too
+    }
+    if ck.interval_s is not None:
+        out[learner_vars.CHECKPOINT_INTERVAL_S] = str(ck.interval_s)
+    pipe = job.manifest.pipeline
+    if pipe is not None:
+        out[learner_vars.PIPELINE_STAGES] = str(pipe.stages)
+        out[learner_vars.PIPELINE_PIPELINES] = str(pipe.pipelines)
+        out[learner_vars.PIPELINE_REDUNDANCY] = pipe.redundancy
+        if pipe.microbatches is not None:
+            out[learner_vars.PIPELINE_MICROBATCHES] = str(pipe.microbatches)
+    return out
+
+
+def local_stores(job: JobSpec, rank: int) -> list[dict[str, Any]]:
+    """What the controller needs of the data stores that have a local path: where the
+    training data is (`data/<id>` links there: the path, or its `training_data` container)
+    and where this learner's results are copied too (the `training_results` container,
+    per job and rank). Credentials go to secrets/env alone, never into spec.json."""
+    out: list[dict[str, Any]] = []
+    for ds in job.manifest.data_stores:
+        root = ds.connection.get("path")
+        if not root:
+            continue
+        entry: dict[str, Any] = {
+            "id": ds.id,
+            "type": ds.type,
+            "connection": {
+                "path": str(Path(root) / ds.training_data) if ds.training_data else root
+            },
+        }
+        if ds.training_results:
+            entry["results_path"] = str(Path(root) / ds.training_results / job.job_id / str(rank))
+        out.append(entry)
+    return out
+
+
 def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
     """The environment a distributed learner expects: torch.distributed's env:// names and
-    the `LearnerEnv` of the contract. A manifest's own `env` comes first; the platform's
-    estimates and the learner's identity override it. A malformed `RHIZOME_*` value in
-    the manifest fails this deploy step, naming the variable, instead of the learner."""
+    the `LearnerEnv` of the contract. The manifest's checkpoint: and pipeline: sections
+    come first, then its own `env` (an explicit variable there wins), then the platform's
+    estimates, the grace it really gives and the learner's identity. A malformed
+    `RHIZOME_*` value fails this deploy step, naming the variable, not the learner."""
     nodes = {str(k): str(v) for k, v in (job.placement.get("learner_nodes") or {}).items()}
     node = nodes.get(str(rank), "local")
     same_node = [r for r in range(job.learners) if nodes.get(str(r), "local") == node]
     local_rank = same_node.index(rank) if rank in same_node else 0
-    env = {str(k): str(v) for k, v in (job.manifest.get("env") or {}).items()}
+    env = manifest_variables(job)
+    env.update(job.manifest.env)
     env.update(job.platform_env)
+    env[learner_vars.GRACE_S] = str(job.grace_s)
     try:
         chosen = LearnerEnv.from_environ(env)
     except LearnerConfigError as exc:
@@ -116,9 +162,9 @@ class LocalBackend(Backend):
         secrets = Path(job.job_dir) / "secrets"
         secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
         lines = []
-        for store in job.manifest.get("data_stores") or []:
-            for key, value in sorted((store.get("connection") or {}).items()):
-                name = f"{store['id']}_{key}".upper().replace("-", "_")
+        for store in job.manifest.data_stores:
+            for key, value in sorted(store.connection.items()):
+                name = f"{store.id}_{key}".upper().replace("-", "_")
                 lines.append(f"{name}={value}")
         path = secrets / "env"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -138,10 +184,10 @@ class LocalBackend(Backend):
             restart=restart,
             env=env_for_learner,
             model_zip=job.model_zip,
-            data_stores=list(job.manifest.get("data_stores") or []),
+            data_stores=local_stores(job, rank),
             result_store=str(Path(job.result_store) / str(rank)),
             tds_address=job.tds_address,
-            metric_sources=job.manifest.get("evaluation_metrics"),
+            metric_sources=job.manifest.evaluation_metrics,
             grace_s=job.grace_s,
         )
         learner_dir = spec.learner_dir

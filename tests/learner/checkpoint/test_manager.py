@@ -158,3 +158,50 @@ def test_save_time_is_measured_from_step_end_to_backup(tmp_path: Path) -> None:
     m.backup(_save(m, "x")).result()
     assert m.save_s < 1234.0  # replaced by the measurement
     m.close()
+
+
+def test_policy_none_takes_no_save_of_its_own_even_on_a_notice(tmp_path: Path) -> None:
+    m = _manager(tmp_path, checkpoint_policy="none", save_s=0.0, backup_s=0.0)
+    with m.step():
+        pass
+    assert not m.should_save()  # insurance would be due at every boundary otherwise
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 5.0))
+    assert not m.should_save()
+    assert m.last_decision is not None and m.last_decision.reason == "policy-none"
+    m.close()
+
+
+def test_policy_fixed_saves_every_interval_whatever_daly_says(tmp_path: Path) -> None:
+    # With a notice source whose grace fits an emergency save, adaptive takes no insurance;
+    # fixed saves on its own clock anyway.
+    m = _manager(
+        tmp_path,
+        [SilentSigterm()],
+        checkpoint_policy="fixed",
+        checkpoint_interval_s=0.05,
+        save_s=0.0,
+        backup_s=0.0,
+        grace_s=30.0,
+        mttp_s=1e9,  # Daly's interval would be huge
+    )
+    assert m.interval_s() == 0.05
+    with m.step():
+        pass
+    m._last_save_point = time.monotonic() - 0.1
+    assert m.should_save()
+    assert m.last_decision is not None and m.last_decision.reason == "insurance"
+    m._last_save_point = time.monotonic()
+    assert not m.should_save()
+    assert m.last_decision is not None and m.last_decision.reason == "not-due"
+    m.close()
+
+
+def test_policy_adaptive_takes_the_manifest_interval_as_the_scripts_own_period(
+    tmp_path: Path,
+) -> None:
+    m = _manager(tmp_path, checkpoint_interval_s=120.0)
+    assert m.env.periodic_every_s is None
+    m._periodic_points.append(time.monotonic() - 100.0)
+    assert m._next_periodic_in(time.monotonic()) == pytest.approx(20.0, abs=1.0)
+    m.close()

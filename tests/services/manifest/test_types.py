@@ -67,3 +67,28 @@ def test_a_stored_job_reads_back_as_the_same_typed_manifest() -> None:
     restored = JobRecord.from_doc(record.to_doc())
     assert restored.spec == Manifest.from_document(parsed.document)
     assert restored.spec.priority == 80
+
+
+def test_the_api_view_of_a_job_never_shows_data_store_credentials() -> None:
+    from google.protobuf import json_format
+
+    from services.api.convert import job_to_proto
+
+    parsed = parse_manifest(
+        MINIMAL
+        + "data_stores: [{id: s, type: s3_datastore, training_data: {container: in},"
+        + " connection: {auth_url: 'http://x', secret_key: hunter2, access_key: AKIA1}}]\n"
+    )
+    record = JobRecord(
+        job_id="job-1",
+        owner="u",
+        name="a",
+        manifest=dict(parsed.document),
+        resources=parsed.resources.as_dict(),
+    )
+    shown = json_format.MessageToJson(job_to_proto(record))
+    assert "hunter2" not in shown and "AKIA1" not in shown
+    (store,) = json_format.MessageToDict(job_to_proto(record))["manifest"]["data_stores"]
+    assert store["connection"] == {"auth_url": "***", "secret_key": "***", "access_key": "***"}
+    assert store["training_data"] == {"container": "in"}  # the rest is shown as given
+    assert record.spec.data_stores[0].connection["secret_key"] == "hunter2"  # kept for the learner
