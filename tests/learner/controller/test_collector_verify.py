@@ -8,7 +8,6 @@ and check that the collector notices (`CountStored`) and sends them again, exact
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rhizome.v1 import tds_pb2
 from learner.controller.collector import OFFSETS_FILE, Collector, learner_dir
 from services.tds.api import Query, StoreRejected
 from services.tds.memory_store import MemoryStore
+from tests.learner.controller.test_collector import _wait
 from tests.services.tds.helpers import tds_in_process
 
 
@@ -61,13 +61,6 @@ def _forget(store: MemoryStore, job: str, seqs: range) -> None:
         metrics = store._metrics.get(job, {})
         for doc_id in [k for k, s in metrics.items() if s.seq in seqs]:
             del metrics[doc_id]
-
-
-def _wait(cond: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
-        time.sleep(0.02)
-    assert cond(), "condition not reached"  # type: ignore[operator]
 
 
 def test_lines_lost_after_their_ack_are_sent_again_before_the_collector_exits(

@@ -102,7 +102,11 @@ def test_arbitrary_bytes_give_a_clear_error_never_a_crash(data: bytes) -> None:
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.text(min_size=1, max_size=20), st.binary(max_size=200)),
+        st.tuples(
+            # zipfile cuts a name at NUL, and cannot write the empty name that leaves
+            st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=20),
+            st.binary(max_size=200),
+        ),
         min_size=0,
         max_size=8,
     ),
