@@ -209,6 +209,12 @@ def up(
     err.print(
         f"[green]Rhizome is up[/green]: API {state.api_address}, REST {state.rest_url}, data {state.data_dir}"
     )
+    token_file = Path(state.data_dir) / "admin.token"
+    if token_file.exists():
+        err.print(
+            f"admin token in {token_file} (mode 0600): this CLI and the SDK use it here; "
+            "`rhizome token create --user NAME` makes one for someone else"
+        )
     if foreground:
         err.print("Press Ctrl-C to stop.")
         try:
