@@ -32,7 +32,12 @@ class BenchPlatform:
         return self
 
     def start_daemon(self) -> None:
-        args = [f"--mongodb-uri={self.mongo.url}", f"--etcd={self.etcd.url}", "--services=api,lcm"]
+        args = [
+            f"--mongodb-uri={self.mongo.url}",
+            f"--etcd={self.etcd.url}",
+            "--services=api,lcm",
+            f"--admin-token-file={self.data_dir / 'admin.token'}",
+        ]
         self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args)
         self.daemon.start_timeout_s = 60
         self.daemon.start()
@@ -46,6 +51,11 @@ class BenchPlatform:
     @property
     def api(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        """The admin token the daemon wrote on its first start."""
+        return (self.data_dir / "admin.token").read_text().strip()
 
     def __exit__(self, *exc: object) -> None:
         if self.daemon is not None:

@@ -30,6 +30,8 @@ from services.client.sdk import Client
 from services.embedded import platform
 from services.manifest import parse_manifest
 from services.store.jobs import JobRecord, JobsRepository
+from services.store.mongo import database_name
+from services.store.tokens import TokensRepository
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
 
@@ -94,10 +96,19 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
 
     elapsed, lat = run_clients(clients, per_client, floor_insert)
     results["mongodb insert_one (floor)"] = summarize(total, elapsed, lat)
-    mongo.close()
+
+    # One token per benchmark user, minted in the daemon's store as `rhizome token create`
+    # would.
+    token_store = TokensRepository(mongo[database_name(state.urls["mongodb"])])
+    tokens: dict[str, str] = {}
+
+    def token(user: str) -> str:
+        if user not in tokens:
+            tokens[user] = token_store.create(user, created_by="benchmark").secret
+        return tokens[user]
 
     users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
-    grpc_clients = [Client(state.api_address, u) for u in users]
+    grpc_clients = [Client(state.api_address, token=token(u)) for u in users]
     elapsed, lat = run_clients(
         clients, per_client, lambda i: grpc_clients[i // per_client].create_job(MANIFEST)
     )
@@ -107,7 +118,9 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
 
     rest_users = [f"bench-rest-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
     http = [
-        httpx.Client(base_url=state.rest_url, headers={"X-Rhizome-User": u}, timeout=30)
+        httpx.Client(
+            base_url=state.rest_url, headers={"Authorization": f"Bearer {token(u)}"}, timeout=30
+        )
         for u in rest_users
     ]
     files = {"manifest": ("manifest.yml", MANIFEST.encode())}
@@ -117,8 +130,11 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
 
     elapsed, lat = run_clients(clients, per_client, rest_submit)
     results["REST POST /v1/models"] = summarize(total, elapsed, lat)
-    stored = sum(len(list(Client(state.api_address, u).iter_jobs())) for u in rest_users)
+    stored = sum(
+        len(list(Client(state.api_address, token=token(u)).iter_jobs())) for u in rest_users
+    )
     assert stored == total, f"only {stored} of {total} REST submits are stored"
+    mongo.close()
     return results
 
 

@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     with BenchPlatform() as platform:
         repo = JobsRepository(connect(platform.mongo.url))
-        with Client(platform.api, user="bench") as client:
+        with Client(platform.api, token=platform.token) as client:
             latency(client, repo)  # warm-up: first imports, first index use
             bare_runs, rz_runs = [], []
             for _ in range(args.reps):

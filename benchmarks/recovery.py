@@ -65,7 +65,7 @@ def main() -> None:
     with BenchPlatform() as platform:
         etcd = EtcdClient.connect(platform.etcd.url)
         repo = JobsRepository(connect(platform.mongo.url))
-        client = Client(platform.api, user="bench", timeout_s=2)
+        client = Client(platform.api, token=platform.token, timeout_s=2)
         job_id = client.create_job(MANIFEST).job_id
         until(lambda: repo.get(job_id).status == "PROCESSING")
         guardian_key = etcd_keys.guardian_lease(job_id)

@@ -72,7 +72,8 @@ def run(data_dir: Path) -> int:
         return 1
     state = load_state(data_dir)
     assert state is not None
-    with Client(state.api_address, user="demo") as client:
+    # The platform wrote an admin token into its data directory; the SDK reads it.
+    with Client(state.api_address, data_dir=data_dir) as client:
         manifest = (EXAMPLE / "manifest.yml").read_text()
         code = zip_directory(EXAMPLE)
         resp = client.create_job(manifest, code)

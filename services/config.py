@@ -26,6 +26,10 @@ class PlatformConfig:
     peers: dict[str, str] = field(default_factory=dict)
     cluster_config: str = ""
     quota_config: str = ""
+    # Authentication (services/api/auth.py, docs/security.md).
+    trust_user_header: bool = False  # FfDL compatibility: believe x-rhizome-user; insecure
+    auth_cache_s: float = 5.0  # how long a valid token lookup is reused
+    admin_token_file: str = ""  # create an admin token here when there is none
 
     @property
     def objects_dir(self) -> Path:

@@ -196,6 +196,30 @@ def _peers(values: tuple[str, ...]) -> dict[str, str]:
     "Default: no quotas.",
 )
 @click.option(
+    "--insecure-trust-user-header",
+    is_flag=True,
+    help="FfDL compatibility: a call without a token is whoever its x-rhizome-user / "
+    "X-Rhizome-User header says. Anyone who reaches the port can then act as anyone; off "
+    "by default, and a warning is logged when on.",
+)
+@click.option(
+    "--auth-cache-seconds",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    envvar="RHIZOME_AUTH_CACHE_S",
+    help="How long a valid token lookup is reused: a token revoked through another daemon "
+    "stops working here within this bound.",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    envvar="RHIZOME_ADMIN_TOKEN_FILE",
+    help="Create an admin token and write it here (mode 0600) when the file is missing "
+    "(`rhizome up` passes <data dir>/admin.token).",
+)
+@click.option(
     "--state-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -213,6 +237,9 @@ def main(
     peers: tuple[str, ...],
     cluster_config: str,
     quota_config: str,
+    insecure_trust_user_header: bool,
+    auth_cache_seconds: float,
+    admin_token_file: Path | None,
     state_file: Path | None,
 ) -> None:
     """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
@@ -222,6 +249,9 @@ def main(
     )
     # One line per Elasticsearch request drowns the daemon's own log.
     logging.getLogger("elastic_transport").setLevel(logging.WARNING)
+    from services.api.auth import install_log_redaction
+
+    install_log_redaction()  # no token secret in any log line
     config = PlatformConfig(
         data_dir=data_dir.expanduser(),
         mongodb_uri=mongodb_uri,
@@ -235,6 +265,9 @@ def main(
         peers=_peers(peers),
         cluster_config=cluster_config,
         quota_config=quota_config,
+        trust_user_header=insecure_trust_user_header,
+        auth_cache_s=auth_cache_seconds,
+        admin_token_file=str(admin_token_file.expanduser()) if admin_token_file else "",
     )
     config.data_dir.mkdir(parents=True, exist_ok=True)
     daemon = Daemon(config)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from google.protobuf import struct_pb2, timestamp_pb2
-from rhizome.v1 import job_pb2
+from rhizome.v1 import job_pb2, trainer_pb2
 
 from services.store import states
 from services.store.jobs import JobRecord
+from services.store.tokens import TokenRecord
 
 
 def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
@@ -54,4 +55,22 @@ def job_to_proto(job: JobRecord) -> job_pb2.Job:
         nodes = job.placement.get("learner_nodes", {})
         msg.placement.learner_nodes.update({int(k): str(v) for k, v in nodes.items()})
         msg.placement.placed_at.CopyFrom(timestamp(float(job.placement.get("placed_at", 0))))
+    return msg
+
+
+def token_to_proto(token: TokenRecord) -> trainer_pb2.Token:
+    """A token as the API shows it: never its secret nor the secret's hash."""
+    msg = trainer_pb2.Token(
+        token_id=token.token_id,
+        user=token.user,
+        role=token.role,
+        prefix=token.prefix,
+        created_at=timestamp(token.created_at),
+        created_by=token.created_by,
+        description=token.description,
+    )
+    if token.expires_at:
+        msg.expires_at.CopyFrom(timestamp(token.expires_at))
+    if token.revoked_at:
+        msg.revoked_at.CopyFrom(timestamp(token.revoked_at))
     return msg

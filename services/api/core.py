@@ -11,6 +11,7 @@ import pymongo.errors
 
 from services.api import errors
 from services.api.archive import check_archive
+from services.api.auth import Principal, as_principal
 from services.manifest import ManifestError, parse_manifest
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StoreUnavailable
@@ -66,12 +67,12 @@ class TrainerCore:
     # -- submit ---------------------------------------------------------------------------
     def create(
         self,
-        owner: str,
+        who: Principal | str,
         manifest_text: str | bytes,
         model_zip: bytes = b"",
         idempotency_key: str = "",
     ) -> Created:
-        owner = require_owner(owner)
+        owner = as_principal(who).user  # an admin's submit is the admin's own job
         if len(idempotency_key) > MAX_IDEMPOTENCY_KEY:
             raise errors.BadRequest(f"idempotency key longer than {MAX_IDEMPOTENCY_KEY} characters")
         if len(model_zip) > MAX_MODEL_BYTES:
@@ -125,28 +126,34 @@ class TrainerCore:
         return Created(stored, existing_flag)
 
     # -- read -------------------------------------------------------------------------------
-    def get(self, owner: str, job_id: str) -> JobRecord:
-        owner = require_owner(owner)
+    # A user sees and controls only their own jobs (another owner's job is a 404, as if it
+    # did not exist); an admin sees and controls every job.
+    def get(self, who: Principal | str, job_id: str) -> JobRecord:
         try:
-            return self._wrap(self.jobs.get, job_id, owner)
+            return self._wrap(self.jobs.get, job_id, owner_scope(who))
         except JobNotFound as exc:
             raise errors.NotFound(str(exc)) from None
 
     def list(
-        self, owner: str, statuses: list[str], name_prefix: str, page_size: int, page_token: str
+        self,
+        who: Principal | str,
+        statuses: list[str],
+        name_prefix: str,
+        page_size: int,
+        page_token: str,
     ) -> Page:
-        owner = require_owner(owner)
+        scope = owner_scope(who)
         if page_size < 0:
             raise errors.BadRequest("page_size must be positive (at most 500)")
-        return self._wrap(self.jobs.list_page, owner, statuses, name_prefix, page_size, page_token)
+        return self._wrap(self.jobs.list_page, scope, statuses, name_prefix, page_size, page_token)
 
     # -- change -------------------------------------------------------------------------------
-    def halt(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
+    def halt(self, owner: Principal | str, job_id: str, reason: str = "") -> JobRecord:
         return self._control(
             owner, job_id, lambda lc: lc.halt, states.HALTED, reason or "halted by user"
         )
 
-    def resume(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
+    def resume(self, owner: Principal | str, job_id: str, reason: str = "") -> JobRecord:
         job = self.get(owner, job_id)
         if job.status != states.HALTED:
             raise errors.Conflict(f"job {job_id} is {job.status}; only a HALTED job can be resumed")
@@ -156,7 +163,7 @@ class TrainerCore:
         # Without a lifecycle manager the job goes back through the queue.
         return self._transition(job_id, states.QUEUED, reason or "resumed by user")
 
-    def delete(self, owner: str, job_id: str, reason: str = "") -> JobRecord:
+    def delete(self, owner: Principal | str, job_id: str, reason: str = "") -> JobRecord:
         job = self._control(
             owner, job_id, lambda lc: lc.delete, states.DELETED, reason or "deleted by user"
         )
@@ -164,7 +171,7 @@ class TrainerCore:
             self.on_deleted(job_id)
         return job
 
-    def scale(self, owner: str, job_id: str, learners: int) -> JobRecord:
+    def scale(self, owner: Principal | str, job_id: str, learners: int) -> JobRecord:
         job = self.get(owner, job_id)
         elastic = job.spec.elastic
         if elastic is None:
@@ -184,7 +191,7 @@ class TrainerCore:
 
     def _control(
         self,
-        owner: str,
+        owner: Principal | str,
         job_id: str,
         # Picks the port's bound method (`lambda lc: lc.halt`). Not `Lifecycle.halt`: that
         # is the Protocol's own empty method, which would forward nothing.
@@ -217,12 +224,7 @@ class TrainerCore:
             raise errors.Unavailable(f"the job store is unavailable: {exc}") from None
 
 
-def require_owner(owner: str) -> str:
-    owner = (owner or "").strip()
-    if not owner:
-        raise errors.Unauthenticated(
-            "no user id: send gRPC metadata `x-rhizome-user` or the HTTP header `X-Rhizome-User`"
-        )
-    if len(owner) > 128:
-        raise errors.BadRequest("user id longer than 128 characters")
-    return owner
+def owner_scope(who: Principal | str) -> str | None:
+    """The owner a caller's reads and changes are limited to; None (every job) for an admin."""
+    principal = as_principal(who)
+    return None if principal.is_admin else principal.user

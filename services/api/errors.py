@@ -27,6 +27,12 @@ class Unauthenticated(ApiError):
     code = "unauthenticated"
 
 
+class PermissionDenied(ApiError):
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
+    code = "permission_denied"
+
+
 class NotFound(ApiError):
     grpc_code = grpc.StatusCode.NOT_FOUND
     http_status = 404

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,7 +15,7 @@ from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2_grpc, tds_pb2, tds_p
 from services.api import errors
 from services.api.core import AdmitFn, Lifecycle
 from services.config import split_address
-from services.hosting import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository, mongo_database
 from services.store.jobs import JobRecord
 
 log = logging.getLogger("rhizome.api")
@@ -134,9 +135,11 @@ def build(ctx: DaemonContext) -> Hosted:
     """Host the Trainer gRPC service and the REST gateway."""
     from rhizome.v1 import trainer_pb2, trainer_pb2_grpc
 
+    from services.api.auth import Authenticator, ensure_admin_token_file
     from services.api.core import TrainerCore
     from services.api.servicer import TrainerServicer
     from services.store.objects import LocalObjectStore
+    from services.store.tokens import TokensRepository
 
     core = TrainerCore(
         jobs_repository(ctx),
@@ -151,11 +154,22 @@ def build(ctx: DaemonContext) -> Hosted:
     if tds_channel is not None:
         core.on_deleted = tds_forget(tds_channel)
     ctx.shared["trainer_core"] = core
+    tokens = TokensRepository(mongo_database(ctx))
+    tokens.ensure_indexes()
+    if ctx.config.admin_token_file:
+        ensure_admin_token_file(tokens, Path(ctx.config.admin_token_file))
+    auth = Authenticator(tokens, ctx.config.trust_user_header, ctx.config.auth_cache_s)
+    if auth.trust_user_header:
+        log.warning(
+            "--insecure-trust-user-header is on: a caller without a token is whoever its "
+            "x-rhizome-user / X-Rhizome-User header says (FfDL compatibility); use tokens instead"
+        )
     servicer = TrainerServicer(
         core,
         tds_channel=ctx.channel("tds"),
         scheduler_channel=ctx.channel("scheduler"),
         services=list(ctx.config.services),
+        auth=auth,
     )
     trainer_pb2_grpc.add_TrainerServicer_to_server(servicer, ctx.server)
     rest: dict[str, Any] = {}
@@ -167,7 +181,7 @@ def build(ctx: DaemonContext) -> Hosted:
 
         from services.api.rest import build_app
 
-        app = build_app(core, ctx.channel("tds"))
+        app = build_app(core, ctx.channel("tds"), auth)
         host, port = split_address(ctx.config.rest_address)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
         server = uvicorn.Server(config)

@@ -12,18 +12,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from fastapi import FastAPI, File, Form, Header, Query, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPBearer
 from google.protobuf import json_format
 from pydantic import BaseModel
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
 from services import __version__
 from services.api import errors
-from services.api.convert import job_to_proto
+from services.api.auth import Authenticator, Principal
+from services.api.convert import job_to_proto, token_to_proto
 from services.api.core import MAX_MODEL_BYTES, TrainerCore
 from services.manifest import MAX_MANIFEST_BYTES, schema
 from services.store import states
@@ -38,15 +41,13 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthenticated",
+    403: "permission_denied",
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
     413: "too_large",
     415: "unsupported_media_type",
 }
-
-# FfDL sent the user as `X-Watson-Userinfo: bluemix-instance-id=<user>`; both are accepted.
-USER_HEADER = "X-Rhizome-User"
 
 
 class ErrorBody(BaseModel):
@@ -62,12 +63,16 @@ class ScaleBody(BaseModel):
     learners: int
 
 
-def _user(rhizome_user: str | None, watson: str | None) -> str:
-    if rhizome_user:
-        return rhizome_user
-    if watson and "bluemix-instance-id=" in watson:
-        return watson.split("bluemix-instance-id=", 1)[1].split(";")[0].strip()
-    return ""
+class TokenBody(BaseModel):
+    user: str = ""  # default: the calling admin
+    role: str = "user"
+    expires_in_seconds: int = 0  # 0: never
+    description: str = ""
+
+
+def _message_json(msg: Any) -> dict[str, Any]:
+    body: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    return body
 
 
 def _job_json(job: JobRecord) -> dict[str, Any]:
@@ -78,14 +83,18 @@ def _job_json(job: JobRecord) -> dict[str, Any]:
     return body
 
 
-def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> FastAPI:
+def build_app(
+    core: TrainerCore, tds_channel: grpc.Channel | None = None, auth: Authenticator | None = None
+) -> FastAPI:
     app = FastAPI(
         title="Rhizome Trainer API",
         version=__version__,
-        description="Submit, watch and control training jobs. Send the user id as `X-Rhizome-User`.",
+        description="Submit, watch and control training jobs. Send a token as "
+        "`Authorization: Bearer rz_...` (docs/security.md).",
         responses={
             400: {"model": ErrorBody},
             401: {"model": ErrorBody},
+            403: {"model": ErrorBody},
             404: {"model": ErrorBody},
             409: {"model": ErrorBody},
             413: {"model": ErrorBody},
@@ -93,6 +102,15 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
         },
     )
     tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel else None
+    # Without an authenticator nobody gets in: no token store, no trusted header.
+    authenticator = auth or Authenticator(None)
+    # Declared for the OpenAPI document (its security scheme); the credential itself is
+    # read by the same code path as gRPC's (services/api/auth.py).
+    bearer_scheme = HTTPBearer(auto_error=False, description="a token from `rhizome token create`")
+
+    def caller(request: Request, _: Any = Depends(bearer_scheme)) -> Principal:
+        known = getattr(request.state, "principal", None)
+        return known if known is not None else authenticator.from_http(request.headers)
 
     @app.exception_handler(errors.ApiError)
     async def api_error(_: Request, exc: errors.ApiError) -> JSONResponse:
@@ -154,6 +172,16 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
                 },
                 status_code=413,
             )
+        if request.method == "POST" and request.url.path == "/v1/models":
+            # Who is calling is settled before a large upload is read, not after.
+            try:
+                request.state.principal = await run_in_threadpool(
+                    authenticator.from_http, request.headers
+                )
+            except errors.ApiError as exc:
+                return JSONResponse(
+                    {"code": exc.code, "message": exc.message}, status_code=exc.http_status
+                )
         return await call_next(request)
 
     @app.get("/healthz", tags=["meta"])
@@ -173,8 +201,7 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
         manifest: UploadFile = File(..., description="manifest.yml"),
         model_definition: UploadFile | None = File(None, description="zipped training code"),
         idempotency_key: str = Form(""),
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
         idempotency_key_header: str | None = Header(None, alias="Idempotency-Key"),
     ) -> JSONResponse:
         text = await manifest.read(MAX_MANIFEST_BYTES + 1)
@@ -184,7 +211,7 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
         if model_definition is not None:
             code = await model_definition.read(MAX_MODEL_BYTES + 1)
         created = core.create(
-            _user(x_rhizome_user, x_watson_userinfo),
+            who,
             text,
             code,
             idempotency_key or idempotency_key_header or "",
@@ -199,8 +226,7 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
         name_prefix: str = Query("", max_length=128),
         page_size: int = Query(50, ge=1, le=500),
         page_token: str = Query("", max_length=256),
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> dict[str, Any]:
         wanted = [s.upper() for s in status]
         unknown = [s for s in wanted if s not in states.ALL_STATES]
@@ -208,9 +234,7 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
             raise errors.BadRequest(
                 f"status: unknown {', '.join(unknown)}; allowed: {', '.join(states.ALL_STATES)}"
             )
-        page = core.list(
-            _user(x_rhizome_user, x_watson_userinfo), wanted, name_prefix, page_size, page_token
-        )
+        page = core.list(who, wanted, name_prefix, page_size, page_token)
         return {
             "models": [_job_json(j) for j in page.jobs],
             "next_page_token": page.next_page_token,
@@ -219,47 +243,40 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
     @app.get("/v1/models/{model_id}", tags=["models"])
     def get_model(
         model_id: str,
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> dict[str, Any]:
-        return _job_json(core.get(_user(x_rhizome_user, x_watson_userinfo), model_id))
+        return _job_json(core.get(who, model_id))
 
     @app.patch("/v1/models/{model_id}", tags=["models"])
     def patch_model(
         model_id: str,
         body: PatchBody,
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> dict[str, Any]:
-        user = _user(x_rhizome_user, x_watson_userinfo)
         action = body.status.lower()
         if action == "halt":
-            return _job_json(core.halt(user, model_id))
+            return _job_json(core.halt(who, model_id))
         if action == "resume":
-            return _job_json(core.resume(user, model_id))
+            return _job_json(core.resume(who, model_id))
         raise errors.BadRequest(f"status: {body.status!r} is not allowed; use 'halt' or 'resume'")
 
     @app.post("/v1/models/{model_id}/scale", tags=["models"])
     def scale_model(
         model_id: str,
         body: ScaleBody,
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> dict[str, Any]:
-        return _job_json(
-            core.scale(_user(x_rhizome_user, x_watson_userinfo), model_id, body.learners)
-        )
+        return _job_json(core.scale(who, model_id, body.learners))
 
     @app.delete("/v1/models/{model_id}", tags=["models"])
     def delete_model(
         model_id: str,
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> dict[str, Any]:
-        return _job_json(core.delete(_user(x_rhizome_user, x_watson_userinfo), model_id))
+        return _job_json(core.delete(who, model_id))
 
     def _stream(
-        model_id: str, user: str, method: str, request: Any, follow: bool
+        model_id: str, user: Principal, method: str, request: Any, follow: bool
     ) -> StreamingResponse:
         core.get(user, model_id)  # ownership and a clear 404 before the stream starts
         if tds is None:
@@ -292,8 +309,7 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
         search: str = Query("", max_length=1024),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> StreamingResponse:
         req = tds_pb2.LogsRequest(
             job_id=model_id,
@@ -303,7 +319,7 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
             pos=pos,
             page_size=pagesize,
         )
-        return _stream(model_id, _user(x_rhizome_user, x_watson_userinfo), "GetLogs", req, follow)
+        return _stream(model_id, who, "GetLogs", req, follow)
 
     @app.get("/v1/models/{model_id}/metrics", tags=["models"])
     def get_metrics(
@@ -313,14 +329,32 @@ def build_app(core: TrainerCore, tds_channel: grpc.Channel | None = None) -> Fas
         name: str = Query("", max_length=256),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
-        x_rhizome_user: str | None = Header(None),
-        x_watson_userinfo: str | None = Header(None),
+        who: Principal = Depends(caller),
     ) -> StreamingResponse:
         req = tds_pb2.MetricsRequest(
             job_id=model_id, follow=follow, learner=learner, name=name, pos=pos, page_size=pagesize
         )
-        return _stream(
-            model_id, _user(x_rhizome_user, x_watson_userinfo), "GetMetrics", req, follow
+        return _stream(model_id, who, "GetMetrics", req, follow)
+
+    @app.post("/v1/tokens", status_code=201, tags=["tokens"])
+    def create_token(body: TokenBody, who: Principal = Depends(caller)) -> dict[str, Any]:
+        """Admins only. The secret is in this response and nowhere else, ever."""
+        record, secret = authenticator.create_token(
+            who, body.user, body.role, body.expires_in_seconds, body.description
         )
+        return {"token": _message_json(token_to_proto(record)), "secret": secret}
+
+    @app.get("/v1/tokens", tags=["tokens"])
+    def list_tokens(who: Principal = Depends(caller)) -> dict[str, Any]:
+        """Admins only. Never a secret."""
+        return {
+            "tokens": [_message_json(token_to_proto(t)) for t in authenticator.list_tokens(who)]
+        }
+
+    @app.delete("/v1/tokens/{token_id}", tags=["tokens"])
+    def revoke_token(token_id: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        """Admins only. The token stops working at once on this daemon, within the
+        authentication cache's bound on others."""
+        return _message_json(token_to_proto(authenticator.revoke_token(who, token_id)))
 
     return app

@@ -19,19 +19,12 @@ from rhizome.v1 import (
 
 from services import __version__
 from services.api import errors
-from services.api.convert import job_to_proto
+from services.api.auth import Authenticator, Principal
+from services.api.convert import job_to_proto, token_to_proto
 from services.api.core import TrainerCore
 from services.store import states
 
-USER_METADATA = "x-rhizome-user"
 T = TypeVar("T")
-
-
-def caller(context: grpc.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == USER_METADATA:
-            return str(value)
-    return ""
 
 
 def _abort_on_api_error(fn: Callable[..., T]) -> Callable[..., T]:
@@ -53,20 +46,27 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         tds_channel: grpc.Channel | None = None,
         scheduler_channel: grpc.Channel | None = None,
         services: list[str] | None = None,
+        auth: Authenticator | None = None,
     ) -> None:
         self.core = core
+        # Without an authenticator nobody gets in: no token store, no trusted header.
+        self.auth = auth or Authenticator(None)
         self.tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel else None
         self.scheduler = (
             scheduler_pb2_grpc.SchedulerStub(scheduler_channel) if scheduler_channel else None
         )
         self.services = services or ["api"]
 
+    def caller(self, context: grpc.ServicerContext) -> Principal:
+        """Who is calling (errors.Unauthenticated when nobody can tell)."""
+        return self.auth.from_grpc(context.invocation_metadata())
+
     @_abort_on_api_error
     def CreateJob(
         self, request: trainer_pb2.CreateJobRequest, context: grpc.ServicerContext
     ) -> trainer_pb2.CreateJobResponse:
         created = self.core.create(
-            caller(context),
+            self.caller(context),
             request.manifest_yaml,
             request.model_definition,
             request.idempotency_key,
@@ -79,7 +79,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def GetJob(
         self, request: trainer_pb2.GetJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.Job:
-        return job_to_proto(self.core.get(caller(context), request.job_id))
+        return job_to_proto(self.core.get(self.caller(context), request.job_id))
 
     @_abort_on_api_error
     def ListJobs(
@@ -90,7 +90,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         except ValueError as exc:
             raise errors.BadRequest(f"statuses: {exc}") from None
         page = self.core.list(
-            caller(context), wanted, request.name_prefix, request.page_size, request.page_token
+            self.caller(context), wanted, request.name_prefix, request.page_size, request.page_token
         )
         return trainer_pb2.ListJobsResponse(
             jobs=[job_to_proto(j) for j in page.jobs], next_page_token=page.next_page_token
@@ -100,25 +100,25 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def HaltJob(
         self, request: trainer_pb2.JobRequest, context: grpc.ServicerContext
     ) -> job_pb2.Job:
-        return job_to_proto(self.core.halt(caller(context), request.job_id, request.reason))
+        return job_to_proto(self.core.halt(self.caller(context), request.job_id, request.reason))
 
     @_abort_on_api_error
     def ResumeJob(
         self, request: trainer_pb2.JobRequest, context: grpc.ServicerContext
     ) -> job_pb2.Job:
-        return job_to_proto(self.core.resume(caller(context), request.job_id, request.reason))
+        return job_to_proto(self.core.resume(self.caller(context), request.job_id, request.reason))
 
     @_abort_on_api_error
     def DeleteJob(
         self, request: trainer_pb2.JobRequest, context: grpc.ServicerContext
     ) -> job_pb2.Job:
-        return job_to_proto(self.core.delete(caller(context), request.job_id, request.reason))
+        return job_to_proto(self.core.delete(self.caller(context), request.job_id, request.reason))
 
     @_abort_on_api_error
     def ScaleJob(
         self, request: trainer_pb2.ScaleJobRequest, context: grpc.ServicerContext
     ) -> job_pb2.Job:
-        return job_to_proto(self.core.scale(caller(context), request.job_id, request.learners))
+        return job_to_proto(self.core.scale(self.caller(context), request.job_id, request.learners))
 
     def StreamLogs(
         self, request: tds_pb2.LogsRequest, context: grpc.ServicerContext
@@ -134,7 +134,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         self, request: Any, context: grpc.ServicerContext, method: str
     ) -> Iterator[Any]:
         try:
-            self.core.get(caller(context), request.job_id)  # ownership check, clear 404
+            self.core.get(self.caller(context), request.job_id)  # ownership check, clear 404
             if self.tds is None:
                 raise errors.Unavailable("the training data service (tds) is not configured")
         except errors.ApiError as exc:
@@ -151,9 +151,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
                 grpc.StatusCode.UNAVAILABLE, f"the training data service failed: {exc.details()}"
             )
 
+    @_abort_on_api_error
     def GetCluster(
         self, request: scheduler_pb2.GetClusterRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.ClusterView:
+        self.caller(context)
         if self.scheduler is None:
             counts = self.core.jobs.count_by_status()
             return scheduler_pb2.ClusterView(
@@ -171,6 +173,35 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def GetVersion(
         self, request: trainer_pb2.GetVersionRequest, context: grpc.ServicerContext
     ) -> trainer_pb2.VersionInfo:
+        # Public, like health and reflection: a client checks what it talks to before
+        # it has a token.
         return trainer_pb2.VersionInfo(
             version=__version__, api="rhizome.v1", services=self.services
         )
+
+    # -- tokens (admins only) -------------------------------------------------------------------
+    @_abort_on_api_error
+    def CreateToken(
+        self, request: trainer_pb2.CreateTokenRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.CreateTokenResponse:
+        record, secret = self.auth.create_token(
+            self.caller(context),
+            request.user,
+            request.role,
+            request.expires_in_seconds,
+            request.description,
+        )
+        return trainer_pb2.CreateTokenResponse(token=token_to_proto(record), secret=secret)
+
+    @_abort_on_api_error
+    def ListTokens(
+        self, request: trainer_pb2.ListTokensRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.ListTokensResponse:
+        tokens = self.auth.list_tokens(self.caller(context))
+        return trainer_pb2.ListTokensResponse(tokens=[token_to_proto(t) for t in tokens])
+
+    @_abort_on_api_error
+    def RevokeToken(
+        self, request: trainer_pb2.RevokeTokenRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.Token:
+        return token_to_proto(self.auth.revoke_token(self.caller(context), request.token_id))

@@ -51,10 +51,13 @@ def fmt_time(ts: Any) -> str:
 
 
 class Ctx:
-    def __init__(self, api: str | None, user: str | None, data_dir: Path) -> None:
+    def __init__(
+        self, api: str | None, user: str | None, data_dir: Path, token: str | None = None
+    ) -> None:
         self._api = api
         self.user = user
         self.data_dir = data_dir
+        self.token = token
         self._client: Client | None = None
 
     @property
@@ -71,7 +74,7 @@ class Ctx:
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.api, self.user)
+            self._client = Client(self.api, self.user, token=self.token, data_dir=self.data_dir)
         return self._client
 
 
@@ -104,10 +107,18 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print machin
     help="Trainer API address (default: the embedded platform's, else 127.0.0.1:50051).",
 )
 @click.option(
+    "--token",
+    envvar="RHIZOME_TOKEN",
+    default=None,
+    help="API token (default: $RHIZOME_TOKEN, else the embedded platform's "
+    "<data dir>/admin.token).",
+)
+@click.option(
     "--user",
     envvar="RHIZOME_USER",
     default=None,
-    help="User id sent with every call (default: $USER).",
+    help="User id sent when there is no token; only a daemon run with "
+    "--insecure-trust-user-header believes it (default: $USER).",
 )
 @click.option(
     "--data-dir",
@@ -118,9 +129,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print machin
     help="Embedded platform data directory.",
 )
 @click.pass_context
-def cli(ctx: click.Context, api: str | None, user: str | None, data_dir: Path) -> None:
+def cli(
+    ctx: click.Context, api: str | None, token: str | None, user: str | None, data_dir: Path
+) -> None:
     """Rhizome: train on cheap preemptible GPUs without babysitting them."""
-    ctx.obj = Ctx(api, user, data_dir.expanduser())
+    ctx.obj = Ctx(api, user, data_dir.expanduser(), token)
 
 
 # -- platform -------------------------------------------------------------------------------
@@ -196,6 +209,12 @@ def up(
     err.print(
         f"[green]Rhizome is up[/green]: API {state.api_address}, REST {state.rest_url}, data {state.data_dir}"
     )
+    token_file = Path(state.data_dir) / "admin.token"
+    if token_file.exists():
+        err.print(
+            f"admin token in {token_file} (mode 0600): this CLI and the SDK use it here; "
+            "`rhizome token create --user NAME` makes one for someone else"
+        )
     if foreground:
         err.print("Press Ctrl-C to stop.")
         try:
@@ -505,6 +524,88 @@ def cluster(obj: Ctx, as_json: bool) -> None:
     if view.nodes:
         out.print(table)
     out.print(f"queued jobs: {view.queued_jobs}, running jobs: {view.running_jobs}")
+
+
+# -- tokens ----------------------------------------------------------------------------------
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> int:
+    """`30d`, `12h`, `15m`, `90s`, `2w` or plain seconds; 0 means never."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+)\s*([smhdw]?)\s*", text or "")
+    if not match:
+        raise click.BadParameter(f"{text!r}: expected a number with s, m, h, d or w (e.g. 30d)")
+    return int(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+
+
+def _token_row(t: Any) -> list[str]:
+    state = "revoked" if t.HasField("revoked_at") else "active"
+    if state == "active" and t.HasField("expires_at") and t.expires_at.seconds < time.time():
+        state = "expired"
+    expires = fmt_time(t.expires_at) if t.HasField("expires_at") else "never"
+    return [t.token_id, t.prefix + "…", t.user, t.role, state, fmt_time(t.created_at), expires]
+
+
+@cli.group()
+def token() -> None:
+    """Create, list and revoke API tokens (admin tokens only)."""
+
+
+@token.command("create")
+@click.option("--user", "for_user", default="", help="The user the token acts as (default: you).")
+@click.option("--role", type=click.Choice(["user", "admin"]), default="user", show_default=True)
+@click.option("--expires-in", default="0", help="Lifetime, e.g. 30d, 12h (default: never).")
+@click.option("--description", default="", help="A note shown in `rhizome token list`.")
+@json_option
+@click.pass_obj
+@handles_errors
+def token_create(
+    obj: Ctx, for_user: str, role: str, expires_in: str, description: str, as_json: bool
+) -> None:
+    """Create a token. Its secret is printed once, on stdout, and never again."""
+    resp = obj.client.create_token(for_user, role, parse_duration(expires_in), description)
+    if as_json:
+        emit_json(to_dict(resp))
+        return
+    t = resp.token
+    expires = fmt_time(t.expires_at) if t.HasField("expires_at") else "never"
+    err.print(f"token {t.token_id} for {t.user} ({t.role}), expires {expires}:")
+    click.echo(resp.secret)
+    err.print(
+        "[yellow]Store it now: it is not shown again.[/yellow] Use it with --token or $RHIZOME_TOKEN."
+    )
+
+
+@token.command("list")
+@json_option
+@click.pass_obj
+@handles_errors
+def token_list(obj: Ctx, as_json: bool) -> None:
+    """List tokens, newest first (never their secrets)."""
+    tokens = obj.client.list_tokens()
+    if as_json:
+        emit_json([to_dict(t) for t in tokens])
+        return
+    table = Table("id", "prefix", "user", "role", "state", "created", "expires")
+    for t in tokens:
+        table.add_row(*_token_row(t))
+    out.print(table if tokens else "no tokens")
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@json_option
+@click.pass_obj
+@handles_errors
+def token_revoke(obj: Ctx, token_id: str, as_json: bool) -> None:
+    """Revoke a token: it stops working within seconds (docs/security.md)."""
+    t = obj.client.revoke_token(token_id)
+    if as_json:
+        emit_json(to_dict(t))
+    else:
+        out.print(f"token {t.token_id} ({t.user}) revoked")
 
 
 @cli.command()

@@ -1,14 +1,20 @@
 """The Python SDK: a client of the public Trainer API only (gRPC).
 
 from services.client.sdk import Client
-with Client("127.0.0.1:50051", user="alice") as rz:
+with Client("127.0.0.1:50051", token="rz_...") as rz:
     job = rz.create_job(open("manifest.yml").read(), code_zip=zip_dir("src/"))
     print(rz.get_job(job.job_id).status)
+
+The token is, in order: the `token=` argument, $RHIZOME_TOKEN, and — when `address` is
+the embedded platform's (its `platform.json` in the data directory says so) — the
+platform's `<data dir>/admin.token`. Without a token the SDK sends the `user` id as
+`x-rhizome-user`, which only a daemon run with --insecure-trust-user-header believes.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import uuid
 import zipfile
@@ -19,7 +25,11 @@ from typing import Any
 import grpc
 from rhizome.v1 import job_pb2, scheduler_pb2, tds_pb2, trainer_pb2, trainer_pb2_grpc
 
+from services.config import DEFAULT_DATA_DIR
+
 USER_METADATA = "x-rhizome-user"
+TOKEN_ENV = "RHIZOME_TOKEN"
+ADMIN_TOKEN_FILE = "admin.token"
 MAX_MESSAGE = 80 * 1024 * 1024
 
 
@@ -46,6 +56,27 @@ def _translate(exc: grpc.RpcError, address: str) -> ClientError:
     return ClientError(code.name, details or code.name)
 
 
+def find_token(address: str, token: str | None = None, data_dir: Path | None = None) -> str:
+    """The token to call `address` with: `token`, else $RHIZOME_TOKEN, else the embedded
+    platform's admin token when `address` is that platform's. Empty when there is none.
+
+    The data directory's token is only ever sent to the platform that wrote it: a client
+    pointed at another API does not hand it the local admin token."""
+    if token is not None:
+        return token.strip()
+    env = os.environ.get(TOKEN_ENV, "").strip()
+    if env:
+        return env
+    root = Path(data_dir).expanduser() if data_dir else DEFAULT_DATA_DIR
+    try:
+        state = json.loads((root / "platform.json").read_text())
+        if state.get("urls", {}).get("api") != address:
+            return ""
+        return (root / ADMIN_TOKEN_FILE).read_text().strip()
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def zip_directory(path: Path) -> bytes:
     """Zip a code directory (skipping caches and VCS metadata) for `create_job`."""
     root = Path(path)
@@ -65,9 +96,18 @@ def zip_directory(path: Path) -> bytes:
 
 
 class Client:
-    def __init__(self, address: str, user: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        user: str | None = None,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        data_dir: Path | None = None,
+    ) -> None:
+        """`token=None` looks for one (see `find_token`); `token=""` sends none."""
         self.address = address
         self.user = user or os.environ.get("RHIZOME_USER") or os.environ.get("USER") or "anonymous"
+        self.token = find_token(address, token, data_dir)
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(
             address,
@@ -77,7 +117,12 @@ class Client:
             ],
         )
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
-        self._md = ((USER_METADATA, self.user),)
+        # A token says who the caller is; the bare user id is for FfDL-compatible daemons.
+        self._md: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {self.token}"),)
+            if self.token
+            else ((USER_METADATA, self.user),)
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -178,6 +223,28 @@ class Client:
             raise _translate(exc, self.address) from None
         finally:
             call.cancel()
+
+    # -- tokens (admin tokens only) -----------------------------------------------------------
+    def create_token(
+        self, user: str = "", role: str = "user", expires_in_s: int = 0, description: str = ""
+    ) -> trainer_pb2.CreateTokenResponse:
+        """A new token acting as `user` (default: you). Its secret is in this response only."""
+        req = trainer_pb2.CreateTokenRequest(
+            user=user, role=role, expires_in_seconds=expires_in_s, description=description
+        )
+        resp = self._call("CreateToken", req)
+        assert isinstance(resp, trainer_pb2.CreateTokenResponse)
+        return resp
+
+    def list_tokens(self) -> list[trainer_pb2.Token]:
+        resp = self._call("ListTokens", trainer_pb2.ListTokensRequest())
+        assert isinstance(resp, trainer_pb2.ListTokensResponse)
+        return list(resp.tokens)
+
+    def revoke_token(self, token_id: str) -> trainer_pb2.Token:
+        resp = self._call("RevokeToken", trainer_pb2.RevokeTokenRequest(token_id=token_id))
+        assert isinstance(resp, trainer_pb2.Token)
+        return resp
 
     # -- platform ------------------------------------------------------------------------------
     def cluster(self) -> scheduler_pb2.ClusterView:

@@ -206,6 +206,7 @@ def up(
             f"--mongodb-uri={state.urls['mongodb']}",
             f"--etcd={state.urls['etcd']}",
             f"--elasticsearch-url={state.urls['elasticsearch']}",
+            f"--admin-token-file={data_dir / 'admin.token'}",  # 0600; the CLI and SDK read it
         ]
         if not services:
             from services.daemon import available_services

@@ -55,7 +55,12 @@ class Platform:
     def __init__(self, data_dir: Path, etcd_url: str, mongo_url: str) -> None:
         self.data_dir = data_dir
         self.port, self.rest = free_port(), free_port()
-        self.args = [f"--mongodb-uri={mongo_url}", f"--etcd={etcd_url}", "--services=api,lcm"]
+        self.args = [
+            f"--mongodb-uri={mongo_url}",
+            f"--etcd={etcd_url}",
+            "--services=api,lcm",
+            f"--admin-token-file={data_dir / 'admin.token'}",
+        ]
         self.server: DaemonServer | None = None
 
     def start(self) -> None:
@@ -140,7 +145,8 @@ def test_jobs_survive_repeated_sigkills_of_platform_processes(
     stop_sampling = threading.Event()
     expected: dict[str, str] = {}
     try:
-        client = Client(f"127.0.0.1:{platform.port}", user="chaos")
+        token = (tmp_path / "admin.token").read_text().strip()
+        client = Client(f"127.0.0.1:{platform.port}", token=token)
         stepper = code_zip({"run.sh": STEPPER})
         for i in range(3):
             job = client.create_job(

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rhizome.v1 import job_pb2, trainer_pb2, trainer_pb2_grpc
 
-from services.client.sdk import Client, ClientError
+from services.client.sdk import ClientError
 from tests.integration.conftest import RunningApi
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ def user() -> str:
 
 
 def test_submit_is_stored_before_the_id_returns(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as rz:
+    with api.client(user()) as rz:
         resp = rz.create_job(MANIFEST.format(name="a"), code_zip())
         assert resp.job_id.startswith("job-")
         job = rz.get_job(resp.job_id)
@@ -42,7 +42,7 @@ def test_submit_is_stored_before_the_id_returns(api: RunningApi) -> None:
 
 
 def test_a_retried_submit_with_the_same_key_returns_the_same_job(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as rz:
+    with api.client(user()) as rz:
         first = rz.create_job(MANIFEST.format(name="b"), b"", idempotency_key="retry-1")
         again = rz.create_job(MANIFEST.format(name="b"), b"", idempotency_key="retry-1")
         assert again.existing and again.job_id == first.job_id
@@ -54,7 +54,7 @@ def test_a_retried_submit_with_the_same_key_returns_the_same_job(api: RunningApi
 
 
 def test_users_see_only_their_own_jobs(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as alice, Client(api.grpc, user()) as bob:
+    with api.client(user()) as alice, api.client(user()) as bob:
         job = alice.create_job(MANIFEST.format(name="mine")).job_id
         with pytest.raises(ClientError) as info:
             bob.get_job(job)
@@ -66,7 +66,7 @@ def test_users_see_only_their_own_jobs(api: RunningApi) -> None:
 
 
 def test_list_filters_and_pages(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as rz:
+    with api.client(user()) as rz:
         ids = [rz.create_job(MANIFEST.format(name=f"p{i}")).job_id for i in range(5)]
         rz.halt_job(ids[1])
         page = rz.list_jobs(page_size=2)
@@ -77,7 +77,7 @@ def test_list_filters_and_pages(api: RunningApi) -> None:
 
 
 def test_halt_resume_delete_of_a_queued_job(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as rz:
+    with api.client(user()) as rz:
         job = rz.create_job(MANIFEST.format(name="h")).job_id
         assert rz.halt_job(job).status == job_pb2.HALTED
         assert rz.halt_job(job).status == job_pb2.HALTED  # a retry is a no-op
@@ -102,7 +102,7 @@ def test_halt_resume_delete_of_a_queued_job(api: RunningApi) -> None:
 def test_bad_manifests_are_refused_and_nothing_is_stored(
     api: RunningApi, manifest: str, fragment: str
 ) -> None:
-    with Client(api.grpc, user()) as rz:
+    with api.client(user()) as rz:
         with pytest.raises(ClientError) as info:
             rz.create_job(manifest)
         assert info.value.code == "INVALID_ARGUMENT"
@@ -111,7 +111,7 @@ def test_bad_manifests_are_refused_and_nothing_is_stored(
 
 
 def test_a_bad_zip_and_an_oversized_upload_are_refused(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as rz:
+    with api.client(user()) as rz:
         with pytest.raises(ClientError, match="not a valid zip"):
             rz.create_job(MANIFEST.format(name="z"), b"not a zip")
         with pytest.raises(ClientError) as info:
@@ -123,7 +123,7 @@ def test_a_bad_zip_and_an_oversized_upload_are_refused(api: RunningApi) -> None:
 
 
 def test_unknown_ids_and_missing_user_get_clear_errors(api: RunningApi) -> None:
-    with Client(api.grpc, user()) as rz, pytest.raises(ClientError, match="no job 'job-missing'"):
+    with api.client(user()) as rz, pytest.raises(ClientError, match="no job 'job-missing'"):
         rz.get_job("job-missing")
     channel = grpc.insecure_channel(api.grpc)
     stub = trainer_pb2_grpc.TrainerStub(channel)
@@ -155,12 +155,12 @@ def test_a_dropped_client_mid_submit_leaves_no_partial_record(api: RunningApi) -
         trainer_pb2.CreateJobRequest(
             manifest_yaml=MANIFEST.format(name="drop"), model_definition=code_zip()
         ),
-        metadata=(("x-rhizome-user", owner),),
+        metadata=(("authorization", f"Bearer {api.token(owner)}"),),
         timeout=10,
     )
     future.cancel()
     channel.close()
-    with Client(api.grpc, owner) as rz:
+    with api.client(owner) as rz:
         jobs = list(rz.iter_jobs())
         # Either the submit landed whole (acknowledged or not) or nothing did.
         for job in jobs:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.integration
 MANIFEST = b"name: rest-job\nlearners: 1\nframework:\n  command: python train.py\n"
 
 
-def headers() -> dict[str, str]:
-    return {"X-Rhizome-User": f"r-{uuid.uuid4().hex[:8]}"}
+def new_user() -> str:
+    return f"r-{uuid.uuid4().hex[:8]}"
 
 
 def code_zip() -> bytes:
@@ -48,7 +48,7 @@ def test_openapi_document_lists_the_ffdl_routes(api: RunningApi) -> None:
 
 
 def test_post_get_list_patch_delete(api: RunningApi) -> None:
-    h = headers()
+    h = api.headers(new_user())
     created = submit(api, h)
     assert created.status_code == 201, created.text
     job_id = created.json()["model_id"]
@@ -69,18 +69,18 @@ def test_post_get_list_patch_delete(api: RunningApi) -> None:
 
 
 def test_errors_are_json_with_the_right_status(api: RunningApi) -> None:
-    h = headers()
+    h = api.headers(new_user())
     bad = submit(api, h, manifest=b"name: x\nframework: {command: c}\ncpus: -1\n")
     assert bad.status_code == 400
     assert bad.json()["code"] == "bad_request" and "cpus" in bad.json()["message"]
     missing = httpx.get(f"{api.rest}/v1/models/job-unknown", headers=h, timeout=5)
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"
     anon = httpx.get(f"{api.rest}/v1/models", timeout=5)
-    assert anon.status_code == 401 and "X-Rhizome-User" in anon.json()["message"]
+    assert anon.status_code == 401 and "Authorization: Bearer" in anon.json()["message"]
 
 
 def test_idempotency_key_and_conflict(api: RunningApi) -> None:
-    h = {**headers(), "Idempotency-Key": "same"}
+    h = {**api.headers(new_user()), "Idempotency-Key": "same"}
     a = submit(api, h)
     b = submit(api, h)
     assert a.status_code == 201 and b.status_code == 200
@@ -90,7 +90,7 @@ def test_idempotency_key_and_conflict(api: RunningApi) -> None:
 
 
 def test_an_oversized_upload_is_413_and_stores_nothing(api: RunningApi) -> None:
-    h = headers()
+    h = api.headers(new_user())
     big = b"0" * (66 * 1024 * 1024)
     resp = httpx.post(
         f"{api.rest}/v1/models",
@@ -102,16 +102,8 @@ def test_an_oversized_upload_is_413_and_stores_nothing(api: RunningApi) -> None:
     assert httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()["models"] == []
 
 
-def test_ffdl_user_header_is_accepted(api: RunningApi) -> None:
-    user = f"w-{uuid.uuid4().hex[:6]}"
-    h = {"X-Watson-Userinfo": f"bluemix-instance-id={user}"}
-    assert submit(api, h).status_code == 201
-    mine = httpx.get(f"{api.rest}/v1/models", headers={"X-Rhizome-User": user}, timeout=5).json()
-    assert len(mine["models"]) == 1
-
-
 def test_a_connection_dropped_mid_upload_leaves_no_record(api: RunningApi) -> None:
-    h = headers()
+    h = api.headers(new_user())
     url = urlparse(api.rest)
     boundary = "XyZ"
     body = (
@@ -122,7 +114,7 @@ def test_a_connection_dropped_mid_upload_leaves_no_record(api: RunningApi) -> No
         + f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="model_definition"; filename="m.zip"\r\n\r\n'.encode()
     )
     head = (
-        f"POST /v1/models HTTP/1.1\r\nHost: {url.hostname}\r\nX-Rhizome-User: {h['X-Rhizome-User']}\r\n"
+        f"POST /v1/models HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: {h['Authorization']}\r\n"
         f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body) + 100_000}\r\n\r\n"
     ).encode()
     with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
@@ -140,7 +132,7 @@ def _zip_of(*members: tuple[str, bytes]) -> bytes:
 
 
 def test_routing_errors_have_the_same_body_and_405_says_what_is_allowed(api: RunningApi) -> None:
-    h = headers()
+    h = api.headers(new_user())
     nowhere = httpx.get(f"{api.rest}/v1/nowhere", headers=h, timeout=5)
     assert nowhere.status_code == 404
     assert set(nowhere.json()) == {"code", "message"} and nowhere.json()["code"] == "not_found"
@@ -162,13 +154,13 @@ def test_routing_errors_have_the_same_body_and_405_says_what_is_allowed(api: Run
 def test_out_of_range_query_parameters_are_400_naming_them(
     api: RunningApi, path: str, param: str
 ) -> None:
-    r = httpx.get(f"{api.rest}{path}", headers=headers(), timeout=5)
+    r = httpx.get(f"{api.rest}{path}", headers=api.headers(new_user()), timeout=5)
     assert r.status_code == 400, r.text
     assert r.json()["code"] == "bad_request" and param in r.json()["message"]
 
 
 def test_hostile_archives_are_refused_and_store_nothing(api: RunningApi) -> None:
-    h = headers()
+    h = api.headers(new_user())
     cases = [
         (_zip_of(("zeros.bin", b"\0" * (20 * 1024 * 1024))), 413, "zip bomb"),
         (_zip_of(), 400, "empty"),
@@ -184,6 +176,6 @@ def test_hostile_archives_are_refused_and_store_nothing(api: RunningApi) -> None
 
 
 def test_a_non_utf8_manifest_is_a_clear_400(api: RunningApi) -> None:
-    r = submit(api, headers(), manifest=b"name: \xff\xfe\nframework: {command: c}\n")
+    r = submit(api, api.headers(new_user()), manifest=b"name: \xff\xfe\nframework: {command: c}\n")
     assert r.status_code == 400
     assert "not UTF-8" in r.json()["message"]

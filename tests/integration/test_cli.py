@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -21,9 +22,14 @@ RHIZOME = [sys.executable, "-m", "services.client.cli"]
 
 
 def rz(
-    data_dir: Path, *args: str, check: bool = True, user: str = "cli-user"
+    data_dir: Path, *args: str, check: bool = True, user: str = "cli-user", token: str = ""
 ) -> subprocess.CompletedProcess[str]:
+    """`rhizome --data-dir DATA_DIR ARGS`: with no token, the CLI finds the embedded
+    platform's admin token by itself."""
     env = {**os.environ, "RHIZOME_USER": user, "COLUMNS": "200"}
+    env.pop("RHIZOME_TOKEN", None)
+    if token:
+        env["RHIZOME_TOKEN"] = token
     proc = subprocess.run(
         [*RHIZOME, "--data-dir", str(data_dir), *args],
         capture_output=True,
@@ -47,6 +53,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
 
 
 def write_manifest(tmp_path: Path, body: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "train.py").write_text("print('hello from the learner')\n")
     path = tmp_path / "manifest.yml"
     path.write_text(body)
@@ -67,6 +74,43 @@ def test_train_list_show_json(embedded: Path, tmp_path: Path) -> None:
     status = json.loads(rz(embedded, "status", "--json").stdout)
     assert status["running"] is True
     assert set(status["components"]) == {"etcd", "mongodb", "elasticsearch", "api"}
+
+
+def test_the_admin_token_is_0600_in_the_data_dir_and_the_cli_needs_no_flags(
+    embedded: Path,
+) -> None:
+    path = embedded / "admin.token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text().strip().startswith("rz_")
+    assert rz(embedded, "list").returncode == 0  # no --token, no $RHIZOME_TOKEN
+    proc = rz(embedded, "--token", "rz_wrong", "list", check=False)
+    assert proc.returncode == 1 and "unknown token" in proc.stderr
+
+
+def test_token_create_list_revoke(embedded: Path, tmp_path: Path) -> None:
+    created = json.loads(
+        rz(embedded, "token", "create", "--user", "bob", "--expires-in", "30d", "--json").stdout
+    )
+    secret, token_id = created["secret"], created["token"]["token_id"]
+    assert secret.startswith("rz_") and created["token"]["user"] == "bob"
+    assert created["token"]["role"] == "user" and created["token"]["expires_at"]
+    # Plain output: the secret alone on stdout (for `TOKEN=$(rhizome token create ...)`).
+    plain = rz(embedded, "token", "create", "--user", "carol", "--role", "admin")
+    assert plain.stdout.strip().startswith("rz_") and "not shown again" in plain.stderr
+    listed = json.loads(rz(embedded, "token", "list", "--json").stdout)
+    assert token_id in [t["token_id"] for t in listed]
+    assert secret not in json.dumps(listed) and plain.stdout.strip() not in json.dumps(listed)
+    assert "bob" in rz(embedded, "token", "list").stdout
+    # bob's token is bob: his own (empty) job list, and no token management.
+    assert json.loads(rz(embedded, "list", "--json", token=secret).stdout) == []
+    denied = rz(embedded, "token", "list", token=secret, check=False)
+    assert denied.returncode == 1 and "not an admin" in denied.stderr
+    revoked = json.loads(rz(embedded, "token", "revoke", token_id, "--json").stdout)
+    assert revoked["token_id"] == token_id and revoked["revoked_at"]
+    gone = rz(embedded, "list", token=secret, check=False)
+    assert gone.returncode == 1 and "revoked" in gone.stderr
+    bad = rz(embedded, "token", "create", "--expires-in", "soon", check=False)
+    assert bad.returncode == 2 and "30d" in bad.stderr
 
 
 def test_errors_exit_non_zero_with_one_clear_line(embedded: Path, tmp_path: Path) -> None:
@@ -96,7 +140,7 @@ def test_down_stops_everything_by_pid_and_data_survives_up(
     rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
     try:
         manifest = write_manifest(
-            data_dir, "name: survives\nframework:\n  command: python train.py\n"
+            data_dir / "job", "name: survives\nframework:\n  command: python train.py\n"
         )
         job_id = json.loads(rz(data_dir, "train", str(manifest), "--json").stdout)["job_id"]
         pids = [
@@ -148,7 +192,7 @@ def test_up_after_a_daemon_crash_restarts_only_the_daemon(
     data_dir = Path(tmp_path_factory.mktemp("crash"))
     rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
     try:
-        manifest = write_manifest(data_dir, "name: crash\nframework:\n  command: 'true'\n")
+        manifest = write_manifest(data_dir / "job", "name: crash\nframework:\n  command: 'true'\n")
         job_id = json.loads(rz(data_dir, "train", str(manifest), "--json").stdout)["job_id"]
         before = json.loads(rz(data_dir, "status", "--json").stdout)["components"]
         os.killpg(before["api"]["pid"], signal.SIGKILL)

@@ -90,9 +90,9 @@ def test_deleting_a_job_deletes_its_logs_after_the_retention(
     from rhizome.v1 import tds_pb2
 
     from contract.procs import free_port
-    from services.client.sdk import Client
     from services.config import PlatformConfig
     from services.daemon import Daemon
+    from tests.integration.conftest import token_client
 
     monkeypatch.setenv("RHIZOME_LOG_RETENTION_S", "0")
     daemon = Daemon(
@@ -108,7 +108,7 @@ def test_deleting_a_job_deletes_its_logs_after_the_retention(
     )
     daemon.start()
     try:
-        with Client(daemon.config.grpc_address, "forgetful") as rz:
+        with token_client(daemon, "forgetful") as rz:
             job_id = rz.create_job("name: forget\nframework: {command: 'true'}\n").job_id
             import grpc
             from rhizome.v1 import tds_pb2_grpc

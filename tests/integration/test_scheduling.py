@@ -18,6 +18,7 @@ from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.scheduler.api import QuotaConfigError
+from tests.integration.conftest import token_client
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ def wait_for(client: Client, job_id: str, status: int, timeout_s: float = 20) ->
 def test_gangs_are_placed_whole_and_a_waiting_job_says_why(
     daemon: Daemon, mongo_server: ManagedServer, tmp_path: Path
 ) -> None:
-    with Client(daemon.config.grpc_address, f"s-{uuid.uuid4().hex[:6]}") as rz:
+    with token_client(daemon, f"s-{uuid.uuid4().hex[:6]}") as rz:
         first = rz.create_job(GPU_JOB.format(name="first")).job_id
         placed = wait_for(rz, first, job_pb2.PENDING)
         nodes = dict(placed.placement.learner_nodes)
@@ -88,7 +89,7 @@ def test_gangs_are_placed_whole_and_a_waiting_job_says_why(
 
 
 def test_a_job_larger_than_the_cluster_is_refused_at_submit(daemon: Daemon) -> None:
-    with Client(daemon.config.grpc_address, f"s-{uuid.uuid4().hex[:6]}") as rz:
+    with token_client(daemon, f"s-{uuid.uuid4().hex[:6]}") as rz:
         with pytest.raises(ClientError) as info:
             rz.create_job(GPU_JOB.format(name="huge").replace("learners: 2", "learners: 3"))
         assert info.value.code == "INVALID_ARGUMENT"
@@ -104,14 +105,14 @@ def test_a_restarted_scheduler_keeps_its_reservations(
     user = f"s-{uuid.uuid4().hex[:6]}"
     d1 = start_daemon(mongo_server, tmp_path)
     try:
-        with Client(d1.config.grpc_address, user) as rz:
+        with token_client(d1, user) as rz:
             first = rz.create_job(GPU_JOB.format(name="keep")).job_id
             wait_for(rz, first, job_pb2.PENDING)
     finally:
         d1.stop()
     d2 = start_daemon(mongo_server, tmp_path)
     try:
-        with Client(d2.config.grpc_address, user) as rz:
+        with token_client(d2, user) as rz:
             second = rz.create_job(GPU_JOB.format(name="after-restart")).job_id
             time.sleep(1.5)  # several scheduling passes
             # The restored reservation still holds the FAKE GPUs: no double-booking.
@@ -137,8 +138,8 @@ def test_a_borrowing_job_is_halted_when_the_quota_owner_needs_it(
     d = start_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))
     try:
         with (
-            Client(d.config.grpc_address, "borrower") as b,
-            Client(d.config.grpc_address, "owner-a") as a,
+            token_client(d, "borrower") as b,
+            token_client(d, "owner-a") as a,
         ):
             borrowed = b.create_job(GPU_JOB.format(name="borrows")).job_id
             wait_for(b, borrowed, job_pb2.PENDING)  # all 4 FAKE GPUs, borrowed
