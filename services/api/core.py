@@ -158,10 +158,14 @@ class TrainerCore:
         if job.status != states.HALTED:
             raise errors.Conflict(f"job {job_id} is {job.status}; only a HALTED job can be resumed")
         if self.lifecycle is not None:
+            # The LCM clears the job's keys and queues it again.
             self.lifecycle.resume(job_id, reason or "resumed by user")
-            return self.get(owner, job_id)
-        # Without a lifecycle manager the job goes back through the queue.
-        return self._transition(job_id, states.QUEUED, reason or "resumed by user")
+            resumed = self.get(owner, job_id)
+        else:
+            resumed = self._transition(job_id, states.QUEUED, reason or "resumed by user")
+        if self.on_stored is not None and resumed.status == states.QUEUED:
+            self.on_stored(resumed)  # the scheduler places it now rather than at its resync
+        return resumed
 
     def delete(self, owner: Principal | str, job_id: str, reason: str = "") -> JobRecord:
         job = self._control(

@@ -306,8 +306,18 @@ class LifecycleManager:
     def resume(self, job_id: str, reason: str) -> str:
         job = self.jobs.get(job_id)
         if job.status != states.HALTED:
-            raise states.IllegalTransition(job_id, job.status, states.RESUMING)
+            raise states.IllegalTransition(job_id, job.status, states.QUEUED)
         self.etcd.delete_prefix(etcd_keys.job_prefix(job_id))
-        self.jobs.transition(job_id, states.RESUMING, reason, expect_version=job.version)
+        # Back through the queue like a new job, not onto its old placement: the cluster
+        # and the quotas may have changed while it was halted, and a job running outside
+        # the scheduler's view would let it over-commit nodes.
+        self.jobs.transition(
+            job_id,
+            states.QUEUED,
+            reason,
+            expect_version=job.version,
+            placement=None,
+            queue_reason="",
+        )
         self.wake.set()
-        return f"job {job_id} is resuming"
+        return f"job {job_id} is queued again; it is placed like a new job"

@@ -10,8 +10,10 @@ Every status a job can have, and who moves it there:
 - ``STORING``     results are written to the job's result store.
 - ``COMPLETED``   terminal: every learner finished and the results are stored.
 - ``FAILED``      terminal: deploy retries exhausted or a learner failed for good.
-- ``HALTED``      the user (or a quota owner) stopped the job; it can be resumed.
-- ``RESUMING``    a halted job is being redeployed from its checkpoint directory.
+- ``HALTED``      the user (or a quota owner) stopped the job; resuming queues it again.
+- ``RESUMING``    nothing sets it any more: a resumed job goes HALTED -> QUEUED and is
+                  placed by the scheduler like a new job (it then redeploys from its
+                  checkpoint directory). Kept so that records written before can be read.
 - ``RECOVERING``  the runtime fails over after a preemption (no restart).
 - ``RESCALING``   the runtime changes size (elastic scale in/out).
 - ``DELETED``     terminal: the user deleted the job; nothing of it runs.

@@ -88,6 +88,28 @@ def test_gangs_are_placed_whole_and_a_waiting_job_says_why(
         rz.delete_job(second)
 
 
+def test_a_resumed_job_is_queued_and_placed_by_the_scheduler_like_a_new_one(
+    daemon: Daemon,
+) -> None:
+    with token_client(daemon, f"s-{uuid.uuid4().hex[:6]}") as rz:
+        first = rz.create_job(GPU_JOB.format(name="first")).job_id
+        wait_for(rz, first, job_pb2.PENDING)
+        rz.halt_job(first)  # releases its GPUs
+        second = rz.create_job(GPU_JOB.format(name="second")).job_id
+        wait_for(rz, second, job_pb2.PENDING)
+        # Resumed, the first waits for the GPUs the second now holds, instead of being
+        # redeployed on its old nodes outside the scheduler's view.
+        assert rz.resume_job(first).status == job_pb2.QUEUED
+        deadline = time.monotonic() + 10
+        while not rz.get_job(first).queue_reason and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "needs 2 learners × 2 FAKE" in rz.get_job(first).queue_reason
+        rz.delete_job(second)
+        placed = wait_for(rz, first, job_pb2.PENDING)
+        assert sorted(dict(placed.placement.learner_nodes)) == [0, 1]
+        rz.delete_job(first)
+
+
 def test_a_job_larger_than_the_cluster_is_refused_at_submit(daemon: Daemon) -> None:
     with token_client(daemon, f"s-{uuid.uuid4().hex[:6]}") as rz:
         with pytest.raises(ClientError) as info:

@@ -70,7 +70,8 @@ def test_halt_then_resume_runs_again_from_the_checkpoint_directory(
     wait_for("COMPLETED", lambda: status_is(stores, job.job_id, states.COMPLETED))
     statuses = history(stores["repo"], job.job_id)
     states.check_history(statuses)
-    assert statuses[statuses.index("HALTED") :][:2] == ["HALTED", "RESUMING"]
+    # A resume goes back through the queue and is placed again, like a new job.
+    assert statuses[statuses.index("HALTED") :][:3] == ["HALTED", "QUEUED", "PENDING"]
     out = (tmp_path / "jobs" / job.job_id / "learners" / "0" / "stdout.log").read_text()
     assert "resumed from 42" in out
 
