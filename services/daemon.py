@@ -10,7 +10,6 @@ work (the API's REST gateway among it), and shuts everything down cleanly on SIG
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import json
 import logging
@@ -27,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from contract.registry import Registry
 from services.config import ALL_SERVICES, PlatformConfig, split_address
 from services.hosting import DaemonContext, Hosted, ServiceBuilder
 from services.local_channel import RecordingServer
@@ -34,24 +34,26 @@ from services.local_channel import RecordingServer
 log = logging.getLogger("rhizomed")
 
 # Each service hosts itself through a `build(ctx) -> Hosted` function in its own package,
-# so adding a service never means editing the daemon's internals.
-SERVICE_MODULES: dict[str, str] = {
-    "api": "services.api.hosting",
-    "scheduler": "services.scheduler.hosting",
-    "lcm": "services.lcm.hosting",
-    "tds": "services.tds.hosting",
-}
+# so adding a service never means editing the daemon's internals. Registered by module
+# path (contract.registry), so a daemon imports only the services it hosts; listed in
+# start order.
+def hosting_module(name: str) -> str:
+    """The module that hosts a registered service (`services.api.hosting`)."""
+    return f"services.{name}.hosting"
+
+
+SERVICES: Registry[ServiceBuilder] = Registry("service", ordered=True)
+for _name in ("api", "scheduler", "lcm", "tds"):
+    SERVICES.register(_name, f"{hosting_module(_name)}:build")
 
 
 def available_services() -> list[str]:
     """The services whose hosting module exists in this build, in start order."""
-    return [name for name, mod in SERVICE_MODULES.items() if importlib.util.find_spec(mod)]
+    return [name for name in SERVICES.names() if importlib.util.find_spec(hosting_module(name))]
 
 
 def builder(name: str) -> ServiceBuilder:
-    module = importlib.import_module(SERVICE_MODULES[name])
-    build: ServiceBuilder = module.build
-    return build
+    return SERVICES.get(name)
 
 
 class Daemon:

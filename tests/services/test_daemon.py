@@ -126,6 +126,6 @@ def test_services_import_the_hosting_contract_never_the_daemon() -> None:
     ]
     assert importers == []
     assert "services.daemon" not in _imports(Path(hosting.__file__))
-    for module in daemon.SERVICE_MODULES.values():
+    for module in map(daemon.hosting_module, daemon.SERVICES.names()):
         path = root.parent / (module.replace(".", "/") + ".py")
         assert "services.hosting" in _imports(path), module
