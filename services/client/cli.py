@@ -24,6 +24,7 @@ from rich.table import Table
 
 from services.client.sdk import Client, ClientError, zip_directory
 from services.config import DEFAULT_API_ADDRESS, DEFAULT_DATA_DIR
+from services.manifest import ManifestError, parse_manifest
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -289,8 +290,18 @@ def train(
     as_json: bool,
 ) -> None:
     """Submit MANIFEST (with the training code in CODE_DIR, default: the manifest's folder)."""
+    raw = manifest.read_bytes()
+    try:
+        parse_manifest(raw)  # a bad manifest fails here, before anything is packaged
+    except ManifestError as exc:
+        raise ClientError("INVALID_ARGUMENT", f"{manifest}: {exc}") from None
     code = code_dir or manifest.parent
-    resp = obj.client.create_job(manifest.read_text(), zip_directory(code), idempotency_key)
+    if not as_json:
+        err.print(f"packaging {code} ...")
+    archive = zip_directory(code)
+    if not as_json:
+        err.print(f"uploading {len(archive) / 2**20:.1f} MiB of code")
+    resp = obj.client.create_job(raw.decode("utf-8"), archive, idempotency_key)
     if as_json:
         emit_json(to_dict(resp))
     else:

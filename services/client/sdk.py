@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -77,21 +78,58 @@ def find_token(address: str, token: str | None = None, data_dir: Path | None = N
         return ""
 
 
+# What the API takes (services/api/core.py, services/api/archive.py): checked here first so
+# that a wrong folder fails before minutes of zipping and uploading, naming the folder.
+MAX_CODE_ZIP_BYTES = 64 * 1024 * 1024
+MAX_CODE_TOTAL_BYTES = 1024 * 1024 * 1024
+MAX_CODE_FILES = 10_000
+_SKIPPED_DIRS = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+
+
 def zip_directory(path: Path) -> bytes:
-    """Zip a code directory (skipping caches and VCS metadata) for `create_job`."""
+    """Zip a code directory (skipping caches and VCS metadata) for `create_job`.
+
+    Refuses, naming the file or the folder and the limit: a socket, FIFO or device file
+    (nothing to upload; it also breaks zipping), more files or bytes than the API takes.
+    """
     root = Path(path)
     if not root.is_dir():
         raise ClientError("INVALID_ARGUMENT", f"code directory {root} does not exist")
+    hint = "pass the folder with only your training code (rhizome train MANIFEST CODE_DIR)"
     buf = io.BytesIO()
+    files = total = 0
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for file in sorted(root.rglob("*")):
-            rel = file.relative_to(root)
-            if (
-                any(part in {"__pycache__", ".git", ".venv"} for part in rel.parts)
-                or not file.is_file()
-            ):
-                continue
-            zf.write(file, rel.as_posix())
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED_DIRS)
+            for name in sorted(filenames):
+                file = Path(dirpath) / name
+                try:
+                    st = file.stat()
+                except OSError as exc:  # a dangling link, a file gone meanwhile
+                    raise ClientError(
+                        "INVALID_ARGUMENT", f"cannot read {file}: {exc.strerror}; {hint}"
+                    ) from None
+                if not stat.S_ISREG(st.st_mode):
+                    raise ClientError(
+                        "INVALID_ARGUMENT",
+                        f"{file} is not a regular file (a socket, pipe or device) and cannot "
+                        f"be uploaded; {hint}",
+                    )
+                files += 1
+                total += st.st_size
+                if files > MAX_CODE_FILES or total > MAX_CODE_TOTAL_BYTES:
+                    raise ClientError(
+                        "RESOURCE_EXHAUSTED",
+                        f"{root} holds more than {MAX_CODE_FILES} files or "
+                        f"{MAX_CODE_TOTAL_BYTES // 2**20} MiB; {hint}, and keep data in a data store",
+                    )
+                zf.write(file, file.relative_to(root).as_posix())
+                if buf.tell() > MAX_CODE_ZIP_BYTES:
+                    raise ClientError(
+                        "RESOURCE_EXHAUSTED",
+                        f"{root} zips to more than {MAX_CODE_ZIP_BYTES // 2**20} MiB, the "
+                        f"API's limit for code; {hint}, and keep data in a data store",
+                    )
     return buf.getvalue()
 
 

@@ -208,3 +208,33 @@ def test_up_after_a_daemon_crash_restarts_only_the_daemon(
         assert json.loads(rz(data_dir, "show", job_id, "--json").stdout)["job_id"] == job_id
     finally:
         rz(data_dir, "down", check=False)
+
+
+def test_train_validates_the_manifest_before_packaging_anything(
+    embedded: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    folder = tmp_path / "home"
+    bad = write_manifest(folder, "name: x\nframework: {command: c}\nlearners: 0\n")
+    # A socket in the folder would break zipping; the bad manifest is reported first.
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "agent.sock"))
+    try:
+        proc = rz(embedded, "train", str(bad), check=False)
+        assert proc.returncode == 1 and "learners: 0 is less than the minimum" in proc.stderr
+        assert "packaging" not in proc.stderr
+        good = write_manifest(folder, "name: x\nframework: {command: python train.py}\n")
+        proc = rz(embedded, "train", str(good), check=False)
+    finally:
+        sock.close()
+    assert proc.returncode == 1
+    assert f"{folder / 'agent.sock'} is not a regular file" in proc.stderr
+    assert "rhizome train MANIFEST CODE_DIR" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_train_says_what_it_packages_and_uploads(embedded: Path, tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "code", "name: x\nframework: {command: python train.py}\n")
+    proc = rz(embedded, "train", str(manifest))
+    assert f"packaging {tmp_path / 'code'}" in proc.stderr
+    assert "uploading 0.0 MiB of code" in proc.stderr
