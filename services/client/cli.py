@@ -410,23 +410,61 @@ def _print_last_lines(client: Client, job: job_pb2.Job, count: int = 20) -> None
             out.print(f"  {line}", markup=False)
 
 
-def _job_action(name: str, method: str, help_text: str) -> None:
+def _job_action(name: str, method: str, help_text: str, done: Callable[[str], bool]) -> None:
+    """A command that asks for a status change and, unless --no-wait, waits until the job
+    got there (`done(status)`), so that what it prints is the state the action produced:
+    a halt or delete of a running job takes effect when its guardian has stopped the
+    learners, not when the API answers."""
+
     @cli.command(name=name, help=help_text)
     @click.argument("job_id")
+    @click.option("--no-wait", is_flag=True, help="Print the state right after the request.")
+    @click.option(
+        "--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait."
+    )
     @json_option
     @click.pass_obj
     @handles_errors
-    def command(obj: Ctx, job_id: str, as_json: bool) -> None:
+    def command(obj: Ctx, job_id: str, no_wait: bool, timeout: float, as_json: bool) -> None:
         job = getattr(obj.client, method)(job_id)
+        deadline = time.monotonic() + timeout
+        shown = status_name(job.status)
+        while not no_wait and not done(status_name(job.status)):
+            if time.monotonic() > deadline:
+                err.print(
+                    f"job {job.job_id} is still {status_name(job.status)} after {timeout:.0f} s; "
+                    f"the {name} request stands: follow it with `rhizome show {job.job_id}`"
+                )
+                sys.exit(2)
+            if not as_json and status_name(job.status) != shown:
+                shown = status_name(job.status)
+                err.print(f"  {time.strftime('%H:%M:%S')} {shown}")
+            time.sleep(0.3)
+            job = obj.client.get_job(job.job_id)
         if as_json:
             emit_json(to_dict(job))
         else:
             out.print(f"job {job.job_id} {status_name(job.status)}")
 
 
-_job_action("halt", "halt_job", "Halt a job: its learners save and stop; resume it later.")
-_job_action("resume", "resume_job", "Resume a halted job from its checkpoint.")
-_job_action("delete", "delete_job", "Delete a job: stop it and forget it.")
+_job_action(
+    "halt",
+    "halt_job",
+    "Halt a job: its learners save and stop; resume it later.",
+    lambda status: status in TERMINAL,  # HALTED, or an end it reached first
+)
+_job_action(
+    "resume",
+    "resume_job",
+    "Resume a halted job from its checkpoint (it is queued and placed again).",
+    lambda status: status != "HALTED",
+)
+_job_action(
+    "delete",
+    "delete_job",
+    "Delete a job: stop it and forget it.",
+    lambda status: status == "DELETED",
+)
 
 
 @cli.command()

@@ -238,3 +238,21 @@ def test_train_says_what_it_packages_and_uploads(embedded: Path, tmp_path: Path)
     proc = rz(embedded, "train", str(manifest))
     assert f"packaging {tmp_path / 'code'}" in proc.stderr
     assert "uploading 0.0 MiB of code" in proc.stderr
+
+
+def test_halt_resume_delete_print_the_state_they_produced(embedded: Path, tmp_path: Path) -> None:
+    manifest = write_manifest(
+        tmp_path / "code",
+        "name: sleeper\nframework: {command: 'python -c \"import time; time.sleep(600)\"'}\n",
+    )
+    job_id = json.loads(rz(embedded, "train", str(manifest), "--json").stdout)["job_id"]
+    deadline = time.monotonic() + 90
+    while json.loads(rz(embedded, "show", job_id, "--json").stdout)["status"] != "PROCESSING":
+        assert time.monotonic() < deadline, "the job never reached PROCESSING"
+        time.sleep(0.5)
+    halted = rz(embedded, "halt", job_id)
+    assert halted.stdout.strip() == f"job {job_id} HALTED"  # not the PROCESSING it had
+    resumed = json.loads(rz(embedded, "resume", job_id, "--json").stdout)
+    assert resumed["status"] != "HALTED"
+    deleted = rz(embedded, "delete", job_id)
+    assert deleted.stdout.strip() == f"job {job_id} DELETED"
