@@ -99,6 +99,37 @@ def handles_errors(fn: F) -> F:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
 
+def resolve_job_id(client: Client, given: str) -> str:
+    """`given` itself when it is one of your jobs, else the one job id it is a unique
+    prefix of; an ambiguous prefix is an error listing the candidates."""
+    try:
+        return client.get_job(given).job_id
+    except ClientError as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        matches = [j.job_id for j in client.iter_jobs() if j.job_id.startswith(given)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise
+        shown = ", ".join(matches[:10]) + (" ..." if len(matches) > 10 else "")
+        raise ClientError(
+            "INVALID_ARGUMENT",
+            f"{given!r} is the start of {len(matches)} job ids ({shown}); give more of it",
+        ) from None
+
+
+def _job_id_argument(ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    try:
+        return resolve_job_id(ctx.obj.client, value)
+    except ClientError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        sys.exit(1)
+
+
+job_id_argument = click.argument("job_id", callback=_job_id_argument)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--api",
@@ -349,7 +380,11 @@ def list_(obj: Ctx, statuses: tuple[str, ...], name_prefix: str, limit: int, as_
     if not jobs:
         out.print("no jobs")
         return
-    table = Table("id", "name", "status", "learners", "created", "since")
+    table = Table()
+    # Ids are shown whole, folded if the terminal is narrow: a cut id cannot be pasted.
+    table.add_column("id", overflow="fold", min_width=max(len(j.job_id) for j in jobs))
+    for header in ("name", "status", "learners", "created", "since"):
+        table.add_column(header)
     for job in jobs:
         since = job.history[-1].time if job.history else job.created_at
         table.add_row(
@@ -364,7 +399,7 @@ def list_(obj: Ctx, statuses: tuple[str, ...], name_prefix: str, limit: int, as_
 
 
 @cli.command()
-@click.argument("job_id")
+@job_id_argument
 @json_option
 @click.pass_obj
 @handles_errors
@@ -417,7 +452,7 @@ def _job_action(name: str, method: str, help_text: str, done: Callable[[str], bo
     learners, not when the API answers."""
 
     @cli.command(name=name, help=help_text)
-    @click.argument("job_id")
+    @job_id_argument
     @click.option("--no-wait", is_flag=True, help="Print the state right after the request.")
     @click.option(
         "--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait."
@@ -468,7 +503,7 @@ _job_action(
 
 
 @cli.command()
-@click.argument("job_id")
+@job_id_argument
 @click.argument("learners", type=int)
 @json_option
 @click.pass_obj
@@ -483,7 +518,7 @@ def scale(obj: Ctx, job_id: str, learners: int, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 @click.option("--learner", type=int, default=-1, help="Only this learner's lines.")
 @click.option("--search", default="", help="Only lines matching this full-text query.")
@@ -518,7 +553,7 @@ def logs(
 
 
 @cli.command()
-@click.argument("job_id")
+@job_id_argument
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),

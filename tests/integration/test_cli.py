@@ -256,3 +256,27 @@ def test_halt_resume_delete_print_the_state_they_produced(embedded: Path, tmp_pa
     assert resumed["status"] != "HALTED"
     deleted = rz(embedded, "delete", job_id)
     assert deleted.stdout.strip() == f"job {job_id} DELETED"
+
+
+def test_a_unique_id_prefix_works_everywhere_and_an_ambiguous_one_lists_the_candidates(
+    embedded: Path, tmp_path: Path
+) -> None:
+    manifest = write_manifest(tmp_path / "code", "name: p\nframework: {command: 'true'}\n")
+    user = "prefix-user"
+    ids = [
+        json.loads(rz(embedded, "train", str(manifest), "--json", user=user).stdout)["job_id"]
+        for _ in range(2)
+    ]
+    differ = next(i for i, (a, b) in enumerate(zip(*ids, strict=True)) if a != b)
+    common = ids[0][:differ]
+    # The newer id's prefix one character past the shared part is unique: ids sort by
+    # creation, so any older job sharing it would also share it with ids[0].
+    unique = ids[1][: differ + 1]
+    shown = json.loads(rz(embedded, "show", unique, "--json", user=user).stdout)
+    assert shown["job_id"] == ids[1]
+    ambiguous = rz(embedded, "show", common, check=False, user=user)
+    assert ambiguous.returncode == 1
+    assert "is the start of" in ambiguous.stderr and "give more of it" in ambiguous.stderr
+    assert ids[0] in ambiguous.stderr and ids[1] in ambiguous.stderr
+    listed = rz(embedded, "list", user=user).stdout
+    assert all(i in listed for i in ids)  # whole, not cut
