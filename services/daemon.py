@@ -33,6 +33,7 @@ from services.local_channel import RecordingServer
 
 log = logging.getLogger("rhizomed")
 
+
 # Each service hosts itself through a `build(ctx) -> Hosted` function in its own package,
 # so adding a service never means editing the daemon's internals. Registered by module
 # path (contract.registry), so a daemon imports only the services it hosts; listed in
