@@ -52,10 +52,13 @@ which is the platform's own SIGTERM -> SIGKILL delay and so always the truth):
 | `RHIZOME_PIPELINE_REDUNDANCY` | `pipeline_redundancy` | `pipeline.redundancy` | unset |
 | `RHIZOME_PIPELINE_MICROBATCHES` | `pipeline_microbatches` | `pipeline.microbatches` | unset |
 
-Written by the pipeline runtime's launcher for each worker (`RuntimeEnv`, field
-`runtime`), all prefixed `RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`,
-`ETCD`, `JOB_ID` (required), `BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`,
-`OUT_DIR`, `KILL`, `REDUNDANCY`, `MICROBATCHES`, `THREADS`.
+Written for each pipeline runtime worker (`RuntimeEnv`, field `runtime`), all prefixed
+`RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`, `ETCD`, `JOB_ID` (required),
+`BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`, `OUT_DIR`, `KILL`, `REDUNDANCY`,
+`MICROBATCHES`, `THREADS`. Off the platform the runtime's launcher writes them (`STORE` is
+its TCPStore's `HOST:PORT`); on the platform the learner controller of a pipeline job
+writes them for its command (`RuntimeEnv.for_learner`: worker = rank, the shape from the
+`pipeline:` section, `STORE=etcd`: the rendezvous store lives in the platform's etcd).
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ PIPELINE_REDUNDANCY = "RHIZOME_PIPELINE_REDUNDANCY"
 PIPELINE_MICROBATCHES = "RHIZOME_PIPELINE_MICROBATCHES"
 
 RUNTIME_PREFIX = "RHIZOME_RUNTIME_"
+# `RHIZOME_RUNTIME_STORE=etcd`: the rendezvous store is kept in the platform's etcd
+# (learner/runtime/etcd_store.py), not in a TCPStore some process hosts.
+ETCD_STORE = "etcd"
 
 DEFAULT_CHECKPOINT_DIR = Path(".rhizome/checkpoints")
 INSURANCE_MODES = ("auto", "always", "never")
@@ -196,7 +202,7 @@ class RuntimeEnv:
     worker: int
     stages: int
     pipelines: int
-    store: str  # host:port of the launcher's TCPStore
+    store: str  # host:port of the launcher's TCPStore, or `etcd` (ETCD_STORE) on the platform
     etcd: str  # etcd client URL
     job_id: str  # keys live under etcd_keys.runtime_prefix(job_id)
     backend: str = "gloo"
@@ -251,6 +257,30 @@ class RuntimeEnv:
         }
 
     @classmethod
+    def for_learner(cls, env: LearnerEnv, etcd: str) -> RuntimeEnv | None:
+        """What the learner controller of a pipeline job gives its command: one worker,
+        worker = rank, the shape from the manifest's `pipeline:` section, the job's own
+        keys (`etcd_keys.runtime_prefix(job_id)`) on the platform's etcd, the rendezvous
+        store in that etcd, and each worker's parameters saved to the learner's result
+        directory. None for a job without a `pipeline:` section."""
+        if env.pipeline_stages is None:
+            return None
+        if env.rank is None or env.job_id is None:
+            missing = RANK if env.rank is None else JOB_ID
+            raise LearnerConfigError(missing, " is not set: a pipeline learner needs it")
+        return cls(
+            worker=env.rank,
+            stages=env.pipeline_stages,
+            pipelines=env.pipeline_pipelines or 1,
+            store=ETCD_STORE,
+            etcd=etcd,
+            job_id=env.job_id,
+            out_dir=env.result_dir,
+            redundancy=env.pipeline_redundancy,
+            microbatches=env.pipeline_microbatches,
+        )
+
+    @classmethod
     def present(cls, environ: Mapping[str, str]) -> bool:
         return any(k.startswith(RUNTIME_PREFIX) for k in environ)
 
@@ -259,8 +289,8 @@ class RuntimeEnv:
         v = cls.var
         store = _required(environ, v("store"), _LAUNCH_HINT)
         host, _, port = store.rpartition(":")
-        if not host or not port.isdigit():
-            raise LearnerConfigError(v("store"), f"={store!r} must be HOST:PORT")
+        if store != ETCD_STORE and (not host or not port.isdigit()):
+            raise LearnerConfigError(v("store"), f"={store!r} must be HOST:PORT or {ETCD_STORE}")
         return cls(
             worker=_int_value(v("worker"), _required(environ, v("worker"), _LAUNCH_HINT), 0),
             stages=_int_value(v("stages"), _required(environ, v("stages"), _LAUNCH_HINT), 1),

@@ -50,13 +50,20 @@ def control(job_id: str) -> str:
 
 def runtime_prefix(job_id: str) -> str:
     """The pipeline runtime's keys: `state`, `members/<w>`, `failures/*`, `rendezvous/*`,
-    `partition` (learner/runtime/cluster_state.py) and the guardian's `config`."""
+    `partition` (learner/runtime/cluster_state.py), the rendezvous store's `store/*`
+    (learner/runtime/etcd_store.py) and the guardian's `config`."""
     return f"{job_prefix(job_id)}runtime/"
 
 
 def runtime_config(job_id: str) -> str:
     """World size and rendezvous address the guardian publishes for the runtime."""
     return f"{runtime_prefix(job_id)}config"
+
+
+def runtime_store_prefix(job_id: str) -> str:
+    """The pipeline runtime's rendezvous store on the platform (learner/runtime/etcd_store.py:
+    a `torch.distributed.Store` whose keys are gloo's addresses, base64 in JSON)."""
+    return f"{runtime_prefix(job_id)}store/"
 
 
 def leader(role: str) -> str:

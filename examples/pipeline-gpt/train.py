@@ -3,6 +3,8 @@
     python -m learner.runtime.launch --stages 2 --pipelines 1 \\
         examples/pipeline-gpt/train.py --steps 40
 
+or on the platform, one worker per learner: ``rhizome train examples/pipeline-gpt/manifest.yaml``.
+
 The model is given to the runtime as a sequence of modules (embedding, transformer
 blocks, head) so it can be cut into stages anywhere between them.
 """

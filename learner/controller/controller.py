@@ -20,6 +20,12 @@ deploy generation re-adopts a command that still runs, or reads its exit code, i
 of running it twice; before starting a command it kills anything still labelled with its
 job and rank, so there are never two learners of one rank.
 
+Pipeline jobs (a `pipeline:` section, so `RHIZOME_PIPELINE_STAGES` in the learner's
+environment): the command is the training script and this learner is one runtime worker,
+worker = rank; the controller adds the worker's `RHIZOME_RUNTIME_*` variables
+(`RuntimeEnv.for_learner`), and never starts a vanished worker again (KILLED instead):
+the runtime has failed over without it (docs/runtime.md, "On the platform").
+
 Halt: the guardian writes ``{"action": "halt"}`` to the job's control key; the controller
 sends SIGTERM to the command's process group (the checkpoint SDK saves on it), waits
 ``grace_s``, then SIGKILLs what is left. SIGTERM to the controller itself (the platform is
@@ -42,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import etcd_keys, procs
-from contract.env import Role, labels
+from contract.env import PIPELINE_STAGES, LearnerEnv, Role, RuntimeEnv, labels
 from contract.etcd import EtcdClient, Lease
 from contract.learner_spec import LearnerSpec
 from contract.status import ExitCode, LearnerStatus
@@ -184,6 +190,7 @@ class Controller:
         learner_dir = self.spec.learner_dir
         env = dict(os.environ)
         env.update(self.spec.env)
+        env.update(self.runtime_environ())
         env.update(labels(self.spec.job_id, self.spec.rank, Role.LEARNER))
         with (
             open(learner_dir / "stdout.log", "ab") as out,
@@ -209,6 +216,17 @@ class Controller:
         self.state.update(cmd_pid=ref.pid, cmd_start=ref.start)
         self.save_state()
         return ref
+
+    @property
+    def pipeline(self) -> bool:
+        """A pipeline job's learner: its command is one worker of the runtime."""
+        return bool(self.spec.env.get(PIPELINE_STAGES))
+
+    def runtime_environ(self) -> dict[str, str]:
+        """For a pipeline job (its `LearnerEnv` has `pipeline_stages`), the runtime worker's
+        `RHIZOME_RUNTIME_*` variables: this learner is worker `rank` (docs/runtime.md)."""
+        runtime = RuntimeEnv.for_learner(LearnerEnv.from_environ(self.spec.env), self.spec.etcd_url)
+        return {} if runtime is None else runtime.to_environ()
 
     def command_exit_code(self) -> int | None:
         with contextlib.suppress(OSError, ValueError):
@@ -316,7 +334,13 @@ class Controller:
             )
             code = self.command_exit_code()
             if code is None and not ref.alive():
-                ref = self.spawn()
+                if self.pipeline and self.state.get("cmd_pid"):
+                    # A pipeline worker that vanished with its controller is not started
+                    # again: its peers have failed over without it, and a worker cannot
+                    # rejoin a running job before reconfiguration (issue #16).
+                    code = KILLED_EXIT_CODE
+                else:
+                    ref = self.spawn()
             collector = self._start_collector()
             if code is None:
                 code = self.wait_command(ref)

@@ -181,7 +181,8 @@ class Worker:
         st.groups = Groups(st.me, 0, self.opts.backend, self.store, st.group_timeout)
         self._t_last = time.monotonic()
         st.log(
-            f"started: layers {self.boundaries}, built in {t1 - t0:.2f} s, "
+            f"started: stage {st.me % st.P} of pipeline {st.pipe}, layers {self.boundaries}, "
+            f"built in {t1 - t0:.2f} s, "
             f"links in {time.monotonic() - t1:.2f} s"
         )
 
@@ -420,6 +421,10 @@ class Worker:
                 int(k.rsplit("/", 1)[1]) for k in self.cluster.get_prefix(f"done/{st.generation}/")
             }
             if all(w in done for w in st.topo.alive):
+                st.log(
+                    f"finished: {self.job.steps} steps, blocks {sorted(st.owned)} of pipeline "
+                    f"{st.pipe}, generation {st.generation}"
+                )
                 return
             time.sleep(self.opts.poll_s)
         st.log("some workers did not finish; leaving anyway")

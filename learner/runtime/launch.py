@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from contract.env import LearnerConfigError, LearnerEnv, RuntimeEnv
+from contract.env import ETCD_STORE, LearnerConfigError, LearnerEnv, RuntimeEnv
 from contract.etcd import etcd_argv, etcd_binary, etcd_healthy
 from contract.procs import free_port
 from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
@@ -114,6 +114,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         platform = LearnerEnv.from_environ(os.environ)
     except LearnerConfigError as exc:
         p.error(str(exc))
+    if platform.runtime is not None and platform.runtime.store == ETCD_STORE:
+        # A learner of a platform pipeline job is already one worker: a launcher here
+        # would start P x D more, and the training would run once per learner.
+        p.error(
+            "this learner is already pipeline worker "
+            f"{platform.runtime.worker} of job {platform.runtime.job_id}: on the platform the "
+            "learners are the workers; make the manifest's command the training script "
+            f"itself (e.g. `python {args.script}`), not `python -m learner.runtime.launch`"
+        )
     # On the platform the manifest's pipeline: section decides the shape (the scheduler
     # placed that many learners); a flag may repeat it but not contradict it.
     for flag, mine, theirs in (

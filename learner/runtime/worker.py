@@ -1,7 +1,9 @@
 """What a training script calls: ``learner.runtime.train(job)``.
 
-Under the launcher it reads its ``RuntimeEnv`` (``RHIZOME_RUNTIME_*``, contract/env.py),
-connects to etcd and the launcher's TCPStore, and runs one ``Worker``. It never returns
+It reads its ``RuntimeEnv`` (``RHIZOME_RUNTIME_*``, contract/env.py: written by the
+launcher, or on the platform by the learner controller of a pipeline job), connects to
+etcd and the rendezvous store (the launcher's TCPStore, or with ``STORE=etcd`` the
+platform's etcd, learner/runtime/etcd_store.py), and runs one ``Worker``. It never returns
 normally: the process exits with 0 on success, ``ExitCode.FATAL`` (3) on a fatal loss
 (one ``FATAL:`` line on stderr), ``ExitCode.EVICTED`` (4) when evicted, and
 ``ExitCode.CONFIG_ERROR`` (one line naming the variable) when a variable is missing or
@@ -18,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from contract.env import LearnerConfigError, RuntimeEnv
+from contract.env import ETCD_STORE, LearnerConfigError, RuntimeEnv
 from contract.status import ExitCode
 from learner.runtime.api import (
     EXIT_EVICTED,
@@ -31,6 +33,7 @@ from learner.runtime.api import (
 )
 from learner.runtime.cluster_state import EtcdClusterStateStore
 from learner.runtime.engine import KillPoint, Worker, WorkerOptions
+from learner.runtime.etcd_store import EtcdStore
 
 
 def options_from_env(env: RuntimeEnv) -> WorkerOptions:
@@ -74,8 +77,12 @@ def train(job: PipelineJob) -> None:
         _config_error(exc)
         return
     torch.set_num_threads(env.resolved_threads)
-    host, _, port = env.store.rpartition(":")
-    store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=60))
+    store: dist.Store
+    if env.store == ETCD_STORE:  # on the platform: kept in etcd, no process hosts it
+        store = EtcdStore(env.etcd, env.job_id, timeout=timedelta(seconds=60))
+    else:  # under the launcher: its TCPStore
+        host, _, port = env.store.rpartition(":")
+        store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=60))
     cluster = EtcdClusterStateStore(env.etcd, env.job_id)
     code = 0
     try:

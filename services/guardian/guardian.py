@@ -66,6 +66,12 @@ EXIT_TERMINATED = ExitCode.PREEMPTED
 STEPS = ("keys", "volume", "secrets", "learners", "helper")
 COMPLETE = "complete"
 RESTARTS = "restarts"
+# A pipeline job's lost learners: rank -> {"code", "reported"} (kept in etcd so that a
+# restarted guardian neither records a preemption twice nor repeats a history entry).
+LOST = "lost"
+# Exit codes of a pipeline learner the runtime fails over without (the worker was
+# preempted, or its peers declared it dead and it left).
+PIPELINE_LOSS_CODES = PREEMPTION_EXIT_CODES | {int(ExitCode.EVICTED)}
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
@@ -351,12 +357,7 @@ class Guardian:
         if step == "keys":
             self.etcd.put(
                 etcd_keys.runtime_config(self.job_id),
-                {
-                    "world_size": spec.learners,
-                    "master_addr": "127.0.0.1",
-                    "master_port": spec.master_port,
-                    "generation": spec.generation,
-                },
+                self.runtime_config(spec),
             )
             return {}
         if step == "volume":
@@ -374,6 +375,27 @@ class Guardian:
             self.backend.start_helper(spec)
             return {}
         raise DeployStepFailed(f"unknown deploy step {step!r}")
+
+    @staticmethod
+    def runtime_config(spec: JobSpec) -> dict[str, Any]:
+        """What `runtime/config` publishes: the world (torch.distributed's env:// names for
+        any job) and, for a pipeline job, its shape and where its rendezvous store is
+        (the platform's etcd, under `runtime/store/`: no process hosts it)."""
+        config: dict[str, Any] = {
+            "world_size": spec.learners,
+            "master_addr": "127.0.0.1",
+            "master_port": spec.master_port,
+            "generation": spec.generation,
+        }
+        pipe = spec.manifest.pipeline
+        if pipe is not None:
+            config.update(
+                stages=pipe.stages,
+                pipelines=pipe.pipelines,
+                rendezvous="etcd",
+                store_prefix=etcd_keys.runtime_store_prefix(spec.job_id),
+            )
+        return config
 
     def count_attempt(self, job: JobRecord, reason: str) -> JobRecord:
         attempts = job.attempts + 1
@@ -420,9 +442,27 @@ class Guardian:
             statuses = self.learner_statuses(spec, max_restarts)
             if isinstance(statuses, int):
                 return statuses
+            lost: dict[str, dict[str, Any]] = {}
+            if spec.manifest.pipeline is not None:
+                outcome = self.pipeline_losses(job, spec, statuses)
+                if isinstance(outcome, int):
+                    return outcome
+                job, lost = outcome
+                statuses = {r: s for r, s in statuses.items() if str(r) not in lost}
+                if not statuses:
+                    return self.finish(
+                        states.FAILED, "every learner of the pipeline job was lost", exit_code=1
+                    )
             job = self.advance(job, statuses)
             if all(s == LearnerStatus.COMPLETED for s in statuses.values()):
-                return self.finish(states.COMPLETED, "every learner finished", exit_code=0)
+                message = "every learner finished"
+                if lost:
+                    ranks = sorted(lost, key=int)
+                    message = (
+                        f"every surviving learner finished (learner{'s' * (len(ranks) > 1)} "
+                        f"{', '.join(ranks)} preempted; the runtime failed over)"
+                    )
+                return self.finish(states.COMPLETED, message, exit_code=0)
 
     def learner_statuses(self, spec: JobSpec, max_restarts: int) -> dict[int, LearnerStatus] | int:
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
@@ -455,6 +495,9 @@ class Guardian:
                     self.etcd.revoke(entry.lease)  # its controller died: free the rank now
                     self.wake.set()
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
+            elif value.get("status") == LearnerStatus.FAILED and spec.manifest.pipeline:
+                # Not restarted: the runtime fails over without it (pipeline_losses).
+                statuses[rank] = LearnerStatus.FAILED
             elif value.get("status") == LearnerStatus.FAILED:
                 done = int(restarts.get(str(rank), 0))
                 code = int(value.get("exit_code") or 1)
@@ -475,6 +518,77 @@ class Guardian:
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
             self.record_reallocation(rank, statuses[rank], now)
         return statuses
+
+    # -- pipeline jobs: failover is the runtime's (docs/lifecycle.md) -----------------------
+    def runtime_state(self) -> dict[str, Any]:
+        """The pipeline runtime's cluster state (`runtime/state`, written by the workers by
+        compare-and-set: generation, stages, pipelines, dead, fatal), or {}."""
+        entry = self.etcd.get(etcd_keys.runtime_prefix(self.job_id) + "state")
+        return entry.value if entry is not None and isinstance(entry.value, dict) else {}
+
+    def pipeline_losses(
+        self, job: JobRecord, spec: JobSpec, statuses: dict[int, LearnerStatus]
+    ) -> tuple[JobRecord, dict[str, dict[str, Any]]] | int:
+        """A pipeline learner that ended FAILED is not restarted. Killed (preempted) or
+        evicted by its peers: the preemption is recorded and, once the runtime's state has
+        it among the dead, the history says who serves its stage now; the job goes on.
+        The runtime's fatal loss (a stage and its shadow) fails the job with the runtime's
+        one-line reason; any other exit code fails it as a learner failure would."""
+        key = etcd_keys.deploy_step(self.job_id, LOST)
+        entry = self.etcd.get(key)
+        lost: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        changed = False
+        state = self.runtime_state()
+        now = time.monotonic()
+        for rank, status in statuses.items():
+            if status != LearnerStatus.FAILED or str(rank) in lost:
+                continue
+            value = self.etcd.get(etcd_keys.learner_status(self.job_id, rank))
+            code = int((value.value or {}).get("exit_code") or 1) if value else 1
+            if code == ExitCode.FATAL or state.get("fatal"):
+                return self.pipeline_fatal(state, rank, code)
+            if code not in PIPELINE_LOSS_CODES:
+                return self.fail_learner(rank, code, 0)
+            self.record_preemption(spec, rank, code, now)
+            lost[str(rank)] = {"code": code, "reported": False}
+            changed = True
+            log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
+        if state.get("fatal"):
+            return self.pipeline_fatal(state, -1, ExitCode.FATAL)
+        for rank_s, info in sorted(lost.items()):
+            if info.get("reported") or int(rank_s) not in (state.get("dead") or []):
+                continue
+            job = self.jobs.note(self.job_id, self.failover_message(int(rank_s), state))
+            info["reported"] = True
+            changed = True
+        if changed:
+            self.etcd.put(key, lost)
+        return job, lost
+
+    @staticmethod
+    def failover_message(rank: int, state: dict[str, Any]) -> str:
+        """`learner 1 preempted; stage 1 now served by learner 0 (generation 1)`: the shadow
+        (the previous stage of the same pipeline, which held the replica) took it over."""
+        stages = int(state.get("stages") or 1)
+        stage, pipeline = rank % stages, rank // stages
+        shadow = pipeline * stages + (stage - 1) % stages
+        return (
+            f"learner {rank} preempted; stage {stage} now served by learner {shadow} "
+            f"(generation {state.get('generation')})"
+        )
+
+    def pipeline_fatal(self, state: dict[str, Any], rank: int, code: int) -> int:
+        """A stage and its shadow were both lost (the runtime's `FatalFailure`). Restarting
+        from the latest checkpoint is a later slice of issue #16; for now the job fails."""
+        reason = state.get("fatal") or "a stage and its shadow were lost"
+        self.backend.stop_learners(self.job_id, grace_s=2.0)
+        lines = self.backend.log_tail(self.job_dir, rank) if rank >= 0 else []
+        return self.finish(
+            states.FAILED,
+            f"pipeline runtime: fatal: {reason}",
+            exit_code=int(ExitCode.FATAL if code == ExitCode.FATAL else code),
+            last_log_lines=lines,
+        )
 
     def advance(self, job: JobRecord, statuses: dict[int, LearnerStatus]) -> JobRecord:
         """Move the record along the happy path as far as the slowest learner is."""

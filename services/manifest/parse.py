@@ -95,6 +95,9 @@ def _describe(error: jsonschema.ValidationError) -> ManifestError:
     return ManifestError(field, error.message)
 
 
+_MAX_LEARNERS = 1024  # the schema's `learners` maximum
+
+
 def validate(data: Any) -> Manifest:
     if not isinstance(data, dict):
         raise ManifestError(
@@ -111,6 +114,19 @@ def validate(data: Any) -> Manifest:
                 "learners",
                 f"{data['learners']} does not match the pipeline shape "
                 f"(stages × pipelines = {shape}); set learners to {shape} or leave it out",
+            )
+        if shape > _MAX_LEARNERS:
+            raise ManifestError(
+                "pipeline",
+                f"stages × pipelines = {shape} learners; a job may have at most {_MAX_LEARNERS}",
+            )
+        command = str((data.get("framework") or {}).get("command", ""))
+        if "learner.runtime.launch" in command:
+            raise ManifestError(
+                "framework.command",
+                "a pipeline job's learners are its workers (the platform starts one runtime "
+                "worker per learner): make the command the training script itself, e.g. "
+                "`python train.py`, without `python -m learner.runtime.launch`",
             )
         data["learners"] = shape
     manifest = Manifest.from_document(data)  # also checks the memory size

@@ -311,6 +311,24 @@ class JobsRepository:
                 raise StaleToken(f"job {job_id} changed while being written")
         raise StaleToken(f"job {job_id}: too much contention on status writes")
 
+    def note(self, job_id: str, message: str) -> JobRecord:
+        """Append `message` to the history under the job's current status (an event that
+        changes no status, e.g. a pipeline failover), by compare-and-set."""
+        for _ in range(50):
+            current = self.get(job_id)
+            now = time.time()
+            history = [asdict(h) for h in current.history]
+            history.append(asdict(StatusEntry(current.status, now, message)))
+            update = {
+                "status_message": message,
+                "history": history,
+                "updated_at": now,
+                "version": current.version + 1,
+            }
+            if self._cas(job_id, current.version, update):
+                return self.get(job_id)
+        raise StaleToken(f"job {job_id}: too much contention on history writes")
+
     def update_fields(self, job_id: str, **fields: Any) -> JobRecord:
         """Set non-status fields (placement, attempts, queue reason...) by compare-and-set."""
         for _ in range(50):

@@ -153,3 +153,38 @@ def test_the_runtime_worker_names_a_missing_variable() -> None:
     assert proc.returncode == ExitCode.CONFIG_ERROR, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "RHIZOME_RUNTIME_STORE is not set" in lines[0], lines
+
+
+def test_a_pipeline_learner_gets_one_worker_whose_index_is_its_rank() -> None:
+    from contract.env import ETCD_STORE
+
+    env = LearnerEnv(
+        job_id="job-7",
+        rank=3,
+        result_dir="/jobs/job-7/results/3",
+        pipeline_stages=2,
+        pipeline_pipelines=2,
+        pipeline_redundancy="none",
+        pipeline_microbatches=6,
+    )
+    runtime = RuntimeEnv.for_learner(env, "http://127.0.0.1:2379")
+    assert runtime == RuntimeEnv(
+        worker=3,
+        stages=2,
+        pipelines=2,
+        store=ETCD_STORE,
+        etcd="http://127.0.0.1:2379",
+        job_id="job-7",
+        out_dir="/jobs/job-7/results/3",
+        redundancy="none",
+        microbatches=6,
+    )
+    # what the worker reads back is the same record
+    assert RuntimeEnv.from_environ(runtime.to_environ()) == runtime
+    assert RuntimeEnv.for_learner(LearnerEnv(job_id="j", rank=0), "http://e:1") is None
+
+
+def test_a_runtime_store_is_host_port_or_etcd() -> None:
+    base = RuntimeEnv(worker=0, stages=2, pipelines=1, store="etcd", etcd="http://e:1", job_id="j")
+    with pytest.raises(LearnerConfigError, match="RHIZOME_RUNTIME_STORE"):
+        RuntimeEnv.from_environ({**base.to_environ(), "RHIZOME_RUNTIME_STORE": "zookeeper"})

@@ -49,3 +49,20 @@ def test_a_flag_that_contradicts_the_manifest_is_refused(
     with pytest.raises(SystemExit):
         parse_args(["--stages", "4", script])
     assert "--stages 4 disagrees with the manifest's pipeline.stages (2)" in capsys.readouterr().err
+
+
+def test_inside_a_platform_pipeline_learner_the_launcher_refuses(
+    monkeypatch: pytest.MonkeyPatch, script: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the learner controller of a pipeline job gives its command: this process is
+    # already one worker; a launcher here would train P x D more times.
+    from contract.env import LearnerEnv, RuntimeEnv
+
+    env = LearnerEnv(job_id="job-1", rank=1, pipeline_stages=2, pipeline_pipelines=1)
+    runtime = RuntimeEnv.for_learner(env, "http://127.0.0.1:2379")
+    assert runtime is not None
+    for key, value in {**env.to_environ(), **runtime.to_environ()}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit):
+        parse_args([script])
+    assert "already pipeline worker 1 of job job-1" in capsys.readouterr().err

@@ -59,6 +59,28 @@ def test_a_good_ffdl_manifest_parses_with_resources() -> None:
             "learners",
             "pipeline shape",
         ),
+        ("name: a\nframework: {command: x}\npipeline: {stages: 65}", "pipeline.stages", "64"),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, microbatches: 0}",
+            "pipeline.microbatches",
+            "minimum of 1",
+        ),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, microbatches: 256}",
+            "pipeline.microbatches",
+            "maximum of 255",
+        ),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 64, pipelines: 32}",
+            "pipeline",
+            "at most 1024",
+        ),
+        (
+            "name: a\nframework: {command: python -m learner.runtime.launch --stages 2 t.py}\n"
+            "pipeline: {stages: 2}",
+            "framework.command",
+            "learners are its workers",
+        ),
         ("name: a\nframework: {command: x}\nelastic: {min: 4, max: 2}", "elastic.min", "larger"),
         (
             "name: a\nframework: {command: x}\nevaluation_metrics: {type: csv}",
@@ -86,6 +108,15 @@ def test_bad_manifests_name_the_field(text: str, field: str, fragment: str) -> N
 def test_unparseable_manifests_say_why(text: str, fragment: str) -> None:
     with pytest.raises(ManifestError, match=fragment):
         parse_manifest(text)
+
+
+def test_the_pipeline_example_manifest_is_valid() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "examples/pipeline-gpt/manifest.yaml").read_text()
+    m = parse_manifest(text)
+    assert m.pipeline is not None and m.learners == m.pipeline.workers == 2
+    assert "learner.runtime.launch" not in m.command
 
 
 def test_pipeline_shape_fills_in_learners() -> None:

@@ -1,0 +1,197 @@
+"""Pipeline jobs through the whole embedded platform (real etcd, the local backend).
+
+Each learner is one worker of the pipeline runtime (worker = rank): the manifest's
+command is the training script, the learner controller gives it the runtime's
+environment, and the rendezvous store lives in the platform's etcd. A SIGKILLed learner
+is the runtime's failover, not a restart: the job stays PROCESSING, its history names
+who serves the lost stage, and the final parameters equal an uninterrupted run's.
+The model is the runtime's float64 toy (learner/runtime/toy.py), compared with the
+single-process reference by the runtime's own helpers (tests/learner/runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract import procs
+from contract.env import Role
+from tests.integration.test_cli import rz
+from tests.learner.runtime.test_failover import assert_equals_reference
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
+
+
+def manifest(stages: int, steps: int, name: str) -> str:
+    return (
+        f"name: {name}\nmemory: 512MiB\nmax_learner_restarts: 2\n"
+        f"framework:\n  command: python train.py --steps {steps}\n"
+        f"pipeline: {{stages: {stages}, pipelines: 1}}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    data_dir = Path(tmp_path_factory.mktemp("pipeline-jobs"))
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        yield data_dir
+    finally:
+        rz(data_dir, "down", check=False)
+
+
+def submit(platform: Path, tmp: Path, stages: int, steps: int, name: str) -> str:
+    code = tmp / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    (code / "manifest.yml").write_text(manifest(stages, steps, name))
+    out = rz(platform, "train", str(code / "manifest.yml"), "--json").stdout
+    return str(json.loads(out)["job_id"])
+
+
+def show(platform: Path, job_id: str) -> dict[str, Any]:
+    return dict(json.loads(rz(platform, "show", job_id, "--json").stdout))
+
+
+def wait_end(platform: Path, job_id: str, timeout_s: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = show(platform, job_id)
+        if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not end: {show(platform, job_id)}")
+
+
+def learner_file(platform: Path, job_id: str, rank: int, name: str) -> str:
+    path = platform / "jobs" / job_id / "learners" / str(rank) / name
+    return path.read_text() if path.exists() else ""
+
+
+def gather_params(platform: Path, job_id: str, into: Path) -> list[str]:
+    """Every worker's saved parameters (results/<job>/<rank>/worker<rank>.pt) in one folder."""
+    into.mkdir()
+    names = []
+    for f in sorted((platform / "objects" / "results" / job_id).glob("*/worker*.pt")):
+        shutil.copy(f, into / f.name)
+        names.append(f"{f.parent.name}/{f.name}")
+    return names
+
+
+def worker_pids(job_id: str, rank: int) -> list[int]:
+    """The python processes of a learner's command (not its shell wrappers)."""
+    out = []
+    for pid in procs.labelled(job_id, rank, Role.LEARNER):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train.py" in argv and b"python" in Path(argv[0].decode()).name.encode():
+            out.append(pid)
+    return out
+
+
+def test_a_pipeline_job_runs_each_stage_once_in_its_own_learner(
+    platform: Path, tmp_path: Path
+) -> None:
+    steps = 4
+    job_id = submit(platform, tmp_path, stages=2, steps=steps, name="pipe-ok")
+    job = wait_end(platform, job_id)
+    assert job["status"] == "COMPLETED", job
+    learners = sorted(p.name for p in (platform / "jobs" / job_id / "learners").iterdir())
+    assert learners == ["0", "1"]  # P x D learners, no more
+    for rank in (0, 1):
+        err = learner_file(platform, job_id, rank, "stderr.log")
+        # one worker per learner, started once, trained its own stage once
+        assert err.count("started:") == 1, err
+        assert f"[worker {rank}] started: stage {rank} of pipeline 0" in err, err
+        assert err.count("finished:") == 1, err
+        assert f"[worker {rank}] finished: {steps} steps, blocks [{rank}]" in err, err
+        assert "rhizome-runtime: worker" not in err  # no launcher inside a learner
+    # the last stage reports each step once
+    out = learner_file(platform, job_id, 1, "stdout.log")
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == [
+        str(s) for s in range(steps)
+    ]
+    # `rhizome logs --learner N` shows each stage's own lines
+    logs1 = rz(platform, "logs", job_id, "--learner", "1").stdout
+    assert f"[1/stdout] step {steps - 1} loss" in logs1
+    assert "[1/stderr] [worker 1] started: stage 1" in logs1
+    logs0 = rz(platform, "logs", job_id, "--learner", "0").stdout
+    assert "[0/stderr] [worker 0] started: stage 0" in logs0 and "[1/" not in logs0
+    # each worker saved the blocks it owns to its learner's results: together, the
+    # parameters of the single-process reference run
+    saved = gather_params(platform, job_id, tmp_path / "params")
+    assert saved == ["0/worker0.pt", "1/worker1.pt"]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_a_sigkilled_learner_is_the_runtimes_failover_not_a_restart(
+    platform: Path, tmp_path: Path
+) -> None:
+    steps = 60
+    job_id = submit(platform, tmp_path, stages=2, steps=steps, name="pipe-kill")
+    deadline = time.monotonic() + 60
+    while "step 2 " not in learner_file(platform, job_id, 1, "stdout.log"):
+        assert time.monotonic() < deadline, show(platform, job_id)
+        time.sleep(0.05)
+    victims = worker_pids(job_id, 1)
+    assert victims, "learner 1's worker is not running"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    # the failover is named in the history while the job goes on PROCESSING
+    expected = "learner 1 preempted; stage 1 now served by learner 0 (generation 1)"
+    while True:
+        job = show(platform, job_id)
+        notes = [h for h in job["history"] if h["message"] == expected]
+        if notes:
+            break
+        assert job["status"] == "PROCESSING", job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert notes[0]["status"] == "PROCESSING"
+    job = wait_end(platform, job_id)
+    assert job["status"] == "COMPLETED", job
+    assert "learner 1 preempted; the runtime failed over" in job["status_message"]
+    statuses = [h["status"] for h in job["history"]]
+    # deployed once, never recovered or restarted
+    assert statuses.count("DEPLOYING") == 1 and "RECOVERING" not in statuses, statuses
+    err1 = learner_file(platform, job_id, 1, "stderr.log")
+    assert err1.count("started:") == 1, err1  # the victim was not started again
+    err0 = learner_file(platform, job_id, 0, "stderr.log")
+    assert "promoted replica of block 1" in err0, err0
+    assert f"[worker 0] finished: {steps} steps, blocks [0, 1] of pipeline 0, generation 1" in err0
+    out0 = learner_file(platform, job_id, 0, "stdout.log")
+    assert f"step {steps - 1} loss" in out0 and "generation 1" in out0.splitlines()[-1]
+    # the survivor holds the whole model: equal to the uninterrupted run of the same seed
+    assert gather_params(platform, job_id, tmp_path / "params") == ["0/worker0.pt"]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_losing_a_stage_and_its_shadow_fails_the_job_with_the_runtimes_reason(
+    platform: Path, tmp_path: Path
+) -> None:
+    job_id = submit(platform, tmp_path, stages=3, steps=200, name="pipe-fatal")
+    deadline = time.monotonic() + 60
+    while "step 1 " not in learner_file(platform, job_id, 2, "stdout.log"):
+        assert time.monotonic() < deadline, show(platform, job_id)
+        time.sleep(0.05)
+    victims = worker_pids(job_id, 1) + worker_pids(job_id, 2)
+    assert len(victims) == 2
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    job = wait_end(platform, job_id)
+    assert job["status"] == "FAILED", job
+    message = job["status_message"]
+    assert message.startswith("pipeline runtime: fatal: pipeline 0 lost consecutive stages 1 and 2")
+    assert "restart from the latest checkpoint" in message
+    assert [h["status"] for h in job["history"]].count("DEPLOYING") == 1
