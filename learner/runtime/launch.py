@@ -80,18 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m learner.runtime.launch",
         description="Run a pipeline-parallel training script as P x D local worker processes.",
     )
-    p.add_argument(
-        "--stages",
-        type=int,
-        default=None,
-        help="pipeline depth P (on the platform: the manifest's)",
-    )
-    p.add_argument(
-        "--pipelines",
-        type=int,
-        default=None,
-        help="data-parallel pipelines D (default 1; on the platform: the manifest's)",
-    )
+    p.add_argument("--stages", type=int, required=True, help="pipeline depth P")
+    p.add_argument("--pipelines", type=int, default=1, help="data-parallel pipelines D")
     p.add_argument(
         "--microbatches", type=int, default=None, help="override the script's microbatches"
     )
@@ -123,27 +113,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "learners are the workers; make the manifest's command the training script "
             f"itself (e.g. `python {args.script}`), not `python -m learner.runtime.launch`"
         )
-    # On the platform the manifest's pipeline: section decides the shape (the scheduler
-    # placed that many learners); a flag may repeat it but not contradict it.
-    for flag, mine, theirs in (
-        ("--stages", "stages", platform.pipeline_stages),
-        ("--pipelines", "pipelines", platform.pipeline_pipelines),
-        ("--redundancy", "redundancy", platform.pipeline_redundancy),
-        ("--microbatches", "microbatches", platform.pipeline_microbatches),
-    ):
-        given = getattr(args, mine)
-        if theirs is None:
-            continue
-        if given is not None and given != theirs:
-            p.error(
-                f"{flag} {given} disagrees with the manifest's pipeline.{mine} ({theirs}); "
-                f"drop the flag or change the manifest"
-            )
-        setattr(args, mine, theirs)
-    if args.stages is None:
-        p.error("--stages is required (or run it as a platform job with a pipeline: section)")
-    if args.pipelines is None:
-        args.pipelines = 1
     if args.microbatches is not None and args.microbatches < 1:
         p.error(f"--microbatches {args.microbatches}: must be >= 1")
     if args.stages < 1 or args.pipelines < 1:

@@ -52,23 +52,24 @@ READERS: dict[str, list[tuple[str, str]]] = {
     "pipeline.stages": [
         ("services/scheduler/requests.py", "spec.pipeline.stages"),
         ("services/backends/local/backend.py", "pipe.stages"),
-        ("learner/runtime/launch.py", "platform.pipeline_stages"),
+        ("learner/controller/controller.py", "PIPELINE_STAGES"),
+        ("contract/env.py", "stages=env.pipeline_stages"),
         ("contract/env.py", "env.pipeline_stages"),
     ],
     "pipeline.pipelines": [
         ("services/backends/local/backend.py", "pipe.pipelines"),
-        ("learner/runtime/launch.py", "platform.pipeline_pipelines"),
+        ("contract/env.py", "pipelines=env.pipeline_pipelines"),
         ("contract/env.py", "env.pipeline_pipelines"),
     ],
     "pipeline.redundancy": [
         ("services/backends/local/backend.py", "pipe.redundancy"),
-        ("learner/runtime/launch.py", "platform.pipeline_redundancy"),
+        ("contract/env.py", "redundancy=env.pipeline_redundancy"),
         ("contract/env.py", "env.pipeline_redundancy"),
         ("learner/runtime/worker.py", "env.redundancy"),
     ],
     "pipeline.microbatches": [
         ("services/backends/local/backend.py", "pipe.microbatches"),
-        ("learner/runtime/launch.py", "platform.pipeline_microbatches"),
+        ("contract/env.py", "microbatches=env.pipeline_microbatches"),
         ("contract/env.py", "env.pipeline_microbatches"),
         ("learner/runtime/worker.py", "env.microbatches"),
     ],
