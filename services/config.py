@@ -26,6 +26,8 @@ class PlatformConfig:
     peers: dict[str, str] = field(default_factory=dict)
     cluster_config: str = ""
     quota_config: str = ""
+    # Where learners run (services/backends): "local" processes or "docker" containers.
+    backend: str = "local"
 
     @property
     def objects_dir(self) -> Path:
