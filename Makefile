@@ -8,12 +8,13 @@ PROTOS := $(wildcard protos/rhizome/v1/*.proto)
 GEN_STAMP := gen/.generated
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps protos run demo test test-unit test-chaos lint bench clean help
+.PHONY: install system-deps protos run demo demo-docker test test-unit test-chaos lint bench clean help
 
 help:
 	@echo "make install  - create .venv with pinned dependencies, generate gRPC stubs, apt-get docker.io and debootstrap (as root)"
 	@echo "make run      - start the embedded platform (etcd, MongoDB-wire, Elasticsearch-API, daemon) in the foreground"
 	@echo "make demo     - start the platform, train examples/mnist end to end, stop the platform"
+	@echo "make demo-docker - the same with the learner in a container (docker backend; root or DOCKER_HOST)"
 	@echo "make test     - lint + the whole test suite against real servers"
 	@echo "make test-unit / test-chaos - the tests without servers / the chaos tests alone"
 	@echo "make bench    - run every benchmark in benchmarks/"
@@ -62,6 +63,9 @@ run: install
 
 demo: install
 	$(BIN)/python examples/demo.py
+
+demo-docker: install
+	$(BIN)/python examples/demo.py --backend docker
 
 lint: install
 	$(BIN)/ruff check contract services learner tests benchmarks examples

@@ -7,6 +7,10 @@
    learner's log files in its job directory, so it works with or without log streaming);
 4. shows the job COMPLETED with its final accuracy, then stops the platform.
 
+`--backend docker` (`make demo-docker`) runs the learner in a container instead: the
+platform uses DOCKER_HOST's engine or starts its own dockerd under the data directory,
+and builds the learner image offline if the engine lacks it.
+
 Exits non-zero if anything fails, after stopping the platform.
 """
 
@@ -65,9 +69,10 @@ class LogTail:
                 print(f"    learner 0{stream} | {line}", flush=True)
 
 
-def run(data_dir: Path) -> int:
-    say(f"starting the embedded platform in {data_dir} (free ports) ...")
-    if rhizome(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0") != 0:
+def run(data_dir: Path, backend: str) -> int:
+    say(f"starting the embedded platform in {data_dir} (free ports, {backend} backend) ...")
+    up = ["up", "--embedded", "--grpc-port", "0", "--rest-port", "0", "--backend", backend]
+    if rhizome(data_dir, *up) != 0:
         say("the platform did not start; see the messages above")
         return 1
     state = load_state(data_dir)
@@ -127,11 +132,14 @@ def _accuracy(data_dir: Path, job_id: str, lines: list[str]) -> str:
 
 
 def main() -> int:
+    backend = "local"
+    if "--backend" in sys.argv[1:-1]:
+        backend = sys.argv[sys.argv.index("--backend") + 1]
     data_dir = Path(tempfile.mkdtemp(prefix="rhizome-demo-"))
     os.environ.setdefault("RHIZOME_USER", "demo")
     code = 1
     try:
-        code = run(data_dir)
+        code = run(data_dir, backend)
     except KeyboardInterrupt:
         code = 130
     except Exception as exc:

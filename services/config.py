@@ -30,6 +30,8 @@ class PlatformConfig:
     trust_user_header: bool = False  # FfDL compatibility: believe x-rhizome-user; insecure
     auth_cache_s: float = 5.0  # how long a valid token lookup is reused
     admin_token_file: str = ""  # create an admin token here when there is none
+    # Where learners run (services/backends): "local" processes or "docker" containers.
+    backend: str = "local"
 
     @property
     def objects_dir(self) -> Path:

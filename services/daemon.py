@@ -223,6 +223,19 @@ def _peers(values: tuple[str, ...]) -> dict[str, str]:
     "(`rhizome up` passes <data dir>/admin.token).",
 )
 @click.option(
+    "--backend",
+    envvar="RHIZOME_BACKEND",
+    default="local",
+    show_default=True,
+    help="Where learners run: local (processes) or docker (containers; docs/backends.md).",
+)
+@click.option(
+    "--docker-host",
+    envvar="DOCKER_HOST",
+    default="",
+    help="The Docker engine of the docker backend (default: DOCKER_HOST, else the local socket).",
+)
+@click.option(
     "--state-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -243,6 +256,8 @@ def main(
     insecure_trust_user_header: bool,
     auth_cache_seconds: float,
     admin_token_file: Path | None,
+    backend: str,
+    docker_host: str,
     state_file: Path | None,
 ) -> None:
     """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
@@ -271,7 +286,17 @@ def main(
         trust_user_header=insecure_trust_user_header,
         auth_cache_s=auth_cache_seconds,
         admin_token_file=str(admin_token_file.expanduser()) if admin_token_file else "",
+        backend=backend,
     )
+    from services.backends.api import backend_names
+
+    if backend not in backend_names():
+        raise click.BadParameter(
+            f"{backend!r}; choose from {', '.join(backend_names())}", param_hint="--backend"
+        )
+    if docker_host:
+        # The LCM's backend and every guardian it starts (they inherit it) use this engine.
+        os.environ["DOCKER_HOST"] = docker_host
     config.data_dir.mkdir(parents=True, exist_ok=True)
     daemon = Daemon(config)
     stop = threading.Event()

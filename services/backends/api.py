@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract import procs
 from contract.registry import Registry
 from services.manifest import Manifest
 
@@ -94,11 +95,24 @@ class Backend(abc.ABC):
     def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
         """The last lines a learner wrote (stderr, then stdout), for a failed job's record."""
 
+    def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
+        """Whether the controller that wrote this learner status (its etcd value, with the
+        `pid` and `start` it saw) still runs. Locally that pid is ours to check; a backend
+        whose controllers live in other pid namespaces (containers) answers from its own
+        view of them."""
+        return procs.ref_alive(status.get("pid"), status.get("start"))
+
+    def exit_note(self, job_id: str, rank: int) -> str:
+        """Why learner `rank`'s last run ended, when the backend knows more than its exit
+        code (e.g. an out-of-memory kill); empty otherwise."""
+        return ""
+
 
 BackendFactory = Callable[..., Backend]
 BACKENDS: Registry[BackendFactory] = Registry("learner backend", error=UnknownBackend)
 # Registered lazily by module path so that importing the registry stays cheap.
 BACKENDS.register("local", "services.backends.local.backend:LocalBackend")
+BACKENDS.register("docker", "services.backends.docker.backend:DockerBackend")
 
 
 def register_backend(name: str, factory: BackendFactory | str) -> None:

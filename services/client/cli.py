@@ -202,6 +202,14 @@ def cli(
     help="REST gateway port (0: any free port).",
 )
 @click.option("--services", default="", help="Services the daemon hosts (default: all).")
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "docker"]),
+    default="local",
+    show_default=True,
+    help="Where learners run: processes here, or containers (DOCKER_HOST's engine, else a "
+    "dockerd started under the data directory).",
+)
 @click.option("--foreground", is_flag=True, help="Stay in the foreground; Ctrl-C stops everything.")
 @click.pass_obj
 def up(
@@ -213,6 +221,7 @@ def up(
     grpc_port: int,
     rest_port: int,
     services: str,
+    backend: str,
     foreground: bool,
 ) -> None:
     """Start the platform (with --embedded, its dependencies too)."""
@@ -234,6 +243,7 @@ def up(
             elasticsearch_url,
             services,
             progress=lambda m: err.print(f"[dim]•[/dim] {m}"),
+            backend=backend,
         )
     except DependencyError as exc:
         err.print(f"[red]error:[/red] {exc}")

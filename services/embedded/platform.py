@@ -130,8 +130,11 @@ def up(
     elasticsearch_url: str = "",
     services: str = "",
     progress: Progress = lambda _: None,
+    backend: str = "local",
 ) -> PlatformState:
-    """Start whatever of the platform is not running yet; return where everything is."""
+    """Start whatever of the platform is not running yet; return where everything is.
+    With the docker backend: an engine (DOCKER_HOST's, or our own dockerd under the data
+    directory) and the learner image (built offline if the engine lacks it)."""
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     previous = load_state(data_dir)
@@ -168,6 +171,10 @@ def up(
         return info.url
 
     deps = data_dir / "deps"
+    if backend == "docker":  # first: if there can be no engine, nothing else is started
+        from services.embedded.docker_backend import ensure_engine
+
+        state.urls["docker"] = ensure_engine(deps / "dockerd", state.processes, progress)
     if etcd_url:
         state.urls["etcd"] = etcd_url
     elif "etcd" not in state.processes:
@@ -213,6 +220,10 @@ def up(
 
             services = ",".join(available_services())
         args.append(f"--services={services}")
+        if backend != "local":
+            args.append(f"--backend={backend}")
+        if state.urls.get("docker"):
+            args.append(f"--docker-host={state.urls['docker']}")
         daemon = DaemonServer(data_dir, gport, rport, args)
         state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
         state.ports["rest"] = rport
@@ -229,10 +240,14 @@ def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
     state = load_state(data_dir)
     if state is None:
         return False
-    order = ["api", "elasticsearch", "mongodb", "etcd"]
+    order = ["api", "dockerd", "elasticsearch", "mongodb", "etcd"]
     for name in sorted(state.processes, key=lambda n: order.index(n) if n in order else 0):
         pid = int(state.processes[name]["pid"])
-        if pid_alive(pid):
+        if name == "dockerd":
+            from services.embedded.docker_backend import stop_engine
+
+            stop_engine(state.processes[name], progress)
+        elif pid_alive(pid):
             progress(f"stopping {name} (pid {pid}) ...")
             stop_process_group(pid, timeout_s=15)
     state.processes = {}

@@ -88,6 +88,12 @@ _HAPPY = (states.DOWNLOADING, states.PROCESSING, states.STORING)
 _LEARNER_FINAL = FINAL_STATUSES
 
 
+def _rank_of(key: str) -> int:
+    """The rank in a learner status key (`.../learners/<rank>/status`); -1 if none."""
+    part = key.rstrip("/").split("/")[-2:-1]
+    return int(part[0]) if part and part[0].isdigit() else -1
+
+
 class DeployStepFailed(RuntimeError):
     """A deploy step failed (the message names the step); the guardian rolls back."""
 
@@ -491,7 +497,7 @@ class Guardian:
                     self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             elif entry.lease:
-                if not procs.ref_alive(value.get("pid"), value.get("start")):
+                if not self.backend.controller_alive(self.job_id, rank, value):
                     self.etcd.revoke(entry.lease)  # its controller died: free the rank now
                     self.wake.set()
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
@@ -616,7 +622,7 @@ class Guardian:
                 for e in entries.values()
                 if e.lease
                 and isinstance(e.value, dict)
-                and procs.ref_alive(e.value.get("pid"), e.value.get("start"))
+                and self.backend.controller_alive(self.job_id, _rank_of(e.key), e.value)
             ]
             if not busy:
                 break
@@ -628,10 +634,12 @@ class Guardian:
     def fail_learner(self, rank: int, code: int, restarts: int) -> int:
         self.backend.stop_learners(self.job_id, grace_s=2.0)
         lines = self.backend.log_tail(self.job_dir, rank)
+        note = self.backend.exit_note(self.job_id, rank)
         return self.finish(
             states.FAILED,
             f"learner {rank} exited with code {code}"
-            + (f" after {restarts} restarts" if restarts else ""),
+            + (f" after {restarts} restarts" if restarts else "")
+            + (f" ({note})" if note else ""),
             exit_code=code,
             last_log_lines=lines,
         )

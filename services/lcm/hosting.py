@@ -28,6 +28,7 @@ def build(ctx: DaemonContext) -> Hosted:
             mongodb_uri=config.mongodb_uri,
             tds_address=tds,
             place_locally=not has_scheduler,
+            backend=config.backend,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

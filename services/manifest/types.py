@@ -68,6 +68,7 @@ class Framework:
     name: str
     version: str
     command: str  # the shell command each learner runs in its job directory
+    image: str = ""  # the docker backend's learner image; empty: the platform's default
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,7 @@ class Manifest:
                 name=str(fw.get("name", schema_default("framework", "name"))),
                 version=str(fw.get("version", "")),
                 command=str(fw["command"]),
+                image=str(fw.get("image", "")),
             ),
             evaluation_metrics=doc.get("evaluation_metrics"),
             pipeline=pipeline,

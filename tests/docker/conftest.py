@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -80,3 +81,78 @@ def learner_image(docker_client: docker.DockerClient) -> LearnerImage:
     except ImageBuildError as exc:
         problem = str(exc)
     pytest.fail(f"building the learner image failed: {problem}", pytrace=False)
+
+
+class DockerPlatform:
+    """`rhizomed --backend docker` (api + lcm) as `rhizome up` runs it, on the session's
+    engine, etcd and MongoDB; restartable on the same ports after a SIGKILL."""
+
+    def __init__(self, data_dir: Path, etcd_url: str, mongo_url: str, engine_url: str) -> None:
+        from contract.procs import free_port
+
+        self.data_dir = data_dir
+        self.engine_url = engine_url
+        self.port, self.rest = free_port(), free_port()
+        self.args = [
+            f"--mongodb-uri={mongo_url}",
+            f"--etcd={etcd_url}",
+            "--services=api,lcm",
+            "--backend=docker",
+            f"--docker-host={engine_url}",
+        ]
+        self.server: Any = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, **env: str) -> None:
+        import os
+
+        from services.embedded.platform import DaemonServer
+
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # the daemon and its guardians inherit them
+        try:
+            self.server = DaemonServer(self.data_dir, self.port, self.rest, self.args)
+            self.server.start()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        assert self.server is not None and self.server.pid is not None
+        os.kill(self.server.pid, signal.SIGKILL)
+        assert self.server.proc is not None
+        self.server.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def docker_platform(
+    etcd_server: Any,
+    mongo_server: Any,
+    docker_engine: DockerEngine,
+    learner_image: LearnerImage,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[DockerPlatform]:
+    platform = DockerPlatform(
+        Path(tmp_path_factory.mktemp("dockerplatform")),
+        etcd_server.url,
+        mongo_server.url,
+        docker_engine.url,
+    )
+    platform.start(RHIZOME_LEARNER_GRACE_S="3", RHIZOME_DEPLOY_ATTEMPTS="2")
+    try:
+        yield platform
+    finally:
+        platform.stop()

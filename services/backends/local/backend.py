@@ -135,6 +135,89 @@ def visible_devices(job: JobSpec, rank: int, local_rank: int) -> str:
     return ",".join(str(local_rank * per + i) for i in range(per))
 
 
+def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
+    """What learner `rank`'s controller is told (spec.json); the same on every backend."""
+    return LearnerSpec(
+        job_id=job.job_id,
+        rank=rank,
+        world_size=job.learners,
+        job_dir=job.job_dir,
+        command=job.command,
+        etcd_url=job.etcd_url,
+        generation=job.generation,
+        restart=restart,
+        env=learner_env(job, rank),
+        model_zip=job.model_zip,
+        data_stores=local_stores(job, rank),
+        result_store=str(Path(job.result_store) / str(rank)),
+        tds_address=job.tds_address,
+        metric_sources=job.manifest.evaluation_metrics,
+        grace_s=job.grace_s,
+    )
+
+
+def prepare_job_dir(job: JobSpec) -> None:
+    """The job directory exists with its parts; code from an earlier deploy is gone."""
+    root = Path(job.job_dir)
+    if job.model_zip and not Path(job.model_zip).is_file():
+        raise BackendError(f"the job's code {job.model_zip} is missing from the object store")
+    # Code from an earlier deploy is stale; logs, checkpoints and results are not.
+    shutil.rmtree(root / "code", ignore_errors=True)
+    for sub in ("learners", "checkpoints", "results", "data"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+
+
+def write_secrets_file(job: JobSpec, owner: tuple[int, int] | None = None) -> Path:
+    """Data-store credentials in `<job_dir>/secrets/env`: mode 0600, or 0400 and owned by
+    `owner` (uid, gid) when given (a container's learner user)."""
+    secrets = Path(job.job_dir) / "secrets"
+    secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lines = []
+    for store in job.manifest.data_stores:
+        for key, value in sorted(store.connection.items()):
+            name = f"{store.id}_{key}".upper().replace("-", "_")
+            lines.append(f"{name}={value}")
+    path = secrets / "env"
+    with contextlib.suppress(FileNotFoundError):
+        path.chmod(0o600)  # a 0400 file from an earlier deploy
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("\n".join(lines) + ("\n" if lines else ""))
+    if owner is not None:
+        os.chown(secrets, *owner)
+        os.chown(path, *owner)
+        path.chmod(0o400)
+    return path
+
+
+def remove_deploy_files(job_dir: str) -> None:
+    """What a deploy wrote that a rollback removes: code, secrets, partial extractions."""
+    root = Path(job_dir)
+    shutil.rmtree(root / "code", ignore_errors=True)
+    shutil.rmtree(root / "secrets", ignore_errors=True)
+    if root.exists():
+        for tmp in root.glob(".code.tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tail_logs(job_dir: str, rank: int, lines: int = 20) -> list[str]:
+    """The last lines learner `rank` wrote (stderr, then stdout) in its job directory."""
+    learner_dir = Path(job_dir) / "learners" / str(rank)
+    out: list[str] = []
+    for name in ("stderr.log", "stdout.log"):
+        path = learner_dir / name
+        with contextlib.suppress(OSError):
+            with open(path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 16384))
+                text = fh.read().decode(errors="replace").splitlines()
+            out.extend(f"[{name.split('.')[0]}] {line}" for line in text[-lines:])
+        if len(out) >= lines:
+            break
+    return out[-lines:]
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -149,47 +232,13 @@ class LocalBackend(Backend):
 
     # -- deploy steps --------------------------------------------------------------------
     def prepare_volume(self, job: JobSpec) -> None:
-        root = Path(job.job_dir)
-        if job.model_zip and not Path(job.model_zip).is_file():
-            raise BackendError(f"the job's code {job.model_zip} is missing from the object store")
-        # Code from an earlier deploy is stale; logs, checkpoints and results are not.
-        shutil.rmtree(root / "code", ignore_errors=True)
-        for sub in ("learners", "checkpoints", "results", "data"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        prepare_job_dir(job)
 
     def write_secrets(self, job: JobSpec) -> None:
-        secrets = Path(job.job_dir) / "secrets"
-        secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lines = []
-        for store in job.manifest.data_stores:
-            for key, value in sorted(store.connection.items()):
-                name = f"{store.id}_{key}".upper().replace("-", "_")
-                lines.append(f"{name}={value}")
-        path = secrets / "env"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write("\n".join(lines) + ("\n" if lines else ""))
+        write_secrets_file(job)
 
     def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
-        env_for_learner = learner_env(job, rank)
-        spec = LearnerSpec(
-            job_id=job.job_id,
-            rank=rank,
-            world_size=job.learners,
-            job_dir=job.job_dir,
-            command=job.command,
-            etcd_url=job.etcd_url,
-            generation=job.generation,
-            restart=restart,
-            env=env_for_learner,
-            model_zip=job.model_zip,
-            data_stores=local_stores(job, rank),
-            result_store=str(Path(job.result_store) / str(rank)),
-            tds_address=job.tds_address,
-            metric_sources=job.manifest.evaluation_metrics,
-            grace_s=job.grace_s,
-        )
+        spec = learner_spec(job, rank, restart)
         learner_dir = spec.learner_dir
         spec_path = learner_dir / "spec.json"
         spec.dump(spec_path)
@@ -254,12 +303,7 @@ class LocalBackend(Backend):
     def rollback(self, job_id: str, job_dir: str) -> None:
         procs.kill_labelled(job_id)
         self._reap()
-        root = Path(job_dir)
-        shutil.rmtree(root / "code", ignore_errors=True)
-        shutil.rmtree(root / "secrets", ignore_errors=True)
-        if root.exists():
-            for tmp in root.glob(".code.tmp-*"):
-                shutil.rmtree(tmp, ignore_errors=True)
+        remove_deploy_files(job_dir)
         for cgroup in self._cgroups.pop(job_id, []):
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
@@ -268,19 +312,7 @@ class LocalBackend(Backend):
         return procs.labelled(job_id)
 
     def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
-        learner_dir = Path(job_dir) / "learners" / str(rank)
-        out: list[str] = []
-        for name in ("stderr.log", "stdout.log"):
-            path = learner_dir / name
-            with contextlib.suppress(OSError):
-                with open(path, "rb") as fh:
-                    fh.seek(0, os.SEEK_END)
-                    fh.seek(max(0, fh.tell() - 16384))
-                    text = fh.read().decode(errors="replace").splitlines()
-                out.extend(f"[{name.split('.')[0]}] {line}" for line in text[-lines:])
-            if len(out) >= lines:
-                break
-        return out[-lines:]
+        return tail_logs(job_dir, rank, lines)
 
     # -- helpers -------------------------------------------------------------------------------
     def _reap(self) -> None:
@@ -328,4 +360,14 @@ def _memory_cgroup_dir() -> Path | None:
 
 register_backend("local", LocalBackend)
 
-__all__ = ["LocalBackend", "learner_env", "visible_devices"]
+__all__ = [
+    "LocalBackend",
+    "learner_env",
+    "learner_spec",
+    "local_stores",
+    "prepare_job_dir",
+    "remove_deploy_files",
+    "tail_logs",
+    "visible_devices",
+    "write_secrets_file",
+]

@@ -91,6 +91,7 @@ READERS: dict[str, list[tuple[str, str]]] = {
     ],
     "elastic.min": [("services/api/core.py", "elastic.min")],
     "elastic.max": [("services/api/core.py", "elastic.max")],
+    "framework.image": [("services/backends/docker/backend.py", "framework.image")],
     "instance_type": [("services/guardian/guardian.py", "manifest.instance_type")],
     "zones": [("services/guardian/guardian.py", "manifest.zones")],
     # `rhizome estimate` alone reads the estimate section (services/sim/cli.py).

@@ -1,0 +1,241 @@
+"""The docker backend against the local one, in one run (issue #13).
+
+1. Latency: trivial jobs (`echo first_step $(date +%s.%N)`) submitted one at a time,
+   first to a daemon with the local backend, then to one with the docker backend, on the
+   same etcd, MongoDB-wire server and machine. Figures: submit → PROCESSING (client's
+   submit call to the PROCESSING entry of the history) and deploy → first step (the
+   DEPLOYING entry to the time the command printed), medians; the ratio docker / local.
+2. Container start overhead: `containers.create` + `start` of the learner image with the
+   backend's options (read-only, non-root, mounts, limits) until the first instruction of
+   the container runs, vs the same command as a bare process; medians.
+3. Training throughput: the same CPU script as `overhead.py` (a small CNN, one thread,
+   400 steps; it times its own loop) bare and as a docker-backend job (cpus: 1),
+   alternately; ratio of medians. Goal ≥ 0.98.
+
+    .venv/bin/python benchmarks/docker_backend.py [--jobs 5] [--reps 3]
+
+Uses DOCKER_HOST's engine, else starts its own dockerd under /tmp (stopped at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from _platform import ROOT  # noqa: F401  (puts the repository on sys.path)
+from overhead import TRAIN
+
+from contract.procs import free_port
+from services.backends.docker.spec import ContainerOptions
+from services.client.sdk import Client
+from services.embedded.docker_engine import DockerEngine
+from services.embedded.platform import DaemonServer
+from services.embedded.servers import EtcdServer, MongoServer
+from services.images.build import build_offline, image_exists, learner_tag
+from services.store.jobs import JobsRepository
+from services.store.mongo import connect
+
+FIRST_STEP = 'echo "first_step $(date +%s.%N)"'
+
+
+def manifest(name: str, command: str, cpus: float = 1) -> str:
+    return f"name: {name}\ncpus: {cpus}\nmemory: 2Gb\nframework:\n  command: {command!r}\n"
+
+
+def code(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return buf.getvalue()
+
+
+class Daemon:
+    def __init__(self, data_dir: Path, etcd: str, mongo: str, backend: str, engine: str) -> None:
+        args = [f"--mongodb-uri={mongo}", f"--etcd={etcd}", "--services=api,lcm"]
+        args += [f"--backend={backend}", f"--docker-host={engine}"]
+        self.data_dir = data_dir
+        self.server = DaemonServer(data_dir, free_port(), free_port(), args)
+        self.server.start_timeout_s = 60
+
+    def __enter__(self) -> Daemon:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(timeout_s=30)
+
+    @property
+    def api(self) -> str:
+        return self.server.url
+
+
+def wait_end(repo: JobsRepository, job_id: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = repo.get(job_id)
+        if record.status in ("COMPLETED", "FAILED", "DELETED", "HALTED"):
+            if record.status != "COMPLETED":
+                raise SystemExit(f"job {job_id} ended {record.status}: {record.status_message}")
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"job {job_id} did not end in {timeout_s}s")
+
+
+def stdout_of(daemon: Daemon, job_id: str) -> str:
+    return (daemon.data_dir / "jobs" / job_id / "learners" / "0" / "stdout.log").read_text()
+
+
+def latency(daemon: Daemon, client: Client, repo: JobsRepository) -> tuple[float, float]:
+    t0 = time.time()
+    job_id = client.create_job(manifest("latency", FIRST_STEP), code({"x": ""})).job_id
+    wait_end(repo, job_id)
+    history = {h.status: h.time for h in reversed(repo.get(job_id).history)}
+    first = float(re.search(r"first_step ([\d.]+)", stdout_of(daemon, job_id)).group(1))  # type: ignore[union-attr]
+    return history["PROCESSING"] - t0, first - history["DEPLOYING"]
+
+
+def throughput_of(text: str) -> float:
+    return float(re.search(r"throughput=([\d.]+)", text).group(1))  # type: ignore[union-attr]
+
+
+def bare_throughput() -> float:
+    out = subprocess.run([sys.executable, "-c", TRAIN], capture_output=True, text=True, check=True)
+    return throughput_of(out.stdout)
+
+
+def container_start(client: object, image: str, scratch: Path) -> tuple[float, float]:
+    """(create → first instruction, whole run incl. removal) of one learner-like container."""
+    import docker
+
+    assert isinstance(client, docker.DockerClient)
+    options = ContainerOptions(image=image)
+    t0 = time.time()
+    container = client.containers.create(
+        image,
+        ["/bin/sh", "-c", "date +%s.%N"],
+        user=f"{options.uid}:{options.gid}",
+        read_only=True,
+        network_mode="host",
+        mounts=options.code_mounts,
+        environment=options.base_env,
+        tmpfs={"/tmp": "size=64m"},
+        init=True,
+        cap_drop=["ALL"],
+        mem_limit="512m",
+        nano_cpus=1_000_000_000,
+        pids_limit=4096,
+        labels={"rhizome.bench": "1"},
+    )
+    container.start()
+    container.wait()
+    first = float(container.logs().decode().strip())
+    container.remove(force=True)
+    return first - t0, time.time() - t0
+
+
+def bare_start() -> float:
+    t0 = time.time()
+    out = subprocess.run(["/bin/sh", "-c", "date +%s.%N"], capture_output=True, text=True)
+    return float(out.stdout.strip()) - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=5, help="latency jobs per backend")
+    parser.add_argument("--reps", type=int, default=3, help="throughput runs each way")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rzbench-", dir="/tmp"))
+    engine = DockerEngine(work / "e")
+    etcd = EtcdServer(work / "etcd")
+    mongo = MongoServer(work / "mongo")
+    try:
+        engine.start()
+        etcd.start()
+        mongo.start()
+        docker_client = engine.client()
+        if not image_exists(docker_client, learner_tag()):
+            build_offline(docker_client, lambda m: print(f"  {m}", file=sys.stderr))
+        repo = JobsRepository(connect(mongo.url))
+        lat: dict[str, list[tuple[float, float]]] = {}
+        rz: list[float] = []
+        bare: list[float] = []
+        for backend in ("local", "docker"):
+            with (
+                Daemon(work / backend, etcd.url, mongo.url, backend, engine.url) as daemon,
+                Client(daemon.api, user="bench") as client,
+            ):
+                latency(daemon, client, repo)  # warm-up: first imports, first index use
+                lat[backend] = [latency(daemon, client, repo) for _ in range(args.jobs)]
+                if backend == "docker":
+                    for _ in range(args.reps):
+                        bare.append(bare_throughput())
+                        job_id = client.create_job(
+                            manifest("throughput", "python train.py"), code({"train.py": TRAIN})
+                        ).job_id
+                        wait_end(repo, job_id)
+                        rz.append(throughput_of(stdout_of(daemon, job_id)))
+        container_start(docker_client, learner_tag(), work)  # warm-up
+        starts = [container_start(docker_client, learner_tag(), work) for _ in range(args.jobs)]
+        bares = [bare_start() for _ in range(args.jobs)]
+        docker_client.close()
+    finally:
+        mongo.stop()
+        etcd.stop()
+        engine.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    sub = {b: med([v[0] for v in lat[b]]) for b in lat}
+    dep = {b: med([v[1] for v in lat[b]]) for b in lat}
+    ratio = med(rz) / med(bare)
+    print("| measure | local backend | docker backend | docker / local | goal |")
+    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"| submit → PROCESSING (s, median of {args.jobs}) | {sub['local']:.2f} "
+        f"| {sub['docker']:.2f} | {sub['docker'] / sub['local']:.2f}x | – |"
+    )
+    print(
+        f"| deploy → first step (s, median of {args.jobs}) | {dep['local']:.2f} "
+        f"| {dep['docker']:.2f} | {dep['docker'] / dep['local']:.2f}x | – |"
+    )
+    print()
+    print("| measure | bare process | learner container | overhead |")
+    print("| --- | --- | --- | --- |")
+    first = med([s[0] for s in starts])
+    whole = med([s[1] for s in starts])
+    print(
+        f"| start → first instruction (s, median of {args.jobs}) | {med(bares):.3f} "
+        f"| {first:.3f} | +{first - med(bares):.3f} s |"
+    )
+    print(f"| create → exit → removed (s, median of {args.jobs}) | – | {whole:.3f} | – |")
+    print()
+    print("| measure | bare | docker-backend job | ratio | goal |")
+    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"| training throughput (samples/s, median of {args.reps}) | {med(bare):.0f} "
+        f"| {med(rz):.0f} | {ratio:.3f} | ≥ 0.98 ({'met' if ratio >= 0.98 else 'NOT met'}) |"
+    )
+    print(f"bare runs: {[round(v) for v in bare]}; container runs: {[round(v) for v in rz]}")
+    for backend in lat:
+        print(
+            f"{backend}: submit→PROCESSING {[round(v[0], 2) for v in lat[backend]]}, "
+            f"deploy→first step {[round(v[1], 2) for v in lat[backend]]}"
+        )
+
+
+if __name__ == "__main__":
+    main()

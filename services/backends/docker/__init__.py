@@ -1,0 +1,1 @@
+"""The docker backend: learners as containers on a Docker engine (backend.py)."""
