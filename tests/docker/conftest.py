@@ -99,12 +99,17 @@ class DockerPlatform:
             "--services=api,lcm",
             "--backend=docker",
             f"--docker-host={engine_url}",
+            f"--admin-token-file={data_dir / 'admin.token'}",
         ]
         self.server: Any = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def token(self) -> str:
+        """The admin token the daemon wrote on its first start (as `rhizome up` does)."""
+        return (self.data_dir / "admin.token").read_text().strip()
 
     def start(self, **env: str) -> None:
         import os

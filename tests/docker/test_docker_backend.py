@@ -96,7 +96,7 @@ def step_of(platform: DockerPlatform, job_id: str, rank: int = 0) -> int:
 
 @pytest.fixture(scope="module")
 def client(docker_platform: DockerPlatform) -> Any:
-    with Client(docker_platform.address, user="docker-tests") as c:
+    with Client(docker_platform.address, token=docker_platform.token()) as c:
         yield c
 
 

@@ -47,7 +47,7 @@ def test_daemon_and_guardian_sigkilled_mid_deploy_leave_no_orphan(
     etcd = EtcdClient.connect(etcd_server.url)
     platform.start(RHIZOME_GUARDIAN_STEP_DELAY_S="1.0", RHIZOME_LEARNER_GRACE_S="2")
     try:
-        with Client(platform.address, user="docker-tests") as c:
+        with Client(platform.address, token=platform.token()) as c:
             job_id = c.create_job(
                 manifest("middeploy", "STEPS=5 sh run.sh", learners=2),
                 code_zip({"run.sh": STEPPER}),
