@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 # Bounds of the query parameters: out-of-range values are a 400 naming the parameter,
 # never an overflow further down (the gRPC messages are int32/int64).
 INT32_MAX = 2**31 - 1
+NDJSON = "application/x-ndjson"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _HTTP_CODES = {
     400: "bad_request",
@@ -48,6 +49,12 @@ _HTTP_CODES = {
     413: "too_large",
     415: "unsupported_media_type",
 }
+
+
+class NdjsonResponse(StreamingResponse):
+    """A stream of JSON objects, one a line: what the log and metric routes send."""
+
+    media_type = NDJSON
 
 
 class ErrorBody(BaseModel):
@@ -83,6 +90,24 @@ def _job_json(job: JobRecord) -> dict[str, Any]:
     return body
 
 
+def _document_errors_as_sent(document: dict[str, Any]) -> None:
+    """Make the generated document say what the gateway sends on an error: FastAPI
+    documents a 422 `HTTPValidationError` that is never sent (a bad request is a 400
+    `{code, message}`, see validation_error), and files a streaming route's errors under
+    the stream's media type although they are application/json."""
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            responses = operation.get("responses", {})
+            responses.pop("422", None)
+            for status, response in responses.items():
+                content = response.get("content")
+                if status[0] in "45" and content and "application/json" not in content:
+                    response["content"] = {"application/json": next(iter(content.values()))}
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+
+
 def build_app(
     core: TrainerCore, tds_channel: grpc.Channel | None = None, auth: Authenticator | None = None
 ) -> FastAPI:
@@ -101,6 +126,14 @@ def build_app(
             503: {"model": ErrorBody},
         },
     )
+    generate_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _document_errors_as_sent(generate_openapi())
+        return app.openapi_schema  # type: ignore[return-value]
+
+    setattr(app, "openapi", openapi)  # noqa: B010
     tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel else None
     # Without an authenticator nobody gets in: no token store, no trusted header.
     authenticator = auth or Authenticator(None)
@@ -277,7 +310,7 @@ def build_app(
 
     def _stream(
         model_id: str, user: Principal, method: str, request: Any, follow: bool
-    ) -> StreamingResponse:
+    ) -> NdjsonResponse:
         core.get(user, model_id)  # ownership and a clear 404 before the stream starts
         if tds is None:
             raise errors.Unavailable("the training data service (tds) is not configured")
@@ -299,9 +332,19 @@ def build_app(
             finally:
                 call.cancel()
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return NdjsonResponse(lines())
 
-    @app.get("/v1/models/{model_id}/logs", tags=["models"])
+    # The document says what the stream is (one JSON object a line), not application/json.
+    ndjson: dict[int | str, dict[str, Any]] = {
+        200: {"description": "one JSON object a line", "content": {NDJSON: {}}}
+    }
+
+    @app.get(
+        "/v1/models/{model_id}/logs",
+        tags=["models"],
+        response_class=NdjsonResponse,
+        responses=ndjson,
+    )
     def get_logs(
         model_id: str,
         follow: bool = False,
@@ -310,7 +353,7 @@ def build_app(
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
         who: Principal = Depends(caller),
-    ) -> StreamingResponse:
+    ) -> NdjsonResponse:
         req = tds_pb2.LogsRequest(
             job_id=model_id,
             follow=follow,
@@ -321,7 +364,12 @@ def build_app(
         )
         return _stream(model_id, who, "GetLogs", req, follow)
 
-    @app.get("/v1/models/{model_id}/metrics", tags=["models"])
+    @app.get(
+        "/v1/models/{model_id}/metrics",
+        tags=["models"],
+        response_class=NdjsonResponse,
+        responses=ndjson,
+    )
     def get_metrics(
         model_id: str,
         follow: bool = False,
@@ -330,7 +378,7 @@ def build_app(
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
         who: Principal = Depends(caller),
-    ) -> StreamingResponse:
+    ) -> NdjsonResponse:
         req = tds_pb2.MetricsRequest(
             job_id=model_id, follow=follow, learner=learner, name=name, pos=pos, page_size=pagesize
         )

@@ -47,6 +47,20 @@ def test_openapi_document_lists_the_ffdl_routes(api: RunningApi) -> None:
     assert {"get", "patch", "delete"} <= set(spec["paths"]["/v1/models/{model_id}"])
 
 
+def test_openapi_document_says_what_is_sent(api: RunningApi) -> None:
+    """The log and metric streams are NDJSON, their errors JSON; a bad request is a 400
+    `ErrorBody`, never the 422 FastAPI documents by default (found by schemathesis)."""
+    spec = httpx.get(f"{api.rest}/openapi.json", timeout=5).json()
+    for path in ("/v1/models/{model_id}/logs", "/v1/models/{model_id}/metrics"):
+        responses = spec["paths"][path]["get"]["responses"]
+        assert list(responses["200"]["content"]) == ["application/x-ndjson"]
+        assert list(responses["404"]["content"]) == ["application/json"]
+    for path_item in spec["paths"].values():
+        for operation in path_item.values():
+            assert "422" not in operation["responses"]
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
 def test_post_get_list_patch_delete(api: RunningApi) -> None:
     h = api.headers(new_user())
     created = submit(api, h)
