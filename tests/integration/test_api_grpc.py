@@ -167,3 +167,31 @@ def test_a_dropped_client_mid_submit_leaves_no_partial_record(api: RunningApi) -
             assert job.status == job_pb2.QUEUED
             assert (api.data_dir / "objects" / "models" / f"{job.job_id}.zip").exists()
         assert len(jobs) <= 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x0a\x02\xff\xfe", b"\x0a\xff\xff\xff\xff\x0f", b"\x08", b"\x0f"],
+    ids=["not-utf8", "length-past-the-end", "truncated-varint", "no-such-wire-type"],
+)
+def test_bytes_that_are_not_a_message_are_invalid_argument_not_internal(
+    api: RunningApi, payload: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the gRPC fuzzer: grpc answered INTERNAL and logged a traceback per call."""
+    md = [("authorization", f"Bearer {api.token(user())}")]
+    with grpc.insecure_channel(api.grpc) as channel:
+        for method, streaming in [("GetJob", False), ("StreamLogs", True)]:
+            path = f"/rhizome.v1.Trainer/{method}"
+            with pytest.raises(grpc.RpcError) as err:
+                if streaming:
+                    list(channel.unary_stream(path)(payload, metadata=md, timeout=10))
+                else:
+                    channel.unary_unary(path)(payload, metadata=md, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert "not a valid message" in err.value.details()
+        # A well-formed call still works on the same channel.
+        ok = trainer_pb2_grpc.TrainerStub(channel).ListJobs(
+            trainer_pb2.ListJobsRequest(), metadata=md, timeout=10
+        )
+        assert list(ok.jobs) == []
+    assert not [r for r in caplog.records if r.levelno >= 40 and r.name.startswith("grpc")]
