@@ -50,6 +50,15 @@ _HTTP_CODES = {
     415: "unsupported_media_type",
 }
 
+# A refusal by the training data service, once a stream has started.
+_STREAM_ERROR_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT: "bad_request",
+    grpc.StatusCode.OUT_OF_RANGE: "bad_request",
+    grpc.StatusCode.NOT_FOUND: "not_found",
+    grpc.StatusCode.FAILED_PRECONDITION: "conflict",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "too_large",
+}
+
 
 class NdjsonResponse(StreamingResponse):
     """A stream of JSON objects, one a line: what the log and metric routes send."""
@@ -326,9 +335,10 @@ def build_app(
                         + "\n"
                     ).encode()
             except grpc.RpcError as exc:
-                yield (
-                    json.dumps({"code": "unavailable", "message": str(exc.details())}) + "\n"
-                ).encode()
+                # The status line is sent: the error is the stream's last line, coded as
+                # the same refusal would be before the stream started.
+                code = _STREAM_ERROR_CODES.get(exc.code(), "unavailable")
+                yield (json.dumps({"code": code, "message": str(exc.details())}) + "\n").encode()
             finally:
                 call.cancel()
 

@@ -26,6 +26,18 @@ from services.store import states
 
 T = TypeVar("T")
 
+# The training data service's refusals of the caller's request (a bad argument, an
+# unknown job...) reach the caller as what they are; anything else is the TDS failing.
+_CALLER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
 
 def _abort_on_api_error(fn: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(fn)
@@ -147,6 +159,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED and not context.is_active():
                 return
+            if exc.code() in _CALLER_ERRORS:
+                context.abort(exc.code(), str(exc.details()))
             context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"the training data service failed: {exc.details()}"
             )
