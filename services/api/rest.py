@@ -27,7 +27,14 @@ from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
 from services.api.convert import job_to_proto, token_to_proto
-from services.api.core import MAX_MODEL_BYTES, TrainerCore
+from services.api.core import (
+    MAX_LOG_SEARCH,
+    MAX_METRIC_NAME,
+    MAX_MODEL_BYTES,
+    MAX_NAME_PREFIX,
+    MAX_PAGE_TOKEN,
+    TrainerCore,
+)
 from services.manifest import MAX_MANIFEST_BYTES, schema
 from services.store import states
 from services.store.jobs import JobRecord
@@ -265,9 +272,9 @@ def build_app(
     @app.get("/v1/models", tags=["models"])
     def list_models(
         status: list[str] = Query(default_factory=list),
-        name_prefix: str = Query("", max_length=128),
+        name_prefix: str = Query("", max_length=MAX_NAME_PREFIX),
         page_size: int = Query(50, ge=1, le=500),
-        page_token: str = Query("", max_length=256),
+        page_token: str = Query("", max_length=MAX_PAGE_TOKEN),
         who: Principal = Depends(caller),
     ) -> dict[str, Any]:
         wanted = [s.upper() for s in status]
@@ -359,7 +366,7 @@ def build_app(
         model_id: str,
         follow: bool = False,
         learner: int = Query(-1, ge=-1, le=INT32_MAX),
-        search: str = Query("", max_length=1024),
+        search: str = Query("", max_length=MAX_LOG_SEARCH),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
         who: Principal = Depends(caller),
@@ -384,7 +391,7 @@ def build_app(
         model_id: str,
         follow: bool = False,
         learner: int = Query(-1, ge=-1, le=INT32_MAX),
-        name: str = Query("", max_length=256),
+        name: str = Query("", max_length=MAX_METRIC_NAME),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
         who: Principal = Depends(caller),

@@ -21,7 +21,7 @@ from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
 from services.api.convert import job_to_proto, token_to_proto
-from services.api.core import TrainerCore
+from services.api.core import MAX_LOG_SEARCH, MAX_METRIC_NAME, TrainerCore, bounded
 from services.store import states
 
 T = TypeVar("T")
@@ -147,6 +147,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     ) -> Iterator[Any]:
         try:
             self.core.get(self.caller(context), request.job_id)  # ownership check, clear 404
+            if isinstance(request, tds_pb2.LogsRequest):
+                bounded("search", request.search, MAX_LOG_SEARCH)
+            else:
+                bounded("name", request.name, MAX_METRIC_NAME)
             if self.tds is None:
                 raise errors.Unavailable("the training data service (tds) is not configured")
         except errors.ApiError as exc:
