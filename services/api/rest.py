@@ -209,6 +209,17 @@ def build_app(
             status_code=400,
         )
 
+    # What answers without a token: the document, health and version (docs/security.md).
+    public_paths = {
+        "/healthz",
+        "/v1/version",
+        "/v1/manifest-schema",
+        app.openapi_url,
+        app.docs_url,
+        app.redoc_url,
+        app.swagger_ui_oauth2_redirect_url,
+    }
+
     @app.middleware("http")
     async def limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
         length = request.headers.get("content-length")
@@ -221,8 +232,10 @@ def build_app(
                 },
                 status_code=413,
             )
-        if request.method == "POST" and request.url.path == "/v1/models":
-            # Who is calling is settled before a large upload is read, not after.
+        if request.url.path not in public_paths:
+            # Who is calling is settled before a body is read or validated: a caller
+            # without a credential learns nothing from the API but 401 (and a large
+            # upload is refused before it is read).
             try:
                 request.state.principal = await run_in_threadpool(
                     authenticator.from_http, request.headers
