@@ -73,10 +73,11 @@ class Daemon:
             )
         self.config = config
         from services.metrics import GrpcMetricsInterceptor
+        from services.rpc_guard import MalformedRequestInterceptor
 
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
-            interceptors=[GrpcMetricsInterceptor()],
+            interceptors=[GrpcMetricsInterceptor(), MalformedRequestInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", 80 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),

@@ -20,6 +20,23 @@ from services.store.objects import LocalObjectStore
 
 MAX_MODEL_BYTES = 64 * 1024 * 1024
 MAX_IDEMPOTENCY_KEY = 128
+# Every free-text field a caller sends is bounded here, behind both doors (the REST
+# gateway's query parameters carry the same bounds). A halt, resume or delete reason is
+# kept in the job's history: unbounded, four 2 MB reasons made a job larger than
+# MongoDB's 16 MB document limit, and no halt, resume or delete of it could be stored.
+MAX_JOB_ID = 128
+MAX_REASON = 1024
+MAX_NAME_PREFIX = 128
+MAX_PAGE_TOKEN = 256
+MAX_LOG_SEARCH = 1024
+MAX_METRIC_NAME = 256
+
+
+def bounded(field: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise errors.BadRequest(f"{field} is {len(value)} characters; at most {limit}")
+    return value
+
 
 # job -> (admitted, reason): the scheduler refuses at submit what can never fit the cluster.
 AdmitFn = Callable[[JobRecord], tuple[bool, str]]
@@ -129,6 +146,7 @@ class TrainerCore:
     # A user sees and controls only their own jobs (another owner's job is a 404, as if it
     # did not exist); an admin sees and controls every job.
     def get(self, who: Principal | str, job_id: str) -> JobRecord:
+        bounded("job_id", job_id, MAX_JOB_ID)
         try:
             return self._wrap(self.jobs.get, job_id, owner_scope(who))
         except JobNotFound as exc:
@@ -143,6 +161,8 @@ class TrainerCore:
         page_token: str,
     ) -> Page:
         scope = owner_scope(who)
+        bounded("name_prefix", name_prefix, MAX_NAME_PREFIX)
+        bounded("page_token", page_token, MAX_PAGE_TOKEN)
         if page_size < 0:
             raise errors.BadRequest("page_size must be positive (at most 500)")
         return self._wrap(self.jobs.list_page, scope, statuses, name_prefix, page_size, page_token)
@@ -154,6 +174,7 @@ class TrainerCore:
         )
 
     def resume(self, owner: Principal | str, job_id: str, reason: str = "") -> JobRecord:
+        bounded("reason", reason, MAX_REASON)
         job = self.get(owner, job_id)
         if job.status != states.HALTED:
             raise errors.Conflict(f"job {job_id} is {job.status}; only a HALTED job can be resumed")
@@ -203,6 +224,7 @@ class TrainerCore:
         target: str,
         reason: str,
     ) -> JobRecord:
+        bounded("reason", reason, MAX_REASON)
         job = self.get(owner, job_id)
         if job.status == target:
             return job  # a retried halt/delete is a no-op, not an error

@@ -27,7 +27,14 @@ from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
 from services.api.convert import job_to_proto, token_to_proto
-from services.api.core import MAX_MODEL_BYTES, TrainerCore
+from services.api.core import (
+    MAX_LOG_SEARCH,
+    MAX_METRIC_NAME,
+    MAX_MODEL_BYTES,
+    MAX_NAME_PREFIX,
+    MAX_PAGE_TOKEN,
+    TrainerCore,
+)
 from services.manifest import MAX_MANIFEST_BYTES, schema
 from services.store import states
 from services.store.jobs import JobRecord
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 # Bounds of the query parameters: out-of-range values are a 400 naming the parameter,
 # never an overflow further down (the gRPC messages are int32/int64).
 INT32_MAX = 2**31 - 1
+NDJSON = "application/x-ndjson"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _HTTP_CODES = {
     400: "bad_request",
@@ -48,6 +56,21 @@ _HTTP_CODES = {
     413: "too_large",
     415: "unsupported_media_type",
 }
+
+# A refusal by the training data service, once a stream has started.
+_STREAM_ERROR_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT: "bad_request",
+    grpc.StatusCode.OUT_OF_RANGE: "bad_request",
+    grpc.StatusCode.NOT_FOUND: "not_found",
+    grpc.StatusCode.FAILED_PRECONDITION: "conflict",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "too_large",
+}
+
+
+class NdjsonResponse(StreamingResponse):
+    """A stream of JSON objects, one a line: what the log and metric routes send."""
+
+    media_type = NDJSON
 
 
 class ErrorBody(BaseModel):
@@ -83,6 +106,24 @@ def _job_json(job: JobRecord) -> dict[str, Any]:
     return body
 
 
+def _document_errors_as_sent(document: dict[str, Any]) -> None:
+    """Make the generated document say what the gateway sends on an error: FastAPI
+    documents a 422 `HTTPValidationError` that is never sent (a bad request is a 400
+    `{code, message}`, see validation_error), and files a streaming route's errors under
+    the stream's media type although they are application/json."""
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            responses = operation.get("responses", {})
+            responses.pop("422", None)
+            for status, response in responses.items():
+                content = response.get("content")
+                if status[0] in "45" and content and "application/json" not in content:
+                    response["content"] = {"application/json": next(iter(content.values()))}
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+
+
 def build_app(
     core: TrainerCore, tds_channel: grpc.Channel | None = None, auth: Authenticator | None = None
 ) -> FastAPI:
@@ -101,6 +142,14 @@ def build_app(
             503: {"model": ErrorBody},
         },
     )
+    generate_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _document_errors_as_sent(generate_openapi())
+        return app.openapi_schema  # type: ignore[return-value]
+
+    setattr(app, "openapi", openapi)  # noqa: B010
     tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel else None
     # Without an authenticator nobody gets in: no token store, no trusted header.
     authenticator = auth or Authenticator(None)
@@ -160,6 +209,17 @@ def build_app(
             status_code=400,
         )
 
+    # What answers without a token: the document, health and version (docs/security.md).
+    public_paths = {
+        "/healthz",
+        "/v1/version",
+        "/v1/manifest-schema",
+        app.openapi_url,
+        app.docs_url,
+        app.redoc_url,
+        app.swagger_ui_oauth2_redirect_url,
+    }
+
     @app.middleware("http")
     async def limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
         length = request.headers.get("content-length")
@@ -172,8 +232,10 @@ def build_app(
                 },
                 status_code=413,
             )
-        if request.method == "POST" and request.url.path == "/v1/models":
-            # Who is calling is settled before a large upload is read, not after.
+        if request.url.path not in public_paths:
+            # Who is calling is settled before a body is read or validated: a caller
+            # without a credential learns nothing from the API but 401 (and a large
+            # upload is refused before it is read).
             try:
                 request.state.principal = await run_in_threadpool(
                     authenticator.from_http, request.headers
@@ -223,9 +285,9 @@ def build_app(
     @app.get("/v1/models", tags=["models"])
     def list_models(
         status: list[str] = Query(default_factory=list),
-        name_prefix: str = Query("", max_length=128),
+        name_prefix: str = Query("", max_length=MAX_NAME_PREFIX),
         page_size: int = Query(50, ge=1, le=500),
-        page_token: str = Query("", max_length=256),
+        page_token: str = Query("", max_length=MAX_PAGE_TOKEN),
         who: Principal = Depends(caller),
     ) -> dict[str, Any]:
         wanted = [s.upper() for s in status]
@@ -277,7 +339,7 @@ def build_app(
 
     def _stream(
         model_id: str, user: Principal, method: str, request: Any, follow: bool
-    ) -> StreamingResponse:
+    ) -> NdjsonResponse:
         core.get(user, model_id)  # ownership and a clear 404 before the stream starts
         if tds is None:
             raise errors.Unavailable("the training data service (tds) is not configured")
@@ -293,24 +355,35 @@ def build_app(
                         + "\n"
                     ).encode()
             except grpc.RpcError as exc:
-                yield (
-                    json.dumps({"code": "unavailable", "message": str(exc.details())}) + "\n"
-                ).encode()
+                # The status line is sent: the error is the stream's last line, coded as
+                # the same refusal would be before the stream started.
+                code = _STREAM_ERROR_CODES.get(exc.code(), "unavailable")
+                yield (json.dumps({"code": code, "message": str(exc.details())}) + "\n").encode()
             finally:
                 call.cancel()
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return NdjsonResponse(lines())
 
-    @app.get("/v1/models/{model_id}/logs", tags=["models"])
+    # The document says what the stream is (one JSON object a line), not application/json.
+    ndjson: dict[int | str, dict[str, Any]] = {
+        200: {"description": "one JSON object a line", "content": {NDJSON: {}}}
+    }
+
+    @app.get(
+        "/v1/models/{model_id}/logs",
+        tags=["models"],
+        response_class=NdjsonResponse,
+        responses=ndjson,
+    )
     def get_logs(
         model_id: str,
         follow: bool = False,
         learner: int = Query(-1, ge=-1, le=INT32_MAX),
-        search: str = Query("", max_length=1024),
+        search: str = Query("", max_length=MAX_LOG_SEARCH),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
         who: Principal = Depends(caller),
-    ) -> StreamingResponse:
+    ) -> NdjsonResponse:
         req = tds_pb2.LogsRequest(
             job_id=model_id,
             follow=follow,
@@ -321,16 +394,21 @@ def build_app(
         )
         return _stream(model_id, who, "GetLogs", req, follow)
 
-    @app.get("/v1/models/{model_id}/metrics", tags=["models"])
+    @app.get(
+        "/v1/models/{model_id}/metrics",
+        tags=["models"],
+        response_class=NdjsonResponse,
+        responses=ndjson,
+    )
     def get_metrics(
         model_id: str,
         follow: bool = False,
         learner: int = Query(-1, ge=-1, le=INT32_MAX),
-        name: str = Query("", max_length=256),
+        name: str = Query("", max_length=MAX_METRIC_NAME),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
         who: Principal = Depends(caller),
-    ) -> StreamingResponse:
+    ) -> NdjsonResponse:
         req = tds_pb2.MetricsRequest(
             job_id=model_id, follow=follow, learner=learner, name=name, pos=pos, page_size=pagesize
         )

@@ -21,10 +21,22 @@ from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
 from services.api.convert import job_to_proto, token_to_proto
-from services.api.core import TrainerCore
+from services.api.core import MAX_LOG_SEARCH, MAX_METRIC_NAME, TrainerCore, bounded
 from services.store import states
 
 T = TypeVar("T")
+
+# The training data service's refusals of the caller's request (a bad argument, an
+# unknown job...) reach the caller as what they are; anything else is the TDS failing.
+_CALLER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
 
 
 def _abort_on_api_error(fn: Callable[..., T]) -> Callable[..., T]:
@@ -135,6 +147,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     ) -> Iterator[Any]:
         try:
             self.core.get(self.caller(context), request.job_id)  # ownership check, clear 404
+            if isinstance(request, tds_pb2.LogsRequest):
+                bounded("search", request.search, MAX_LOG_SEARCH)
+            else:
+                bounded("name", request.name, MAX_METRIC_NAME)
             if self.tds is None:
                 raise errors.Unavailable("the training data service (tds) is not configured")
         except errors.ApiError as exc:
@@ -147,6 +163,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED and not context.is_active():
                 return
+            if exc.code() in _CALLER_ERRORS:
+                context.abort(exc.code(), str(exc.details()))
             context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"the training data service failed: {exc.details()}"
             )

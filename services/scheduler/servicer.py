@@ -28,6 +28,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+from services.rpc_guard import MalformedRequestInterceptor
 from services.scheduler.api import AdmitResult, Placement, SchedulerError, UnknownJob
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
@@ -164,7 +165,10 @@ def build_server(
     scheduler: GangScheduler, address: str = "127.0.0.1:0", max_workers: int = 4
 ) -> tuple[grpc.Server, int]:
     """A started-ready (not started) server with the servicer; returns it and its port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        interceptors=[MalformedRequestInterceptor()],
+    )
     add_to_server(server, scheduler)
     port = server.add_insecure_port(address)
     return server, port

@@ -16,6 +16,7 @@ import grpc
 from rhizome.v1 import tds_pb2_grpc
 
 from services import metrics
+from services.rpc_guard import MalformedRequestInterceptor
 from services.tds.api import StoreUnavailable, TrainingDataStore, create_store
 from services.tds.servicer import JobFinished, TrainingDataServicer
 
@@ -76,7 +77,7 @@ def serve(
     """Start a gRPC server with the TDS alone; returns (server, servicer, bound port)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tds"),
-        interceptors=[metrics.GrpcMetricsInterceptor()],
+        interceptors=[metrics.GrpcMetricsInterceptor(), MalformedRequestInterceptor()],
         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
     )
     servicer = add_to_server(

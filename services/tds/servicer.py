@@ -265,7 +265,12 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             raise InvalidRequest(f"learner {request.learner}: use -1 for all learners or >= 0")
         if request.page_size < 0:
             raise InvalidRequest(f"page_size {request.page_size}: use 0 (no limit) or > 0")
-        since = request.since.ToMicroseconds() if request.HasField("since") else None
+        since = None
+        if request.HasField("since"):
+            try:
+                since = request.since.ToMicroseconds()  # checks the range a Timestamp may hold
+            except ValueError as exc:
+                raise InvalidRequest(f"since: {exc}") from None
         return Query(
             job_id=request.job_id,
             learner=None if request.learner == -1 else request.learner,

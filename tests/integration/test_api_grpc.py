@@ -167,3 +167,55 @@ def test_a_dropped_client_mid_submit_leaves_no_partial_record(api: RunningApi) -
             assert job.status == job_pb2.QUEUED
             assert (api.data_dir / "objects" / "models" / f"{job.job_id}.zip").exists()
         assert len(jobs) <= 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x0a\x02\xff\xfe", b"\x0a\xff\xff\xff\xff\x0f", b"\x08", b"\x0f"],
+    ids=["not-utf8", "length-past-the-end", "truncated-varint", "no-such-wire-type"],
+)
+def test_bytes_that_are_not_a_message_are_invalid_argument_not_internal(
+    api: RunningApi, payload: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the gRPC fuzzer: grpc answered INTERNAL and logged a traceback per call."""
+    md = [("authorization", f"Bearer {api.token(user())}")]
+    with grpc.insecure_channel(api.grpc) as channel:
+        for method, streaming in [("GetJob", False), ("StreamLogs", True)]:
+            path = f"/rhizome.v1.Trainer/{method}"
+            with pytest.raises(grpc.RpcError) as err:
+                if streaming:
+                    list(channel.unary_stream(path)(payload, metadata=md, timeout=10))
+                else:
+                    channel.unary_unary(path)(payload, metadata=md, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert "not a valid message" in err.value.details()
+        # A well-formed call still works on the same channel.
+        ok = trainer_pb2_grpc.TrainerStub(channel).ListJobs(
+            trainer_pb2.ListJobsRequest(), metadata=md, timeout=10
+        )
+        assert list(ok.jobs) == []
+    assert not [r for r in caplog.records if r.levelno >= 40 and r.name.startswith("grpc")]
+
+
+def test_free_text_fields_are_bounded_so_a_job_stays_controllable(api: RunningApi) -> None:
+    """Found by the gRPC fuzzer: a halt/resume reason is kept in the job's history and was
+    unbounded; four 2 MB reasons pushed the record past MongoDB's 16 MB document limit,
+    after which no halt, resume or delete of that job could be stored."""
+    with api.client(user()) as rz:
+        job_id = rz.create_job(MANIFEST.format(name="bounded")).job_id
+        for call in (rz.halt_job, rz.resume_job, rz.delete_job):
+            with pytest.raises(ClientError) as err:
+                call(job_id, "r" * (2 * 1024 * 1024))
+            assert err.value.code == "INVALID_ARGUMENT" and "reason" in err.value.message
+        assert rz.halt_job(job_id, "r" * 1024).status == job_pb2.HALTED
+        for request in (
+            trainer_pb2.ListJobsRequest(name_prefix="n" * 129),
+            trainer_pb2.ListJobsRequest(page_token="t" * 257),
+        ):
+            with pytest.raises(ClientError) as err:
+                rz._call("ListJobs", request)
+            assert err.value.code == "INVALID_ARGUMENT", err.value
+        with pytest.raises(ClientError) as err:
+            rz.get_job("j" * 4096)
+        assert err.value.code == "INVALID_ARGUMENT" and "job_id" in err.value.message
+        assert rz.delete_job(job_id).status == job_pb2.DELETED

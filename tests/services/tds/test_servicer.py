@@ -251,6 +251,25 @@ def test_empty_job_id_is_invalid(tds) -> None:
     channel.close()
 
 
+@pytest.mark.parametrize("seconds", [2**63 - 1, -(2**63), 253402300800])
+def test_a_since_no_timestamp_can_hold_is_invalid_not_unknown(tds, seconds: int) -> None:
+    """Found by the gRPC fuzzer: an out-of-range `since` raised ValueError in the
+    servicer, answered UNKNOWN "Exception iterating responses" (proxied as UNAVAILABLE)."""
+    addr, _ = tds
+    channel, s = stub(addr)
+    for request in (
+        tds_pb2.LogsRequest(job_id="j", learner=-1),
+        tds_pb2.MetricsRequest(job_id="j", learner=-1),
+    ):
+        request.since.seconds = seconds
+        call = s.GetLogs if isinstance(request, tds_pb2.LogsRequest) else s.GetMetrics
+        with pytest.raises(grpc.RpcError) as err:
+            list(call(request))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "since" in (err.value.details() or "")
+    channel.close()
+
+
 def test_follow_with_search_delivers_only_matching_new_lines(tds, finished: set[str]) -> None:
     addr, _ = tds
     channel, s = stub(addr)
