@@ -121,10 +121,17 @@ def test_a_second_guardian_for_the_same_job_exits_at_once(
 def test_halt_stops_learners_with_sigterm_and_marks_halted(
     stores: dict[str, Any], tmp_path: Path
 ) -> None:
-    script = "trap 'echo saved > ../saved; exit 143' TERM\nwhile true; do sleep 0.1; done\n"
+    # The command says when its handler is in place: PROCESSING comes as soon as it is
+    # spawned, and a SIGTERM before `trap` ran would end the shell without a save (seen on
+    # a loaded machine).
+    script = (
+        "trap 'echo saved > ../saved; exit 143' TERM\ntouch ../ready\n"
+        "while true; do sleep 0.1; done\n"
+    )
     job = submit(stores["repo"], tmp_path, "sh run.sh", files={"run.sh": script})
     proc = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
     wait_for("PROCESSING", lambda: stores["repo"].get(job.job_id).status == states.PROCESSING)
+    wait_for("the handler", lambda: (tmp_path / "jobs" / job.job_id / "ready").exists())
     stores["etcd"].put(etcd_keys.control(job.job_id), {"action": "halt", "reason": "user halt"})
     assert proc.wait(timeout=60) == 0
     assert stores["repo"].get(job.job_id).status == states.HALTED
