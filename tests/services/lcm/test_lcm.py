@@ -19,6 +19,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def make_lcm(stores: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+    # A running LCM with no scheduler places QUEUED jobs itself: tests that start one
+    # before submitting pass place=False, or the helper's own placement races it.
     started: list[LifecycleManager] = []
 
     def make() -> LifecycleManager:
@@ -61,7 +63,7 @@ def test_halt_then_resume_runs_again_from_the_checkpoint_directory(
         "while true; do sleep 0.1; done\n"
     )
     lcm = make_lcm()
-    job = submit(stores["repo"], tmp_path, "sh run.sh", files={"run.sh": script})
+    job = submit(stores["repo"], tmp_path, "sh run.sh", files={"run.sh": script}, place=False)
     wait_for("PROCESSING", lambda: status_is(stores, job.job_id, states.PROCESSING))
     lcm.request(job.job_id, "halt", "user halt")
     wait_for("HALTED", lambda: status_is(stores, job.job_id, states.HALTED))
@@ -80,7 +82,7 @@ def test_delete_of_a_running_job_stops_everything(
     stores: dict[str, Any], tmp_path: Path, make_lcm: Any
 ) -> None:
     lcm = make_lcm()
-    job = submit(stores["repo"], tmp_path, "sleep 60", learners=2)
+    job = submit(stores["repo"], tmp_path, "sleep 60", learners=2, place=False)
     wait_for("PROCESSING", lambda: status_is(stores, job.job_id, states.PROCESSING))
     lcm.request(job.job_id, "delete", "user delete")
     wait_for("DELETED", lambda: status_is(stores, job.job_id, states.DELETED))
@@ -94,7 +96,7 @@ def test_a_restarted_lcm_adopts_the_live_guardian_and_two_lcms_have_one_leader(
     stores: dict[str, Any], tmp_path: Path, make_lcm: Any
 ) -> None:
     first = make_lcm()
-    job = submit(stores["repo"], tmp_path, "sleep 3")
+    job = submit(stores["repo"], tmp_path, "sleep 3", place=False)
     wait_for("PROCESSING", lambda: status_is(stores, job.job_id, states.PROCESSING))
     key = etcd_keys.guardian_lease(job.job_id)
     guardian_pid = stores["etcd"].get(key).value["pid"]
