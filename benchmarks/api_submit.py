@@ -83,13 +83,7 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
     floor_repo = JobsRepository(mongo[f"bench_floor_{clients}"])
     floor_repo.ensure_indexes()
     manifest = parse_manifest(MANIFEST)
-    sample = JobRecord(
-        job_id="",
-        owner="floor",
-        name="bench",
-        manifest=dict(manifest.document),
-        resources=manifest.resources.as_dict(),
-    ).to_doc()
+    sample = JobRecord.for_manifest("", "floor", manifest).to_doc()
 
     def floor_insert(i: int) -> None:
         floor_repo._col.insert_one({**sample, "_id": f"f{i}", "job_id": f"f{i}", "idem": f"k{i}"})

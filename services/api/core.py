@@ -106,15 +106,7 @@ class TrainerCore:
         # A retried key is caught by the unique index on insert (JobsRepository.create),
         # which saves every first submit a lookup.
         job_id = new_job_id()
-        record = JobRecord(
-            job_id=job_id,
-            owner=owner,
-            name=manifest.name,
-            description=manifest.description,
-            manifest=dict(manifest.document),
-            resources=manifest.resources.as_dict(),
-            idempotency_key=idempotency_key,
-        )
+        record = JobRecord.for_manifest(job_id, owner, manifest, idempotency_key=idempotency_key)
         if self.admit is not None:
             admitted, reason = self.admit(record)
             if not admitted:

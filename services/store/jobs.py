@@ -106,6 +106,20 @@ class JobRecord:
     last_log_lines: list[str] = field(default_factory=list)
     version: int = 0
 
+    @classmethod
+    def for_manifest(cls, job_id: str, owner: str, manifest: Manifest, **fields: Any) -> JobRecord:
+        """A new record of a validated manifest: its name, description, document and
+        resources, as the API stores a submit."""
+        return cls(
+            job_id=job_id,
+            owner=owner,
+            name=manifest.name,
+            description=manifest.description,
+            manifest=dict(manifest.document),
+            resources=manifest.resources.as_dict(),
+            **fields,
+        )
+
     @cached_property
     def spec(self) -> Manifest:
         """The typed manifest: what services read, instead of `manifest[...]` by hand."""

@@ -81,14 +81,7 @@ def elastic_job(status: str) -> JobRecord:
             }
         )
     )
-    return JobRecord(
-        job_id=JOB,
-        owner="alice",
-        name="e",
-        manifest=dict(manifest.document),
-        resources=manifest.resources.as_dict(),
-        status=status,
-    )
+    return JobRecord.for_manifest(JOB, "alice", manifest, status=status)
 
 
 @pytest.fixture

@@ -51,14 +51,7 @@ def submit(
     job_id = new_job_id()
     model_path = f"models/{job_id}.zip"
     LocalObjectStore(data_dir / "objects").put(model_path, code_zip(files or {"run.sh": "true\n"}))
-    record = JobRecord(
-        job_id=job_id,
-        owner="tester",
-        name="test",
-        manifest=dict(parsed.document),
-        resources=parsed.resources.as_dict(),
-        model_path=model_path,
-    )
+    record = JobRecord.for_manifest(job_id, "tester", parsed, model_path=model_path)
     repo.create(record)
     if place:
         repo.transition(

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 # field -> [(file, what it reads)]: every pair must hold.
 READERS: dict[str, list[tuple[str, str]]] = {
-    "name": [("services/api/core.py", "manifest.name")],
-    "description": [("services/api/core.py", "manifest.description")],
+    "name": [("services/store/jobs.py", "name=manifest.name")],
+    "description": [("services/store/jobs.py", "description=manifest.description")],
     # Resources are stored with the job (TrainerCore) and read by the scheduler and guardian.
     "learners": [("services/scheduler/requests.py", 'res["learners"]')],
     "gpus": [("services/scheduler/requests.py", 'res["gpus"]')],
@@ -153,13 +153,7 @@ def test_shown_only_fields_are_shown_back_by_the_api() -> None:
     parsed = parse_manifest(
         "name: a\nversion: '1.0'\nframework: {name: tensorflow, version: '1.5', command: x}\n"
     )
-    record = JobRecord(
-        job_id="job-1",
-        owner="u",
-        name="a",
-        manifest=dict(parsed.document),
-        resources=parsed.resources.as_dict(),
-    )
+    record = JobRecord.for_manifest("job-1", "u", parsed)
     shown = json_format.MessageToDict(job_to_proto(record))["manifest"]
     for path, value in SHOWN_ONLY.items():
         node: Any = shown

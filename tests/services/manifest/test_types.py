@@ -57,13 +57,7 @@ def test_every_section_is_typed() -> None:
 
 def test_a_stored_job_reads_back_as_the_same_typed_manifest() -> None:
     parsed = parse_manifest(MINIMAL + "priority: 80\n")
-    record = JobRecord(
-        job_id="job-1",
-        owner="u",
-        name="a",
-        manifest=dict(parsed.document),
-        resources=parsed.resources.as_dict(),
-    )
+    record = JobRecord.for_manifest("job-1", "u", parsed)
     restored = JobRecord.from_doc(record.to_doc())
     assert restored.spec == Manifest.from_document(parsed.document)
     assert restored.spec.priority == 80
@@ -79,13 +73,7 @@ def test_the_api_view_of_a_job_never_shows_data_store_credentials() -> None:
         + "data_stores: [{id: s, type: s3_datastore, training_data: {container: in},"
         + " connection: {auth_url: 'http://x', secret_key: hunter2, access_key: AKIA1}}]\n"
     )
-    record = JobRecord(
-        job_id="job-1",
-        owner="u",
-        name="a",
-        manifest=dict(parsed.document),
-        resources=parsed.resources.as_dict(),
-    )
+    record = JobRecord.for_manifest("job-1", "u", parsed)
     shown = json_format.MessageToJson(job_to_proto(record))
     assert "hunter2" not in shown and "AKIA1" not in shown
     (store,) = json_format.MessageToDict(job_to_proto(record))["manifest"]["data_stores"]

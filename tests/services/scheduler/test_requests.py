@@ -24,14 +24,7 @@ def stored(**fields: Any) -> JobRecord:
     manifest = parse_manifest(
         json.dumps({"name": "j", "framework": {"command": "python t.py"}, **fields})
     )
-    return JobRecord(
-        job_id="job-1",
-        owner="alice",
-        name=manifest.name,
-        manifest=dict(manifest.document),
-        resources=manifest.resources.as_dict(),
-        created_at=123.0,
-    )
+    return JobRecord.for_manifest("job-1", "alice", manifest, created_at=123.0)
 
 
 def test_the_defaults_come_from_the_schema() -> None:
