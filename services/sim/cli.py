@@ -7,7 +7,6 @@ time, cost, value (samples per dollar), and where the time went.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import click
 import yaml
 from rich.console import Console
 
+from services.client.durations import parse_duration
 from services.sim import traces
 from services.sim.model import JobSpec, PreemptionModel, Prices, SimInputError
 from services.sim.runner import Row, render, simulate
@@ -28,14 +28,6 @@ INSTANCE_PRICES = {
     "g4dn.xlarge": (0.526, 0.158),
 }
 DEFAULT_INTERVALS = ("5m", "15m", "30m", "1h")
-
-
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `15m`, `2h` -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
-    if not m:
-        raise click.BadParameter(f"{text!r} is not a duration; write e.g. 90s, 15m or 2h")
-    return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]]
 
 
 def parse_range(text: str) -> tuple[float, float]:
