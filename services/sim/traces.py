@@ -1,17 +1,42 @@
-"""Spot-cluster traces: `<ms since start>,<add|remove>,<node>` a line, no header.
+"""Spot-cluster preemption traces, in the two public formats, checked row by row.
 
-Shared by the simulator and the preemption injector. A bare file name such as
-`aws-p3-64.csv` is looked up in `RHIZOME_TRACES_DIR` when it is set, then among the
-traces shipped with the package (`services/sim/data/traces/`, see its README).
+Shared by the simulator and the preemption injector. Two formats are read, recognised
+by their first data row (a header row naming the columns is skipped):
+
+- events (Bamboo's AWS traces): `<ms since start>,<add|remove>,<node>` a line;
+  `remove` is a preemption, `add` an instance joining.
+- counts (the public GCP preemption traces): `<date>,<time>,<active node count>` a line,
+  e.g. `2022-03-01,14:05:09,64`. Each change of the count becomes that many adds or
+  removes at that time (removes take the longest-lived nodes first; only the times
+  matter to the simulator and the injector). Repeated timestamps are allowed: the count
+  may change several times within one second of the trace's resolution.
+
+Rows must not go back in time and must not repeat (the same event row twice, or the same
+timestamp with the same count twice): either means the trace was concatenated or
+edited by mistake, and the simulator would otherwise model preemptions that never
+happened. Every error names the file, the line and what to write instead.
+
+A bare file name such as `aws-p3-64.csv` is looked up in `RHIZOME_TRACES_DIR` when it is
+set, then among the traces shipped with the package (`services/sim/data/traces/`, see
+its README).
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 BUNDLED_TRACES = Path(__file__).resolve().parent / "data" / "traces"
+
+EVENTS_FORMAT = "'<ms>,<add|remove>,<node>' (AWS-style events)"
+COUNTS_FORMAT = (
+    "'<date>,<time>,<active node count>' (GCP-style counts, e.g. 2022-03-01,14:05:09,64)"
+)
+_DATE_FORMATS = ("%Y-%m-%d", "%m/%d/%Y", "%Y/%m/%d")
+_TIME_FORMATS = ("%H:%M:%S", "%H:%M:%S.%f", "%H:%M")
 
 
 class TraceError(ValueError):
@@ -29,6 +54,7 @@ class TraceEvent:
 class Trace:
     name: str
     events: tuple[TraceEvent, ...]
+    format: str = "events"  # "events" or "counts"
 
     @property
     def duration_s(self) -> float:
@@ -71,11 +97,13 @@ def bundled() -> list[str]:
 
 def resolve(path: str | Path) -> Path:
     p = Path(path)
-    if p.exists():
+    if p.is_file():
         return p
+    if p.exists():
+        raise TraceError(f"trace {path} is not a file; pass a CSV trace file")
     if not p.is_absolute():
         for d in traces_dirs():
-            if (d / p).exists():
+            if (d / p).is_file():
                 return d / p
     where = ", ".join(str(d) for d in traces_dirs())
     raise TraceError(
@@ -84,23 +112,136 @@ def resolve(path: str | Path) -> Path:
     )
 
 
-def load(path: str | Path) -> Trace:
-    p = resolve(path)
-    events = []
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = line.strip().split(",")
-        if len(parts) != 3 or parts[1] not in ("add", "remove"):
+def _fields(line: str) -> list[str]:
+    return [f.strip() for f in line.strip().split(",")]
+
+
+def _is_header(fields: list[str]) -> bool:
+    """A header row names its columns (`date,time,count`, `ms,event,node`): no field is a
+    number and some field is a column word. Anything else is a data row, checked as one."""
+    words = ("time", "date", "count", "event", "node", "kind", "ms")
+    numeric = any(f.replace(".", "", 1).isdigit() for f in fields)
+    return (
+        not numeric
+        and any(w in f.lower() for f in fields for w in words)
+        and not (len(fields) == 3 and fields[1] in ("add", "remove"))
+    )
+
+
+def _timestamp(date: str, time: str) -> datetime | None:
+    for dfmt in _DATE_FORMATS:
+        for tfmt in _TIME_FORMATS:
+            try:
+                return datetime.strptime(f"{date} {time}", f"{dfmt} {tfmt}")
+            except ValueError:
+                continue
+    return None
+
+
+def _format_of(p: Path, lineno: int, fields: list[str]) -> str:
+    if len(fields) == 3 and fields[1] in ("add", "remove"):
+        return "events"
+    if len(fields) == 3 and _timestamp(fields[0], fields[1]) is not None:
+        return "counts"
+    raise TraceError(
+        f"{p}:{lineno}: unknown trace format, got {','.join(fields)!r}; write "
+        f"{EVENTS_FORMAT} or {COUNTS_FORMAT} rows"
+    )
+
+
+def _events(p: Path, rows: list[tuple[int, list[str]]]) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
+    seen: dict[tuple[str, ...], int] = {}
+    for lineno, fields in rows:
+        if len(fields) != 3 or fields[1] not in ("add", "remove") or not fields[2]:
             raise TraceError(
-                f"{p}:{lineno}: expected '<ms>,<add|remove>,<node>', got {line.strip()!r}"
+                f"{p}:{lineno}: expected {EVENTS_FORMAT} like the rows above, "
+                f"got {','.join(fields)!r}"
             )
         try:
-            ms = float(parts[0])
+            ms = float(fields[0])
         except ValueError:
-            raise TraceError(f"{p}:{lineno}: time {parts[0]!r} is not a number of ms") from None
-        events.append(TraceEvent(ms / 1000.0, parts[1], parts[2]))
+            raise TraceError(
+                f"{p}:{lineno}: time {fields[0]!r} is not a number of milliseconds"
+            ) from None
+        if not ms >= 0 or ms == float("inf"):
+            raise TraceError(f"{p}:{lineno}: time {fields[0]!r} must be a finite number >= 0 ms")
+        key = (f"{ms:g}", fields[1], fields[2])
+        if key in seen:
+            raise TraceError(
+                f"{p}:{lineno}: duplicate row (same as line {seen[key]}): "
+                f"{ms:g} ms {fields[1]} {fields[2]} twice; remove one"
+            )
+        seen[key] = lineno
+        if events and ms / 1000.0 < events[-1].t_s:
+            raise TraceError(
+                f"{p}:{lineno}: time goes backwards ({ms:g} ms after "
+                f"{events[-1].t_s * 1000:g} ms on an earlier line); sort the rows by time"
+            )
+        events.append(TraceEvent(ms / 1000.0, fields[1], fields[2]))
+    return events
+
+
+def _counts(p: Path, rows: list[tuple[int, list[str]]]) -> list[TraceEvent]:
+    events: list[TraceEvent] = []
+    alive: deque[str] = deque()
+    made = 0
+    start: datetime | None = None
+    last: tuple[datetime, int, int] | None = None  # (time, count, line)
+    for lineno, fields in rows:
+        stamp = _timestamp(fields[0], fields[1]) if len(fields) == 3 else None
+        if stamp is None:
+            raise TraceError(
+                f"{p}:{lineno}: expected {COUNTS_FORMAT} like the rows above, "
+                f"got {','.join(fields)!r}"
+            )
+        try:
+            count = int(fields[2])
+        except ValueError:
+            raise TraceError(
+                f"{p}:{lineno}: node count {fields[2]!r} is not a whole number"
+            ) from None
+        if count < 0:
+            raise TraceError(f"{p}:{lineno}: node count {count} must be >= 0")
+        if last is not None:
+            if stamp < last[0]:
+                raise TraceError(
+                    f"{p}:{lineno}: time goes backwards ({fields[0]} {fields[1]} is before "
+                    f"line {last[2]}); sort the rows by time"
+                )
+            if stamp == last[0] and count == last[1]:
+                raise TraceError(
+                    f"{p}:{lineno}: duplicate row (same time and count as line {last[2]}); "
+                    "remove one"
+                )
+        start = start or stamp
+        t_s = (stamp - start).total_seconds()
+        while len(alive) < count:
+            made += 1
+            alive.append(f"node{made}")
+            events.append(TraceEvent(t_s, "add", alive[-1]))
+        while len(alive) > count:
+            events.append(TraceEvent(t_s, "remove", alive.popleft()))
+        last = (stamp, count, lineno)
+    return events
+
+
+def load(path: str | Path) -> Trace:
+    """Read a trace in either format; a `TraceError` names the line and the fix."""
+    p = resolve(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TraceError(f"cannot read trace {p}: {err}") from None
+    rows = [(n, _fields(line)) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if rows and _is_header(rows[0][1]):
+        rows = rows[1:]
+    if not rows:
+        raise TraceError(f"{p}: the trace is empty; write {EVENTS_FORMAT} or {COUNTS_FORMAT} rows")
+    fmt = _format_of(p, *rows[0])
+    events = _events(p, rows) if fmt == "events" else _counts(p, rows)
     if not any(e.kind == "remove" for e in events):
-        raise TraceError(f"{p}: no 'remove' (preemption) events")
-    events.sort(key=lambda e: e.t_s)
-    return Trace(p.name, tuple(events))
+        raise TraceError(
+            f"{p}: no preemptions (no 'remove' rows, or a node count that never falls)"
+        )
+    return Trace(p.name, tuple(events), fmt)
