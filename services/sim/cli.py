@@ -7,19 +7,25 @@ time, cost, value (samples per dollar), and where the time went.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 
 from services.client.durations import parse_duration
+from services.manifest import ManifestError, parse_manifest
 from services.sim import traces
 from services.sim.model import JobSpec, PreemptionModel, Prices, SimInputError
-from services.sim.runner import Row, render, simulate
-from services.sim.strategies import REGISTRY, RedundancyParams, factories
+from services.sim.runner import HORIZON_FACTOR, Row, notes, render, simulate
+from services.sim.strategies import (
+    REGISTRY,
+    RedundancyParams,
+    daly_start_interval_s,
+    factories,
+)
 
 # Approximate us-east-1 prices per node-hour (on-demand list price; spot about 30 % of
 # it, which moves daily): defaults only, override with --on-demand-price / --spot-price.
@@ -28,6 +34,21 @@ INSTANCE_PRICES = {
     "g4dn.xlarge": (0.526, 0.158),
 }
 DEFAULT_INTERVALS = ("5m", "15m", "30m", "1h")
+DEFAULT_NOTICE = "120s"
+
+
+def mttp_from_hourly_probability(p: float) -> float:
+    """Node MTTP (s) for a per-node, per-hour preemption probability `p`.
+
+    Node lifetimes are exponential (memoryless), so P(preempted within an hour) =
+    1 - exp(-3600 / MTTP), i.e. MTTP = 3600 / -ln(1 - p): p = 0.1 is MTTP 9.5 h, not 10 h.
+    """
+    if not 0 < p < 1:
+        raise SimInputError(
+            f"--preemption-probability must be between 0 and 1 (exclusive), the chance "
+            f"that one node is preempted within an hour, e.g. 0.05; got {p:g}"
+        )
+    return 3600.0 / -math.log1p(-p)
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -66,11 +87,16 @@ _SIM_OPTIONS = [
         "--mttp", type=str, help="Instead of a trace: mean time to preemption of one node, e.g. 3h."
     ),
     _opt(
+        "--preemption-probability",
+        type=float,
+        help="Instead of a trace or --mttp: chance that one node is preempted within an hour, "
+        "between 0 and 1 (Bamboo's simulator's input), e.g. 0.05.",
+    ),
+    _opt(
         "--notice",
         type=str,
-        default="120s",
-        show_default=True,
-        help="Notice before each preemption (AWS 120s, GCP/Azure 30s, 0 = none).",
+        help="Notice before each preemption (AWS 120s, GCP/Azure 30s, 0 = none); default: "
+        f"the manifest's estimate.notice, else {DEFAULT_NOTICE}.",
     ),
     _opt(
         "--strategy",
@@ -83,7 +109,15 @@ _SIM_OPTIONS = [
         "--interval",
         "intervals",
         multiple=True,
-        help="Checkpoint-restart interval; repeat for several (default: 5m 15m 30m 1h).",
+        help="Checkpoint-restart interval; repeat for several (default: 5m 15m 30m 1h "
+        "unless --interval-steps is given).",
+    ),
+    _opt(
+        "--interval-steps",
+        "interval_steps",
+        multiple=True,
+        type=int,
+        help="Checkpoint-restart interval in training steps, e.g. 500; repeat for several.",
     ),
     _opt(
         "--overhead",
@@ -120,7 +154,13 @@ _SIM_OPTIONS = [
         show_default=True,
         help="Redundant: checkpoint interval kept for fatal failures.",
     ),
-    _opt("--runs", type=int, default=10, show_default=True, help="Seeded runs to average."),
+    _opt(
+        "--runs",
+        type=click.IntRange(min=1),
+        default=10,
+        show_default=True,
+        help="Seeded runs to average.",
+    ),
     _opt("--seed", type=int, default=0, show_default=True, help="Base seed."),
     _opt("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of a table."),
 ]
@@ -133,7 +173,9 @@ def sim_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _build(base: dict[str, Any], opts: dict[str, Any]) -> tuple[JobSpec, PreemptionModel, Prices]:
-    """Merge manifest values (`base`) with options (which win) into simulator inputs."""
+    """Merge manifest values (`base`) with the options given (which win) into simulator
+    inputs. An option not given is None here (none of these has a click default), so it
+    never hides a manifest value."""
     merged = dict(base)
     for key, value in opts.items():
         if value is not None and value != ():
@@ -148,12 +190,17 @@ def _build(base: dict[str, Any], opts: dict[str, Any]) -> tuple[JobSpec, Preempt
             "no prices: pass --on-demand-price and --spot-price (or an instance_type the "
             f"estimator knows: {', '.join(INSTANCE_PRICES)})"
         )
-    if (merged.get("trace") is None) == (merged.get("mttp") is None):
-        raise click.UsageError("give exactly one preemption model: --trace FILE or --mttp DURATION")
+    given = [k for k in ("trace", "mttp", "preemption_probability") if merged.get(k) is not None]
+    if len(given) != 1:
+        raise click.UsageError(
+            "give exactly one preemption model: --trace FILE, --mttp DURATION or "
+            "--preemption-probability P"
+            + (f" (got {', '.join('--' + g.replace('_', '-') for g in given)})" if given else "")
+        )
     try:
         job = JobSpec(
             name=str(merged.get("name") or "job"),
-            steps=int(merged["steps"]),
+            steps=_whole(merged["steps"], "steps"),
             step_s=parse_duration(merged["step_time"]),
             save_s=parse_duration(merged["save_time"]),
             backup_s=parse_duration(merged.get("backup_time") or "0"),
@@ -161,17 +208,52 @@ def _build(base: dict[str, Any], opts: dict[str, Any]) -> tuple[JobSpec, Preempt
             prep_s=parse_range(merged.get("prep_time") or "60-180"),
             stages=int(merged.get("stages") or 1),
             pipelines=int(merged.get("pipelines") or 1),
-            samples_per_step=int(merged.get("samples_per_step") or 1),
+            samples_per_step=_whole(merged.get("samples_per_step") or 1, "samples_per_step"),
         )
         trace = traces.load(merged["trace"]) if merged.get("trace") else None
+        if merged.get("preemption_probability") is not None:
+            mttp: float | None = mttp_from_hourly_probability(
+                float(merged["preemption_probability"])
+            )
+        else:
+            mttp = parse_duration(merged["mttp"]) if merged.get("mttp") else None
         model = PreemptionModel(
-            notice_s=parse_duration(merged.get("notice") or "120s"),
+            # 0 is a notice (none at all), not "unset"
+            notice_s=parse_duration(
+                DEFAULT_NOTICE if merged.get("notice") is None else merged["notice"]
+            ),
             trace=trace,
-            mttp_node_s=parse_duration(merged["mttp"]) if merged.get("mttp") else None,
+            mttp_node_s=mttp,
         )
         return job, model, Prices(float(prices[0]), float(prices[1]))  # type: ignore[arg-type]
     except (SimInputError, traces.TraceError) as err:
         raise click.UsageError(str(err)) from err
+    except (ValueError, TypeError) as err:
+        raise click.UsageError(f"bad estimate input: {err}") from err
+
+
+def _whole(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not str(value).strip().isdigit():
+        raise SimInputError(f"{name} must be a whole number >= 1, got {value!r}")
+    return int(str(value).strip())
+
+
+def _intervals(opts: dict[str, Any], job: JobSpec) -> list[tuple[float, str | None]]:
+    """(seconds, label) of each checkpoint-restart interval: --interval durations, then
+    --interval-steps (steps × step time, labelled in steps); the defaults when neither."""
+    out: list[tuple[float, str | None]] = []
+    for text in opts["intervals"]:
+        seconds = parse_duration(text)
+        if not seconds > 0:
+            raise SimInputError(f"--interval {text}: a checkpoint interval must be > 0, e.g. 15m")
+        out.append((seconds, None))
+    for steps in opts["interval_steps"]:
+        if steps < 1:
+            raise SimInputError(
+                f"--interval-steps {steps}: a checkpoint interval must be >= 1 step, e.g. 500"
+            )
+        out.append((steps * job.step_s, f"{steps} steps"))
+    return out or [(parse_duration(i), None) for i in DEFAULT_INTERVALS]
 
 
 def _run(job: JobSpec, model: PreemptionModel, prices: Prices, opts: dict[str, Any]) -> list[Row]:
@@ -184,15 +266,25 @@ def _run(job: JobSpec, model: PreemptionModel, prices: Prices, opts: dict[str, A
             checkpoint_every_s=parse_duration(opts["redundant_checkpoint_every"]),
         )
         names = list(opts["strategies"]) or REGISTRY.names()
-        intervals = [parse_duration(i) for i in (opts["intervals"] or DEFAULT_INTERVALS)]
-        strategies = factories(names, intervals_s=intervals, redundancy=redundancy)
+        strategies = factories(names, intervals=_intervals(opts, job), redundancy=redundancy)
         rows = simulate(job, model, prices, strategies, runs=opts["runs"], seed=opts["seed"])
     except (SimInputError, ValueError) as err:
         raise click.UsageError(str(err)) from err
+    remarks = notes(rows, job, model, HORIZON_FACTOR)
     if opts["as_json"]:
+        tau, mttp = daly_start_interval_s(job, model)
         click.echo(
             json.dumps(
-                {"job": job.name, "model": model.label, "rows": [r.to_dict() for r in rows]},
+                {
+                    "job": job.name,
+                    "model": model.label,
+                    "notice_s": model.notice_s,
+                    "job_mttp_s": mttp,
+                    "daly_interval_s": tau,
+                    "horizon_s": job.ideal_s * HORIZON_FACTOR,
+                    "rows": [r.to_dict() for r in rows],
+                    "notes": remarks,
+                },
                 indent=2,
             )
         )
@@ -203,6 +295,8 @@ def _run(job: JobSpec, model: PreemptionModel, prices: Prices, opts: dict[str, A
             f"notice {model.notice_s:g}s ({opts['runs']} runs)"
         )
         render(rows, title, Console(width=220))
+        for remark in remarks:
+            click.echo(remark)
     return rows
 
 
@@ -212,11 +306,13 @@ def _run(job: JobSpec, model: PreemptionModel, prices: Prices, opts: dict[str, A
 def simulate_cmd(name: str, **opts: Any) -> None:
     """Simulate a job on spot nodes to completion under each strategy.
 
-    Strategies: on-demand, checkpoint-restart (one row per --interval), adaptive
-    (emergency save on notice + Daly insurance saves, Spotify) and redundant
-    (Bamboo). Durations take s/m/h suffixes. Prints time, cost, samples per dollar and
-    the share of time in compute, recompute, save, allocation, preparation, failover
-    and redundancy, averaged over --runs seeded runs.
+    Strategies: on-demand, checkpoint-restart (one row per --interval or
+    --interval-steps), adaptive (emergency save on notice + Daly insurance saves,
+    Spotify) and redundant (Bamboo). Durations take s/m/h suffixes. Prints time, cost,
+    samples per dollar and the share of time in compute, recompute, save, allocation,
+    preparation, failover and redundancy, averaged over --runs seeded runs, with how
+    many runs finished (a run still going at 20x the ideal time is stopped and credited
+    only with the steps it trained). docs/simulators.md describes the model.
     """
     job, model, prices = _build({"name": name}, {k: v for k, v in opts.items() if k in _JOB_KEYS})
     _run(job, model, prices, opts)
@@ -236,35 +332,27 @@ _JOB_KEYS = {
     "spot_price",
     "trace",
     "mttp",
+    "preemption_probability",
     "notice",
 }
 
 
 def _manifest_fields(path: Path) -> dict[str, Any]:
-    """Read the few manifest fields the estimate needs, defensively."""
+    """The simulator inputs a job manifest gives, read through the typed Manifest (the
+    same parser and schema the API uses at submit)."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
+        manifest = parse_manifest(path.read_bytes())
+    except OSError as err:
         raise click.BadParameter(f"cannot read manifest {path}: {err}") from err
-    if not isinstance(doc, dict):
-        raise click.BadParameter(f"manifest {path} must be a YAML mapping (name, learners, ...)")
-    out: dict[str, Any] = {"name": doc.get("name") or path.stem}
-    pipeline = doc.get("pipeline") or {}
-    if not isinstance(pipeline, dict):
-        raise click.BadParameter("manifest pipeline: must be a mapping {stages, pipelines}")
-    if pipeline:
-        out["stages"] = pipeline.get("stages")
-        out["pipelines"] = pipeline.get("pipelines")
-    elif doc.get("learners") is not None:
-        out["pipelines"] = doc.get("learners")
-    for key in ("stages", "pipelines"):
-        if out.get(key) is not None and (not isinstance(out[key], int) or out[key] < 1):
-            raise click.BadParameter(
-                f"manifest {key} must be a whole number >= 1, got {out[key]!r}"
-            )
-    est = doc.get("estimate") or {}
-    if not isinstance(est, dict):
-        raise click.BadParameter("manifest estimate: must be a mapping (steps, step_time, ...)")
+    except ManifestError as err:
+        raise click.BadParameter(f"manifest {path}: {err}") from None
+    out: dict[str, Any] = {"name": manifest.name or path.stem}
+    if manifest.pipeline is not None:
+        out["stages"] = manifest.pipeline.stages
+        out["pipelines"] = manifest.pipeline.pipelines
+    else:
+        out["pipelines"] = manifest.learners
+    est = manifest.estimate
     for key in (
         "steps",
         "step_time",
@@ -278,13 +366,22 @@ def _manifest_fields(path: Path) -> dict[str, Any]:
         if est.get(key) is not None:
             out[key] = est[key]
     for key in ("alloc_time", "prep_time"):
-        if isinstance(out.get(key), list) and len(out[key]) == 2:
+        if isinstance(out.get(key), list):
+            if len(out[key]) != 2:
+                raise click.BadParameter(
+                    f"manifest {path}: estimate.{key} must be [low, high] or low-high, "
+                    f"got {out[key]!r}"
+                )
             out[key] = f"{out[key][0]}-{out[key][1]}"
-    itype = doc.get("instance_type")
-    if itype in INSTANCE_PRICES:
-        out["on_demand_price"], out["spot_price"] = INSTANCE_PRICES[itype]
-    prices = est.get("prices") or {}
-    if isinstance(prices, dict):
+    if manifest.instance_type in INSTANCE_PRICES:
+        out["on_demand_price"], out["spot_price"] = INSTANCE_PRICES[manifest.instance_type]
+    prices = est.get("prices")
+    if prices is not None:
+        if not isinstance(prices, dict) or set(prices) - {"on_demand", "spot"}:
+            raise click.BadParameter(
+                f"manifest {path}: estimate.prices must be {{on_demand: $/node-hour, "
+                f"spot: $/node-hour}}, got {prices!r}"
+            )
         out["on_demand_price"] = prices.get("on_demand", out.get("on_demand_price"))
         out["spot_price"] = prices.get("spot", out.get("spot_price"))
     return out
@@ -299,7 +396,8 @@ def estimate(manifest: Path, **opts: Any) -> None:
     Reads name, learners or pipeline {stages, pipelines}, instance_type (for default
     prices) and an optional estimate: section (steps, step_time, save_time,
     backup_time, alloc_time, prep_time, samples_per_step, notice, prices {on_demand,
-    spot}); every option below overrides the manifest. Give --trace FILE or --mttp.
+    spot}); an option given overrides the manifest, an option not given leaves it be.
+    Give --trace FILE, --mttp or --preemption-probability.
     """
     base = _manifest_fields(manifest)
     job, model, prices = _build(base, {k: v for k, v in opts.items() if k in _JOB_KEYS})
@@ -307,7 +405,9 @@ def estimate(manifest: Path, **opts: Any) -> None:
 
 
 def main() -> None:
-    simulate_cmd(prog_name="python -m services.sim")
+    # No prog_name: click names the program as it was run (`rhizome-spot-sim`, or
+    # `python -m services.sim`), so usage lines in errors show a command that works.
+    simulate_cmd()
 
 
 if __name__ == "__main__":

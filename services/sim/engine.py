@@ -56,6 +56,12 @@ class RunResult:
     restarts: int
     failovers: int = 0
     saves: int = 0
+    # Redundant computation only: preemptions that took a stage and its shadow together,
+    # so the job went back to its last checkpoint.
+    fatal_failures: int = 0
+    # Whole steps the model holds at the end: all of them when finished; at the horizon,
+    # what survives (work lost to a failure and not redone is not counted).
+    steps_done: int = 0
 
     @property
     def samples_per_dollar(self) -> float:
@@ -144,6 +150,7 @@ class Sim:
         self.preemption_times: set[float] = set()
         self.restarts = 0
         self.failovers = 0
+        self.fatal_failures = 0
         self.saves = 0
         self._candidates: Iterator[tuple[float, float]] | None = None
         strategy.bind(self)
@@ -279,17 +286,22 @@ class Sim:
         self.settle()
         nodes = self.job.nodes
         price = self.prices.spot_hr if self.strategy.spot else self.prices.on_demand_hr
+        # A run cut at the horizon is paid for all its time but credited only with the
+        # steps it trained, so a strategy that never finishes cannot show a good value.
+        steps_done = self.job.steps if finished else math.floor(self.progress + 1e-9)
         return RunResult(
             strategy=self.strategy.name,
             finished=finished,
             time_s=self.now,
             breakdown=dict(self.acct),
             cost=self.now / 3600.0 * nodes * price,
-            samples=self.job.steps * self.job.samples_per_step,
+            samples=steps_done * self.job.samples_per_step,
             preemptions=self.preemptions,
             restarts=self.restarts,
             failovers=self.failovers,
             saves=self.saves,
+            fatal_failures=self.fatal_failures,
+            steps_done=steps_done,
         )
 
     def _dispatch(self, ev: _Event) -> bool:

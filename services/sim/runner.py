@@ -1,4 +1,11 @@
-"""Run every strategy over N seeded runs and average; render the strategy table."""
+"""Run every strategy over N seeded runs and average; render the strategy table.
+
+Every figure of a row is the mean over its runs. A run that has not finished by the
+horizon (`HORIZON_FACTOR` times the ideal time) is stopped there: its time and cost are
+what it used up to the horizon, and it is credited only with the steps it had trained
+(`RunResult.steps_done`), so samples per dollar never counts work that was not done.
+The `finished` column says how many of the runs finished.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,9 @@ from rich.table import Table
 
 from services.sim.engine import BUCKETS, RunResult, Sim
 from services.sim.model import JobSpec, PreemptionModel, Prices
-from services.sim.strategies import StrategyFactory
+from services.sim.strategies import StrategyFactory, daly_start_interval_s
+
+HORIZON_FACTOR = 20.0
 
 
 @dataclass
@@ -32,6 +41,8 @@ class Row:
     restarts: float
     failovers: float
     saves: float
+    fatal_failures: float = 0.0
+    steps_done: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +56,7 @@ def simulate(
     *,
     runs: int = 10,
     seed: int = 0,
+    horizon_factor: float = HORIZON_FACTOR,
 ) -> list[Row]:
     """Average each strategy over `runs` seeded runs (the same preemptions per seed)."""
     if runs < 1:
@@ -54,7 +66,9 @@ def simulate(
     for factory in strategies:
         for i in range(runs):
             strategy = factory()
-            result = Sim(job, model, strategy, prices, seed * 100_003 + i).run()
+            result = Sim(
+                job, model, strategy, prices, seed * 100_003 + i, max_time_factor=horizon_factor
+            ).run()
             if result.strategy not in per_strategy:
                 per_strategy[result.strategy] = []
                 order.append(result.strategy)
@@ -91,9 +105,51 @@ def simulate(
                 restarts=mean(r.restarts for r in results),
                 failovers=mean(r.failovers for r in results),
                 saves=mean(r.saves for r in results),
+                fatal_failures=mean(r.fatal_failures for r in results),
+                steps_done=mean(r.steps_done for r in results),
             )
         )
     return rows
+
+
+def pct(share: float) -> str:
+    """A share as a percentage; rounding noise (-1e-17) prints as 0.0%, never -0.0%."""
+    value = round(100 * share, 1)
+    return f"{0.0 if value == 0 else value:.1f}%"
+
+
+def notes(
+    rows: list[Row], job: JobSpec, model: PreemptionModel, horizon_factor: float = HORIZON_FACTOR
+) -> list[str]:
+    """What a reader of the table must know: the adaptive policy's starting interval, runs
+    cut at the horizon, and redundancy offered where it cannot help."""
+    out: list[str] = []
+    names = {r.strategy for r in rows}
+    if "adaptive" in names:
+        tau, mttp = daly_start_interval_s(job, model)
+        fits = job.step_s + job.save_s + job.backup_s < model.notice_s
+        out.append(
+            f"adaptive starts from the Daly-optimal interval sqrt(2·δ·(MTTP+R)) = {tau:,.0f} s "
+            f"(δ {job.save_s:g} s, job MTTP {mttp:,.0f} s, R {job.mean_restart_s:g} s); "
+            + (
+                "the notice fits an emergency save, so it saves on notice instead"
+                if fits
+                else "the notice is too short for an emergency save, so it saves at this interval"
+            )
+        )
+    if "redundant" in names and job.stages == 1:
+        out.append(
+            "warning: redundant computation on a 1-stage job: no stage has a shadow, so "
+            "every preemption is fatal (restart from the last checkpoint)"
+        )
+    for r in rows:
+        if r.finished < r.runs:
+            out.append(
+                f"warning: {r.strategy} finished {r.finished}/{r.runs} runs within the horizon "
+                f"({horizon_factor:g}x the ideal time); unfinished runs are credited only with "
+                f"the steps they trained ({r.steps_done:,.0f} of {job.steps:,} on average)"
+            )
+    return out
 
 
 def table(rows: list[Row], title: str) -> Table:
@@ -106,10 +162,11 @@ def table(rows: list[Row], title: str) -> Table:
     t.add_column("samples/$", justify="right")
     t.add_column("value ×OD", justify="right")
     for b in BUCKETS:
-        t.add_column(b[:8], justify="right")
+        t.add_column(b, justify="right")
     t.add_column("preempt", justify="right")
     t.add_column("restarts", justify="right")
-    t.add_column("done", justify="right")
+    t.add_column("fatal", justify="right")
+    t.add_column("finished", justify="right")
     for r in rows:
         t.add_row(
             r.strategy,
@@ -119,9 +176,10 @@ def table(rows: list[Row], title: str) -> Table:
             f"{r.cost_vs_on_demand:.3f}",
             f"{r.samples_per_dollar:,.1f}",
             f"{r.value_vs_on_demand:.2f}",
-            *[f"{100 * r.breakdown_share[b]:.1f}%" for b in BUCKETS],
+            *[pct(r.breakdown_share[b]) for b in BUCKETS],
             f"{r.preemptions:.1f}",
             f"{r.restarts:.1f}",
+            f"{r.fatal_failures:.1f}" if r.strategy == "redundant" else "-",
             f"{r.finished}/{r.runs}",
         )
     return t
@@ -135,16 +193,18 @@ def markdown(rows: list[Row]) -> str:
     head = (
         "| strategy | time h | ×ideal | cost $ | cost ×OD | samples/$ | value ×OD | "
         + " | ".join(BUCKETS)
-        + " | preemptions | restarts | finished |"
+        + " | preemptions | restarts | fatal failures | finished |"
     )
-    sep = "|" + "---|" * (10 + len(BUCKETS))
+    sep = "|" + "---|" * (11 + len(BUCKETS))
     lines = [head, sep]
     for r in rows:
         lines.append(
             f"| {r.strategy} | {r.time_h:.2f} | {r.time_vs_ideal:.3f} | {r.cost:,.0f} | "
             f"{r.cost_vs_on_demand:.3f} | {r.samples_per_dollar:,.1f} | "
             f"{r.value_vs_on_demand:.2f} | "
-            + " | ".join(f"{100 * r.breakdown_share[b]:.1f}%" for b in BUCKETS)
-            + f" | {r.preemptions:.1f} | {r.restarts:.1f} | {r.finished}/{r.runs} |"
+            + " | ".join(pct(r.breakdown_share[b]) for b in BUCKETS)
+            + f" | {r.preemptions:.1f} | {r.restarts:.1f} | "
+            + (f"{r.fatal_failures:.1f}" if r.strategy == "redundant" else "-")
+            + f" | {r.finished}/{r.runs} |"
         )
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from typing import Any
 from contract.policy import daly_interval
 from contract.registry import Registry
 from services.sim.engine import Strategy
-from services.sim.model import SimInputError
+from services.sim.model import JobSpec, PreemptionModel, SimInputError
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,11 @@ class OnDemand(Strategy):
 
 
 class CheckpointRestart(Strategy):
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, label: str | None = None) -> None:
         if not interval_s > 0:
             raise SimInputError(f"checkpoint interval must be > 0 seconds, got {interval_s}")
         self.interval_s = interval_s
-        self.name = f"checkpoint-restart/{_fmt_interval(interval_s)}"
+        self.name = f"checkpoint-restart/{label or _fmt_interval(interval_s)}"
 
     def on_running(self) -> None:
         self.sim.schedule(self.interval_s - self.sim.run_since_save, "save_due", guard="token")
@@ -74,6 +74,20 @@ class CheckpointRestart(Strategy):
     def on_timer(self, name: str, data: dict[str, Any]) -> None:
         if name == "save_due" and self.sim.state == "running":
             self.sim.start_save(reason="periodic")
+
+
+def platform_mttp_s(job: JobSpec, model: PreemptionModel) -> float:
+    """The job's mean time to preemption as the platform estimates it before the job has
+    seen one: 1 / (the model's preemption rate for a job of this many nodes)."""
+    rate = model.job_rate_hr(job.nodes)
+    return 3600.0 / rate if rate > 0 else 1e9
+
+
+def daly_start_interval_s(job: JobSpec, model: PreemptionModel) -> tuple[float, float]:
+    """(τ, MTTP): the Daly-optimal interval the adaptive policy starts from, and the MTTP
+    it is computed from; the policy then learns MTTP from the preemptions it sees."""
+    mttp = platform_mttp_s(job, model)
+    return daly_interval(job.save_s, mttp, job.mean_restart_s), mttp
 
 
 class Adaptive(Strategy):
@@ -89,8 +103,7 @@ class Adaptive(Strategy):
     def on_start(self) -> None:
         sim = self.sim
         if self.platform_mttp_s is None:
-            rate = sim.model.job_rate_hr(sim.job.nodes) if sim.model else 0.0
-            self.platform_mttp_s = 3600.0 / rate if rate > 0 else 1e9
+            self.platform_mttp_s = platform_mttp_s(sim.job, sim.model) if sim.model else 1e9
 
     def mttp_s(self) -> float:
         # The platform's estimate counts as one observation; the job's own preemptions
@@ -214,6 +227,7 @@ class Redundant(Strategy):
             self.standby = 0
             sim.settle()  # account the time so far at the old speed
             sim.speed = self.base_speed
+            sim.fatal_failures += 1
             sim.fail(need)
             return
         self.dead.add((d, s))
@@ -258,30 +272,39 @@ def _fmt_interval(s: float) -> str:
 
 
 StrategyFactory = Callable[[], Strategy]
+# A checkpoint interval: seconds of training, and the label of its row (None: the
+# seconds, written short such as 15m).
+Interval = tuple[float, str | None]
 # A strategy's name -> the factories it stands for, given the run's options.
-StrategyBuilder = Callable[[list[float], RedundancyParams], list[StrategyFactory]]
+StrategyBuilder = Callable[[list[Interval], RedundancyParams], list[StrategyFactory]]
 
 
-def _on_demand(intervals_s: list[float], redundancy: RedundancyParams) -> list[StrategyFactory]:
+def _on_demand(intervals: list[Interval], redundancy: RedundancyParams) -> list[StrategyFactory]:
     """On-demand nodes, never preempted."""
     return [OnDemand]
 
 
 def _checkpoint_restart(
-    intervals_s: list[float], redundancy: RedundancyParams
+    intervals: list[Interval], redundancy: RedundancyParams
 ) -> list[StrategyFactory]:
     """Spot, save every fixed interval, restart from the last checkpoint (one per interval)."""
-    if not intervals_s:
+    if not intervals:
         raise SimInputError("checkpoint-restart needs at least one --interval")
-    return [lambda iv=iv: CheckpointRestart(iv) for iv in intervals_s]  # type: ignore[misc]
+    for seconds, _label in intervals:
+        if not seconds > 0:
+            raise SimInputError(f"checkpoint interval must be > 0 seconds, got {seconds:g}")
+    return [
+        lambda iv=iv, label=label: CheckpointRestart(iv, label)  # type: ignore[misc]
+        for iv, label in intervals
+    ]
 
 
-def _adaptive(intervals_s: list[float], redundancy: RedundancyParams) -> list[StrategyFactory]:
+def _adaptive(intervals: list[Interval], redundancy: RedundancyParams) -> list[StrategyFactory]:
     """Spot, emergency save on notice, Daly insurance saves otherwise (Spotify)."""
     return [Adaptive]
 
 
-def _redundant(intervals_s: list[float], redundancy: RedundancyParams) -> list[StrategyFactory]:
+def _redundant(intervals: list[Interval], redundancy: RedundancyParams) -> list[StrategyFactory]:
     """Spot, redundant computation with failover and reconfiguration (Bamboo)."""
     return [lambda: Redundant(redundancy)]
 
@@ -297,11 +320,14 @@ REGISTRY.register("redundant", _redundant)
 def factories(
     names: list[str],
     *,
-    intervals_s: list[float],
     redundancy: RedundancyParams,
+    intervals_s: list[float] | None = None,
+    intervals: list[Interval] | None = None,
 ) -> list[StrategyFactory]:
-    """One factory per simulated strategy; checkpoint-restart expands to one per interval."""
+    """One factory per simulated strategy; checkpoint-restart expands to one per interval
+    (`intervals_s` in seconds, or labelled `intervals`)."""
+    every = [*(intervals or []), *((s, None) for s in intervals_s or [])]
     out: list[StrategyFactory] = []
     for name in names:
-        out.extend(REGISTRY.get(name)(intervals_s, redundancy))
+        out.extend(REGISTRY.get(name)(every, redundancy))
     return out

@@ -9,7 +9,7 @@ import pytest
 from services.sim import traces
 from services.sim.engine import BUCKETS, Sim
 from services.sim.model import JobSpec, PreemptionModel, Prices, SimInputError
-from services.sim.runner import simulate
+from services.sim.runner import markdown, notes, pct, simulate
 from services.sim.strategies import (
     Adaptive,
     CheckpointRestart,
@@ -156,3 +156,50 @@ def test_bad_inputs_are_named() -> None:
         PreemptionModel()
     with pytest.raises(SimInputError, match="unknown strategy 'magic'"):
         factories(["magic"], intervals_s=[1.0], redundancy=RedundancyParams())
+
+
+# --- issue #20: runs cut at the horizon credit only what they trained ------------------
+
+
+def test_a_run_cut_at_the_horizon_is_credited_only_with_the_steps_it_kept(
+    tmp_path: Path,
+) -> None:
+    # As in the checkpoint-restart test above, but the horizon is 1.3 x 330 s = 429 s:
+    # back to step 300 at 350, training again from 420, so 309 steps at the horizon.
+    job = _small_job(samples_per_step=10)
+    sim = Sim(
+        job,
+        _model(tmp_path, ONE_PREEMPTION, 0.0),
+        CheckpointRestart(100.0),
+        PRICES,
+        seed=0,
+        max_time_factor=1.3,
+    )
+    r = sim.run()
+    assert not r.finished and r.time_s == pytest.approx(429.0)
+    assert r.steps_done == 309 and r.samples == 3090
+    assert r.cost == pytest.approx(429.0 / 3600 * 1.0)
+
+
+def test_a_strategy_that_never_finishes_shows_no_value() -> None:
+    # A node lives 30 s on average and a restart takes 70 s: nothing is ever kept.
+    job = _small_job(steps=1000, samples_per_step=8)
+    rows = simulate(
+        job,
+        PreemptionModel(mttp_node_s=30.0, notice_s=0.0),
+        PRICES,
+        factories(["checkpoint-restart"], intervals_s=[600.0], redundancy=RedundancyParams()),
+        runs=3,
+        horizon_factor=3.0,
+    )
+    (row,) = rows
+    assert (row.finished, row.runs) == (0, 3)
+    assert row.samples_per_dollar == 0.0 and row.value_vs_on_demand == 0.0
+    (warning,) = [n for n in notes(rows, job, PreemptionModel(mttp_node_s=30.0), 3.0) if "3x" in n]
+    assert "finished 0/3 runs" in warning and "credited only with the steps" in warning
+    assert "finished" in markdown(rows) and "| 0/3 |" in markdown(rows)
+
+
+def test_shares_never_print_as_negative_zero() -> None:
+    assert pct(-1e-17) == "0.0%"
+    assert pct(0.1234) == "12.3%"
