@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -12,10 +12,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from services.scheduler.api import ClusterConfigError
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.placement import policy_names
 from services.scheduler.sim.engine import PER_POD, SimResult, simulate
 from services.scheduler.sim.trace import (
+    FFDL_GANG_SHAPES,
+    TraceError,
     ffdl_day_trace,
     ffdl_gang_cluster,
     ffdl_gang_trace,
@@ -26,15 +29,33 @@ from services.scheduler.sim.trace import (
 JSON_HELP = "Print the results as JSON (one object) instead of tables."
 
 
-def _table(title: str, rows: Sequence[dict[str, Any]]) -> None:
+def _table(title: str, rows: Sequence[dict[str, Any]], key: str = "policy") -> None:
+    """One column per row (policy), one line per metric: metric names are long and there
+    are many of them, so a table with a column per metric is cut at any usual width."""
     if not rows:
         return
     table = Table(title=title)
-    for key in rows[0]:
-        table.add_column(str(key))
+    table.add_column("metric", no_wrap=True)
     for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    Console(width=max(140, shutil.get_terminal_size().columns)).print(table)
+        table.add_column(str(row[key]), justify="right", no_wrap=True)
+    for metric in rows[0]:
+        if metric != key:
+            table.add_row(metric, *(str(row.get(metric, "")) for row in rows))
+    Console().print(table)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """`2x1,2x2,4x1` (learners x GPUs per learner) -> [(2, 1), (2, 2), (4, 1)]."""
+    shapes = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*[x×]\s*(\d+)\s*", part)
+        if not m or int(m[1]) < 1 or int(m[2]) < 1:
+            raise click.BadParameter(
+                f"{part.strip()!r} is not a job shape; write LEARNERSxGPUS, e.g. 2x1,2x2,4x1",
+                param_hint="--shapes",
+            )
+        shapes.append((int(m[1]), int(m[2])))
+    return shapes
 
 
 def _mean(results: Sequence[SimResult], key: str) -> float:
@@ -42,15 +63,23 @@ def _mean(results: Sequence[SimResult], key: str) -> float:
 
 
 def gang_experiment(
-    runs: int, seed: int, jobs_per_shape: int, deploy_gap_s: float, pod_spread_s: float
+    runs: int,
+    seed: int,
+    jobs_per_shape: int,
+    deploy_gap_s: float,
+    pod_spread_s: float,
+    *,
+    nodes: int = 15,
+    gpus_per_node: int = 4,
+    shapes: Sequence[tuple[int, int]] = FFDL_GANG_SHAPES,
 ) -> dict[str, Any]:
     """FfDL §5.3 for per-pod, gang+SPREAD and gang+PACK over ``runs`` seeds."""
     out: dict[str, Any] = {"runs": {}, "summary": []}
     for policy in (PER_POD, "spread", "pack"):
         results: list[SimResult] = [
             simulate(
-                ffdl_gang_trace(seed + r, jobs_per_shape),
-                ffdl_gang_cluster(),
+                ffdl_gang_trace(seed + r, jobs_per_shape, shapes),
+                ffdl_gang_cluster(nodes, gpus_per_node),
                 policy,
                 seed=seed + r,
                 deploy_gap_s=deploy_gap_s,
@@ -68,6 +97,7 @@ def gang_experiment(
                 "runs_with_deadlock_pct": round(100 * len(with_dead) / runs, 1),
                 "deadlocked_learners_max": max(r.deadlocked_learners_max for r in results),
                 "idle_gpu_pct_max": round(100 * max(r.idle_gpu_frac_max for r in results), 1),
+                "waiting_for_siblings_max": max(r.waiting_for_siblings_max for r in results),
                 "permanent_deadlocks": sum(r.permanent_deadlock for r in results),
                 "mean_makespan_h": round(sum(r.makespan_s for r in results) / runs / 3600, 2),
             }
@@ -155,6 +185,22 @@ def main() -> None:
     show_default=True,
     help="Per-pod baseline: seconds over which one job's pods appear (they interleave with other jobs' pods).",
 )
+@click.option(
+    "--nodes", default=15, show_default=True, type=click.IntRange(min=1), help="Cluster nodes."
+)
+@click.option(
+    "--gpus-per-node",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="GPUs on each node (all K80).",
+)
+@click.option(
+    "--shapes",
+    default="2x1,2x2,4x1",
+    show_default=True,
+    help="Job shapes, LEARNERSxGPUS per learner, comma-separated; --jobs-per-shape of each.",
+)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def ffdl_gang(
     runs: int,
@@ -162,21 +208,37 @@ def ffdl_gang(
     jobs_per_shape: int,
     deploy_gap_s: float,
     pod_spread_s: float,
+    nodes: int,
+    gpus_per_node: int,
+    shapes: str,
     as_json: bool,
 ) -> None:
-    """FfDL §5.3 on 15 nodes × 4 GPUs: 150 jobs submitted together, per-pod vs gang scheduling.
+    """FfDL §5.3 (by default 15 nodes × 4 GPUs, 150 jobs submitted together): per-pod vs
+    gang scheduling.
 
-    Reports, per policy, in how many runs learners were left holding GPUs while waiting
-    for their siblings (deadlocked learners) and the largest share of GPUs so held idle.
-    FfDL measured deadlocks in 60 % of runs, up to 46 % GPUs idle, without gang
-    scheduling; zero with it.
+    Reports, per policy, in how many runs learners were deadlocked (all their job's pods
+    exist, and other jobs hold what the rest need), the most such learners and the
+    largest share of GPUs they held idle, and, apart, the most learners bound while
+    their siblings' pods were not created yet. FfDL measured deadlocks in 60 % of runs,
+    up to 46 % GPUs idle, without gang scheduling; zero with it.
     """
-    out = gang_experiment(runs, seed, jobs_per_shape, deploy_gap_s, pod_spread_s)
+    job_shapes = parse_shapes(shapes)
+    out = gang_experiment(
+        runs,
+        seed,
+        jobs_per_shape,
+        deploy_gap_s,
+        pod_spread_s,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        shapes=job_shapes,
+    )
     if as_json:
         click.echo(json.dumps(out, indent=1))
     else:
         _table(
-            "FfDL §5.3: deadlocked learners, 15 nodes × 4 GPUs, 150 jobs submitted together",
+            f"FfDL §5.3: deadlocked learners, {nodes} nodes × {gpus_per_node} GPUs, "
+            f"{jobs_per_shape * len(job_shapes)} jobs ({shapes}) submitted together",
             out["summary"],
         )
 
@@ -231,6 +293,13 @@ def ffdl_pack(
     help="Trace file: JSON list or CSV with job_id, arrival_s, duration_s, learners, gpus, gpu_type.",
 )
 @click.option(
+    "--runs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Repetitions with seeds seed, seed+1, ...; numbers are averaged over them.",
+)
+@click.option(
     "--cluster",
     "cluster_path",
     required=True,
@@ -259,15 +328,27 @@ def ffdl_pack(
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def replay(
     trace_path: str,
+    runs: int,
     cluster_path: str,
     policies: tuple[str, ...],
     seed: int,
     backfill: bool,
     as_json: bool,
 ) -> None:
-    """Replay a trace against a cluster under one or more policies and compare the metrics."""
-    trace = load_trace(trace_path)
-    nodes = load_cluster_config(cluster_path).nodes
+    """Replay a trace against a cluster under one or more policies and compare the metrics.
+
+    With --runs N each policy runs with N seeds (BSA sampling and the per-pod baseline's
+    pod timing change with the seed; the trace does not) and each figure is the mean
+    over the runs; permanent_deadlock counts the runs that had one.
+    """
+    try:
+        trace = load_trace(trace_path)
+    except TraceError as err:
+        raise click.BadParameter(str(err), param_hint="--trace") from None
+    try:
+        nodes = load_cluster_config(cluster_path).nodes
+    except ClusterConfigError as err:
+        raise click.BadParameter(str(err), param_hint="--cluster") from None
     known = {PER_POD, *policy_names()}
     for p in policies:
         if p not in known:
@@ -275,11 +356,35 @@ def replay(
                 f"unknown policy {p!r}; choose from {', '.join(sorted(known))}",
                 param_hint="--policy",
             )
-    rows = [simulate(trace, nodes, p, seed=seed, backfill=backfill).summary() for p in policies]
+    per_run = {
+        p: [
+            simulate(trace, nodes, p, seed=seed + r, backfill=backfill).summary()
+            for r in range(runs)
+        ]
+        for p in policies
+    }
+    rows = [_average(p, per_run[p]) if runs > 1 else per_run[p][0] for p in policies]
     if as_json:
-        click.echo(json.dumps({"results": rows}, indent=1))
+        doc: dict[str, Any] = {"results": rows}
+        if runs > 1:
+            doc["runs"] = per_run
+        click.echo(json.dumps(doc, indent=1))
     else:
-        _table(f"replay of {trace_path}", rows)
+        _table(f"replay of {trace_path}" + (f", mean of {runs} runs" if runs > 1 else ""), rows)
+
+
+def _average(policy: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of each number over the runs; a yes/no figure as how many runs said yes."""
+    out: dict[str, Any] = {"policy": policy, "runs": len(summaries)}
+    for key, value in summaries[0].items():
+        if key in ("policy", "seed"):
+            continue
+        values = [s[key] for s in summaries]
+        if isinstance(value, bool):
+            out[key] = sum(values)
+        else:
+            out[key] = round(sum(float(v) for v in values) / len(values), 2)
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

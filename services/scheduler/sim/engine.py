@@ -13,9 +13,14 @@ Modes (``policy``):
 
 Metrics, taken after every scheduling pass:
 
-- deadlocked learners: learners bound to a node while their job waits for siblings
-  that cannot be placed now (the pass has placed all it could). Max over the run.
-- idle GPUs: the share of the cluster's GPUs held by those learners. Max over the run.
+- deadlocked learners: learners bound to a node while their job is deadlocked: all of
+  the job's pods exist, some cannot be placed (the pass has placed all it could), and
+  what they need is held by other jobs (a node of the right GPU type would fit them
+  without the other jobs' pods on it). Max over the run.
+- waiting for siblings: learners bound while some of their job's pods have not been
+  created yet. Not a deadlock (the siblings may well fit when they come), so a job alone
+  on an empty cluster never counts as deadlocked; its own figure. Max over the run.
+- idle GPUs: the share of the cluster's GPUs held by deadlocked learners. Max over the run.
 - queueing delay (submit → all learners placed), jobs queued over 15 minutes,
   GPU utilization (busy GPU-time of running jobs / cluster GPU-time until the last job
   ends), job completion time (submit → end).
@@ -51,6 +56,7 @@ class SimResult:
     queued_over_15min: int
     utilization: float
     makespan_s: float
+    waiting_for_siblings_max: int = 0
     queue_delays_s: list[float] = field(default_factory=list, repr=False)
     jcts_s: list[float] = field(default_factory=list, repr=False)
 
@@ -64,6 +70,7 @@ class SimResult:
             "completed": self.completed,
             "deadlocked_learners_max": self.deadlocked_learners_max,
             "idle_gpu_pct_max": round(100 * self.idle_gpu_frac_max, 1),
+            "waiting_for_siblings_max": self.waiting_for_siblings_max,
             "permanent_deadlock": self.permanent_deadlock,
             "queued_over_15min": self.queued_over_15min,
             "queue_delay_p50_min": round(float(np.percentile(delays, 50)) / 60, 1),
@@ -73,6 +80,19 @@ class SimResult:
             "jct_mean_min": round(float(jcts.mean()) / 60, 1),
             "makespan_h": round(self.makespan_s / 3600, 2),
         }
+
+
+def _held_by_others(cluster: Cluster, job: TraceJob, own: dict[int, int]) -> bool:
+    """Whether a pending pod of ``job`` is kept out by other jobs: some node of its GPU
+    type could hold it if only the job's own pods were on it. (Called after a pass that
+    placed every pod that fits, so no such node has room now.) A pod no node could ever
+    hold is unschedulable, not deadlocked."""
+    if job.gpus == 0:
+        return False
+    for idx, node in enumerate(cluster.nodes):
+        if node.gpu_type == job.gpu_type and node.gpus - own.get(idx, 0) >= job.gpus:
+            return True
+    return False
 
 
 def simulate(
@@ -106,6 +126,10 @@ def simulate(
         seq += 1
 
     pod_ids: dict[str, list[str]] = {}
+    created: dict[str, int] = {j: (0 if per_pod else jobs[j].learners) for j in jobs}
+    node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
+    # GPUs each job's bound pods hold, per node index
+    held: dict[str, dict[int, int]] = {j: {} for j in jobs}
     if per_pod:
         # The LCM deploys in submit order; a job's pods appear over pod_spread_s.
         deploy_at = 0.0
@@ -123,6 +147,7 @@ def simulate(
     total_gpus = cluster.total_gpus()
     busy_gpu_s = 0.0
     dead_max = 0
+    siblings_max = 0
     idle_max = 0.0
     completed = 0
     now = 0.0
@@ -144,6 +169,7 @@ def simulate(
                 )
             elif kind == "pod":
                 j = jobs[ident.split("/")[0]]
+                created[j.job_id] += 1
                 sched.submit(
                     JobRequest(
                         ident,
@@ -163,14 +189,24 @@ def simulate(
             job_id = placement.job_id.split("/")[0]
             bound_pods[job_id] += len(placement.learner_nodes)
             j = jobs[job_id]
+            for name in placement.learner_nodes:
+                idx = node_index[name]
+                held[job_id][idx] = held[job_id].get(idx, 0) + j.gpus
             if bound_pods[job_id] == j.learners and job_id not in started:
                 started[job_id] = now
                 busy_gpu_s += j.learners * j.gpus * j.duration_s
                 push(now + j.duration_s, "finish", job_id)
-        waiting = [jid for jid, n in bound_pods.items() if 0 < n < jobs[jid].learners]
-        dead = sum(bound_pods[jid] for jid in waiting)
-        idle = sum(bound_pods[jid] * jobs[jid].gpus for jid in waiting)
+        partial = [jid for jid, n in bound_pods.items() if 0 < n < jobs[jid].learners]
+        siblings = sum(bound_pods[jid] for jid in partial if created[jid] < jobs[jid].learners)
+        deadlocked = [
+            jid
+            for jid in partial
+            if created[jid] == jobs[jid].learners and _held_by_others(cluster, jobs[jid], held[jid])
+        ]
+        dead = sum(bound_pods[jid] for jid in deadlocked)
+        idle = sum(bound_pods[jid] * jobs[jid].gpus for jid in deadlocked)
         dead_max = max(dead_max, dead)
+        siblings_max = max(siblings_max, siblings)
         idle_max = max(idle_max, idle / total_gpus if total_gpus else 0.0)
     permanent = len(started) < len(jobs)
     delays = [started[j] - jobs[j].arrival_s for j in started]
@@ -183,6 +219,7 @@ def simulate(
         completed=completed,
         deadlocked_learners_max=dead_max,
         idle_gpu_frac_max=idle_max,
+        waiting_for_siblings_max=siblings_max,
         permanent_deadlock=permanent,
         queued_over_15min=sum(1 for d in delays if d > QUEUED_TOO_LONG_S)
         + (len(jobs) - len(started)),

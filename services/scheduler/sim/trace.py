@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,14 +37,22 @@ def ffdl_gang_cluster(nodes: int = 15, gpus_per_node: int = 4) -> list[Node]:
     ]
 
 
-def ffdl_gang_trace(seed: int, jobs_per_shape: int = 50) -> list[TraceJob]:
+# FfDL §5.3's job shapes: (learners, GPUs per learner).
+FFDL_GANG_SHAPES: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1))
+
+
+def ffdl_gang_trace(
+    seed: int,
+    jobs_per_shape: int = 50,
+    shapes: Sequence[tuple[int, int]] = FFDL_GANG_SHAPES,
+) -> list[TraceJob]:
     """FfDL §5.3: 50 jobs each of 2×1, 2×2 and 4×1 (learners × GPUs), submitted together.
 
     Durations are uniform in 10-60 minutes (the paper does not give them); the order in
     which the jobs reach the scheduler is shuffled by ``seed``.
     """
     rng = np.random.default_rng(seed)
-    shapes = [(2, 1), (2, 2), (4, 1)] * jobs_per_shape
+    shapes = list(shapes) * jobs_per_shape
     order = rng.permutation(len(shapes))
     return [
         TraceJob(
@@ -98,31 +108,65 @@ def ffdl_day_trace(seed: int, hours: float = 24.0, load: float = 0.9) -> list[Tr
     return jobs
 
 
+class TraceError(ValueError):
+    """A job trace file that cannot be read; the message names the file, row and fix."""
+
+
+_COLUMNS = "job_id, arrival_s, duration_s, learners, gpus, gpu_type (owner optional)"
+
+
 def load_trace(path: str | Path) -> list[TraceJob]:
+    """Read a JSON (list of objects) or CSV (header row) job trace, checking every row."""
     p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise TraceError(f"cannot read trace {p}: {err}") from None
+    if not text.strip():
+        raise TraceError(f"{p}: the trace is empty; write one job per row: {_COLUMNS}")
+    rows: list[tuple[str, Any]]
     if p.suffix == ".json":
-        rows = json.loads(p.read_text())
-    else:
-        with p.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    jobs = []
-    for n, row in enumerate(rows):
         try:
-            jobs.append(
-                TraceJob(
-                    job_id=str(row.get("job_id") or f"job-{n:05d}"),
-                    arrival_s=float(row["arrival_s"]),
-                    duration_s=float(row["duration_s"]),
-                    learners=int(row["learners"]),
-                    gpus=int(row["gpus"]),
-                    gpu_type=str(row.get("gpu_type") or ""),
-                    owner=str(row.get("owner") or ""),
-                )
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise TraceError(f"{p}:{err.lineno}: not valid JSON: {err.msg}") from None
+        if not isinstance(doc, list):
+            raise TraceError(f"{p}: a JSON trace is a list of jobs, each an object: {_COLUMNS}")
+        rows = [(f"job {n}", row) for n, row in enumerate(doc)]
+    else:
+        reader = csv.DictReader(text.splitlines())
+        # line numbers count the header as line 1
+        rows = [(f"{n + 2}", row) for n, row in enumerate(reader)]
+    jobs: list[TraceJob] = []
+    seen: set[str] = set()
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise TraceError(f"{p}:{where}: expected an object with {_COLUMNS}, got {row!r}")
+        try:
+            job = TraceJob(
+                job_id=str(row.get("job_id") or f"job-{len(jobs):05d}"),
+                arrival_s=float(row["arrival_s"]),
+                duration_s=float(row["duration_s"]),
+                learners=int(row["learners"]),
+                gpus=int(row["gpus"]),
+                gpu_type=str(row.get("gpu_type") or ""),
+                owner=str(row.get("owner") or ""),
             )
-        except (KeyError, ValueError) as exc:
-            raise ValueError(
-                f"{p}: row {n}: {exc!r}; expected job_id, arrival_s, duration_s, learners, gpus, gpu_type"
-            ) from exc
+        except KeyError as exc:
+            raise TraceError(f"{p}:{where}: no {exc.args[0]} column; expected {_COLUMNS}") from None
+        except (TypeError, ValueError) as exc:
+            raise TraceError(f"{p}:{where}: {exc}; expected {_COLUMNS}") from None
+        if job.arrival_s < 0 or job.duration_s <= 0 or job.learners < 1 or job.gpus < 0:
+            raise TraceError(
+                f"{p}:{where}: job {job.job_id}: need arrival_s >= 0, duration_s > 0, "
+                f"learners >= 1 and gpus >= 0"
+            )
+        if job.job_id in seen:
+            raise TraceError(f"{p}:{where}: job_id {job.job_id} appears twice; ids must be unique")
+        seen.add(job.job_id)
+        jobs.append(job)
+    if not jobs:
+        raise TraceError(f"{p}: the trace has no jobs; write one job per row: {_COLUMNS}")
     return jobs
 
 
