@@ -206,9 +206,10 @@ def _build(base: dict[str, Any], opts: dict[str, Any]) -> tuple[JobSpec, Preempt
             backup_s=parse_duration(merged.get("backup_time") or "0"),
             alloc_s=parse_range(merged.get("alloc_time") or "60-300"),
             prep_s=parse_range(merged.get("prep_time") or "60-180"),
-            stages=int(merged.get("stages") or 1),
-            pipelines=int(merged.get("pipelines") or 1),
-            samples_per_step=_whole(merged.get("samples_per_step") or 1, "samples_per_step"),
+            # `is None`, not `or`: 0 is a wrong value to report, not a missing one
+            stages=_whole(_given(merged, "stages", 1), "stages"),
+            pipelines=_whole(_given(merged, "pipelines", 1), "pipelines"),
+            samples_per_step=_whole(_given(merged, "samples_per_step", 1), "samples_per_step"),
         )
         trace = traces.load(merged["trace"]) if merged.get("trace") else None
         if merged.get("preemption_probability") is not None:
@@ -225,16 +226,31 @@ def _build(base: dict[str, Any], opts: dict[str, Any]) -> tuple[JobSpec, Preempt
             trace=trace,
             mttp_node_s=mttp,
         )
-        return job, model, Prices(float(prices[0]), float(prices[1]))  # type: ignore[arg-type]
+        return job, model, Prices(_price(prices[0], "on-demand"), _price(prices[1], "spot"))
     except (SimInputError, traces.TraceError) as err:
         raise click.UsageError(str(err)) from err
     except (ValueError, TypeError) as err:
         raise click.UsageError(f"bad estimate input: {err}") from err
 
 
+def _given(merged: dict[str, Any], key: str, default: Any) -> Any:
+    return default if merged.get(key) is None else merged[key]
+
+
+def _price(value: Any, name: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SimInputError(
+            f"the {name} price must be a number of dollars per node-hour, got {value!r}"
+        ) from None
+
+
 def _whole(value: Any, name: str) -> int:
     if isinstance(value, bool) or not str(value).strip().isdigit():
         raise SimInputError(f"{name} must be a whole number >= 1, got {value!r}")
+    if int(str(value).strip()) < 1:
+        raise SimInputError(f"{name} must be >= 1, got {value!r}")
     return int(str(value).strip())
 
 

@@ -157,6 +157,7 @@ def main() -> None:
     "--runs",
     default=20,
     show_default=True,
+    type=click.IntRange(min=1),
     help="Repetitions, each with its own seed (seed, seed+1, ...).",
 )
 @click.option(
@@ -169,6 +170,7 @@ def main() -> None:
     "--jobs-per-shape",
     default=50,
     show_default=True,
+    type=click.IntRange(min=1),
     help="Jobs of each shape 2×1, 2×2, 4×1 (learners × GPUs).",
 )
 @click.option(
@@ -176,6 +178,7 @@ def main() -> None:
     "deploy_gap_s",
     default=0.5,
     show_default=True,
+    type=click.FloatRange(min=0),
     help="Per-pod baseline: mean seconds between the deployments of consecutive jobs.",
 )
 @click.option(
@@ -183,6 +186,7 @@ def main() -> None:
     "pod_spread_s",
     default=5.0,
     show_default=True,
+    type=click.FloatRange(min=0),
     help="Per-pod baseline: seconds over which one job's pods appear (they interleave with other jobs' pods).",
 )
 @click.option(
@@ -248,16 +252,22 @@ def ffdl_gang(
     "--seeds",
     default=1,
     show_default=True,
+    type=click.IntRange(min=1),
     help="Number of synthetic days (seed, seed+1, ...); totals are summed.",
 )
 @click.option("--seed", default=0, show_default=True, help="First seed of the synthetic trace.")
 @click.option(
-    "--hours", default=24.0, show_default=True, help="Length of the arrival trace in hours."
+    "--hours",
+    default=24.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Length of the arrival trace in hours.",
 )
 @click.option(
     "--load",
     default=0.9,
     show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
     help="Offered load: mean GPU demand as a share of the 400 GPUs.",
 )
 @click.option(

@@ -272,3 +272,29 @@ def test_a_bad_trace_is_one_line_naming_the_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"{trace}:3: time goes backwards" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--mttp", "1h", "--samples-per-step", "0"], "samples_per_step must be >= 1, got 0"),
+        (["--mttp", "1h", "--stages", "0"], "stages must be >= 1, got 0"),
+        (["--mttp", "1h", "--pipelines", "-1"], "pipelines must be a whole number >= 1"),
+        (["--trace", str(REPO)], "is not a file"),
+        (["--trace", sys.executable], "cannot read trace"),
+        (["--mttp", "1h", "--spot-price", "0"], "prices must be > 0"),
+    ],
+)
+def test_bad_simulator_input_is_one_line(extra: list[str], message: str) -> None:
+    result = CliRunner().invoke(simulate_cmd, [*SIM_ARGS, *extra])
+    assert result.exit_code == 2 and message in result.output
+    # a usage error (SystemExit 2), not an exception escaping the command
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+def test_bad_manifest_prices_are_one_line(tmp_path: Path) -> None:
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(MANIFEST.replace("on_demand: 3", "on_demand: cheap"))
+    result = CliRunner().invoke(estimate, [str(manifest), "--mttp", "5h"])
+    assert result.exit_code == 2
+    assert "the on-demand price must be a number of dollars per node-hour" in result.output

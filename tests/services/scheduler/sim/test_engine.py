@@ -240,3 +240,18 @@ def test_bad_job_traces_are_one_line_naming_the_row(
     )
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["ffdl-pack", "--load", "0"], "--load"),
+        (["ffdl-pack", "--seeds", "0"], "--seeds"),
+        (["ffdl-pack", "--hours", "-1"], "--hours"),
+        (["ffdl-gang", "--runs", "0"], "--runs"),
+        (["ffdl-gang", "--deploy-gap", "-1"], "--deploy-gap"),
+    ],
+)
+def test_out_of_range_experiment_options_are_refused_by_name(args: list[str], option: str) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
