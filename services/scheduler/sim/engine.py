@@ -58,6 +58,8 @@ class SimResult:
     makespan_s: float
     waiting_for_siblings_max: int = 0
     queue_delays_s: list[float] = field(default_factory=list, repr=False)
+    # job id -> the node of each learner, in rank order (per-pod: in binding order)
+    placements: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     jcts_s: list[float] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict[str, float | int | str | bool]:
@@ -130,6 +132,7 @@ def simulate(
     node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
     # GPUs each job's bound pods hold, per node index
     held: dict[str, dict[int, int]] = {j: {} for j in jobs}
+    placed: dict[str, tuple[str, ...]] = {}
     if per_pod:
         # The LCM deploys in submit order; a job's pods appear over pod_spread_s.
         deploy_at = 0.0
@@ -163,6 +166,8 @@ def simulate(
                         learners=j.learners,
                         gpus=j.gpus,
                         gpu_type=j.gpu_type,
+                        cpus=j.cpus,
+                        memory_mb=j.memory_mb,
                         owner=j.owner,
                         arrival=now,
                     )
@@ -176,6 +181,8 @@ def simulate(
                         learners=1,
                         gpus=j.gpus,
                         gpu_type=j.gpu_type,
+                        cpus=j.cpus,
+                        memory_mb=j.memory_mb,
                         owner=j.owner,
                         arrival=now,
                     )
@@ -189,6 +196,7 @@ def simulate(
             job_id = placement.job_id.split("/")[0]
             bound_pods[job_id] += len(placement.learner_nodes)
             j = jobs[job_id]
+            placed[job_id] = placed.get(job_id, ()) + tuple(placement.learner_nodes)
             for name in placement.learner_nodes:
                 idx = node_index[name]
                 held[job_id][idx] = held[job_id].get(idx, 0) + j.gpus
@@ -227,4 +235,5 @@ def simulate(
         makespan_s=makespan,
         queue_delays_s=delays,
         jcts_s=jcts,
+        placements=placed,
     )

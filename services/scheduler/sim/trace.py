@@ -1,7 +1,8 @@
 """Job traces: the two FfDL experiments' workloads, and trace files.
 
 A trace file is JSON (a list of objects) or CSV with the columns
-``job_id, arrival_s, duration_s, learners, gpus, gpu_type`` (``owner`` optional).
+``job_id, arrival_s, duration_s, learners, gpus, gpu_type`` (``owner``, and ``cpus`` and
+``memory_mb`` per learner, optional).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class TraceJob:
     gpus: int
     gpu_type: str
     owner: str = ""
+    # Per learner, as a manifest's cpus and memory; 0 leaves them out of placement.
+    cpus: float = 0.0
+    memory_mb: float = 0.0
 
 
 def ffdl_gang_cluster(nodes: int = 15, gpus_per_node: int = 4) -> list[Node]:
@@ -112,7 +116,9 @@ class TraceError(ValueError):
     """A job trace file that cannot be read; the message names the file, row and fix."""
 
 
-_COLUMNS = "job_id, arrival_s, duration_s, learners, gpus, gpu_type (owner optional)"
+_COLUMNS = (
+    "job_id, arrival_s, duration_s, learners, gpus, gpu_type (owner, cpus, memory_mb optional)"
+)
 
 
 def load_trace(path: str | Path) -> list[TraceJob]:
@@ -151,15 +157,22 @@ def load_trace(path: str | Path) -> list[TraceJob]:
                 gpus=int(row["gpus"]),
                 gpu_type=str(row.get("gpu_type") or ""),
                 owner=str(row.get("owner") or ""),
+                cpus=float(row.get("cpus") or 0.0),
+                memory_mb=float(row.get("memory_mb") or 0.0),
             )
         except KeyError as exc:
             raise TraceError(f"{p}:{where}: no {exc.args[0]} column; expected {_COLUMNS}") from None
         except (TypeError, ValueError) as exc:
             raise TraceError(f"{p}:{where}: {exc}; expected {_COLUMNS}") from None
-        if job.arrival_s < 0 or job.duration_s <= 0 or job.learners < 1 or job.gpus < 0:
+        if (
+            job.arrival_s < 0
+            or job.duration_s <= 0
+            or job.learners < 1
+            or min(job.gpus, job.cpus, job.memory_mb) < 0
+        ):
             raise TraceError(
                 f"{p}:{where}: job {job.job_id}: need arrival_s >= 0, duration_s > 0, "
-                f"learners >= 1 and gpus >= 0"
+                f"learners >= 1, and gpus, cpus, memory_mb >= 0"
             )
         if job.job_id in seen:
             raise TraceError(f"{p}:{where}: job_id {job.job_id} appears twice; ids must be unique")
