@@ -118,6 +118,11 @@ def pct(share: float) -> str:
     return f"{0.0 if value == 0 else value:.1f}%"
 
 
+def money(dollars: float) -> str:
+    """Cents where they matter: a small job's $0.42 must not print as $0."""
+    return f"{dollars:,.2f}" if dollars < 100 else f"{dollars:,.0f}"
+
+
 def notes(
     rows: list[Row], job: JobSpec, model: PreemptionModel, horizon_factor: float = HORIZON_FACTOR
 ) -> list[str]:
@@ -172,7 +177,7 @@ def table(rows: list[Row], title: str) -> Table:
             r.strategy,
             f"{r.time_h:.2f}",
             f"{r.time_vs_ideal:.3f}",
-            f"{r.cost:,.0f}",
+            money(r.cost),
             f"{r.cost_vs_on_demand:.3f}",
             f"{r.samples_per_dollar:,.1f}",
             f"{r.value_vs_on_demand:.2f}",
@@ -199,7 +204,7 @@ def markdown(rows: list[Row]) -> str:
     lines = [head, sep]
     for r in rows:
         lines.append(
-            f"| {r.strategy} | {r.time_h:.2f} | {r.time_vs_ideal:.3f} | {r.cost:,.0f} | "
+            f"| {r.strategy} | {r.time_h:.2f} | {r.time_vs_ideal:.3f} | {money(r.cost)} | "
             f"{r.cost_vs_on_demand:.3f} | {r.samples_per_dollar:,.1f} | "
             f"{r.value_vs_on_demand:.2f} | "
             + " | ".join(pct(r.breakdown_share[b]) for b in BUCKETS)

@@ -9,7 +9,7 @@ import pytest
 from services.sim import traces
 from services.sim.engine import BUCKETS, Sim
 from services.sim.model import JobSpec, PreemptionModel, Prices, SimInputError
-from services.sim.runner import markdown, notes, pct, simulate
+from services.sim.runner import markdown, money, notes, pct, simulate
 from services.sim.strategies import (
     Adaptive,
     CheckpointRestart,
@@ -203,3 +203,8 @@ def test_a_strategy_that_never_finishes_shows_no_value() -> None:
 def test_shares_never_print_as_negative_zero() -> None:
     assert pct(-1e-17) == "0.0%"
     assert pct(0.1234) == "12.3%"
+
+
+def test_small_costs_keep_their_cents() -> None:
+    assert money(0.4249) == "0.42"
+    assert money(2176.4) == "2,176"
