@@ -255,3 +255,13 @@ def test_bad_job_traces_are_one_line_naming_the_row(
 def test_out_of_range_experiment_options_are_refused_by_name(args: list[str], option: str) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+
+
+def test_replay_refuses_a_bad_cluster_config_in_one_line(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - name: a\n    cpus: 2\n    memory_mb: 1024\n    gpuz: 2\n")
+    result = CliRunner().invoke(
+        main, ["replay", "--trace", str(_trace_file(tmp_path)), "--cluster", str(cluster)]
+    )
+    assert result.exit_code == 2 and "--cluster" in result.output and "gpuz" in result.output
+    assert "Traceback" not in result.output
