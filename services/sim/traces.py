@@ -151,7 +151,8 @@ def _format_of(p: Path, lineno: int, fields: list[str]) -> str:
 
 def _events(p: Path, rows: list[tuple[int, list[str]]]) -> list[TraceEvent]:
     events: list[TraceEvent] = []
-    seen: dict[tuple[str, ...], int] = {}
+    seen: dict[tuple[float, str, str], int] = {}
+    previous = ""
     for lineno, fields in rows:
         if len(fields) != 3 or fields[1] not in ("add", "remove") or not fields[2]:
             raise TraceError(
@@ -166,18 +167,20 @@ def _events(p: Path, rows: list[tuple[int, list[str]]]) -> list[TraceEvent]:
             ) from None
         if not ms >= 0 or ms == float("inf"):
             raise TraceError(f"{p}:{lineno}: time {fields[0]!r} must be a finite number >= 0 ms")
-        key = (f"{ms:g}", fields[1], fields[2])
+        # the number, not its text: 1000 and 1000.0 are the same time
+        key = (ms, fields[1], fields[2])
         if key in seen:
             raise TraceError(
                 f"{p}:{lineno}: duplicate row (same as line {seen[key]}): "
-                f"{ms:g} ms {fields[1]} {fields[2]} twice; remove one"
+                f"{fields[0]} ms {fields[1]} {fields[2]} twice; remove one"
             )
         seen[key] = lineno
         if events and ms / 1000.0 < events[-1].t_s:
             raise TraceError(
-                f"{p}:{lineno}: time goes backwards ({ms:g} ms after "
-                f"{events[-1].t_s * 1000:g} ms on an earlier line); sort the rows by time"
+                f"{p}:{lineno}: time goes backwards ({fields[0]} ms after "
+                f"{previous} ms on an earlier line); sort the rows by time"
             )
+        previous = fields[0]
         events.append(TraceEvent(ms / 1000.0, fields[1], fields[2]))
     return events
 

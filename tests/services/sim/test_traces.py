@@ -97,3 +97,9 @@ def test_bad_traces_are_one_line_naming_the_problem_and_line(
         _load(tmp_path, text)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_rows_close_in_time_late_in_a_long_trace_are_not_duplicates(tmp_path: Path) -> None:
+    # 123456789 and 123457000 ms print alike with 6 significant digits; they differ.
+    trace = _load(tmp_path, "0,add,a\n123456789,remove,a\n123457000,remove,a\n")
+    assert [e.t_s for e in trace.removals()] == [123456.789, 123457.0]
