@@ -42,6 +42,7 @@ from services.scheduler.sim.trace import TraceJob
 
 PER_POD = "per-pod"
 QUEUED_TOO_LONG_S = 15 * 60
+_EPS = 1e-9  # CPU and memory are floats: a pod that exactly fills a node fits
 
 
 @dataclass
@@ -85,14 +86,20 @@ class SimResult:
 
 
 def _held_by_others(cluster: Cluster, job: TraceJob, own: dict[int, int]) -> bool:
-    """Whether a pending pod of ``job`` is kept out by other jobs: some node of its GPU
-    type could hold it if only the job's own pods were on it. (Called after a pass that
-    placed every pod that fits, so no such node has room now.) A pod no node could ever
-    hold is unschedulable, not deadlocked."""
-    if job.gpus == 0:
-        return False
+    """Whether a pending pod of ``job`` is kept out by other jobs: some node that suits
+    it (its GPU type, when it asks for GPUs) could hold it if only the job's own pods
+    (``own``: node index -> pods) were on it. (Called after a pass that placed every pod
+    that fits, so no such node has room now.) A pod no node could ever hold is
+    unschedulable, not deadlocked."""
     for idx, node in enumerate(cluster.nodes):
-        if node.gpu_type == job.gpu_type and node.gpus - own.get(idx, 0) >= job.gpus:
+        if job.gpus > 0 and node.gpu_type != job.gpu_type:
+            continue
+        room = own.get(idx, 0) + 1  # the job's pods there, and one more
+        if (
+            node.gpus >= room * job.gpus
+            and node.cpus + _EPS >= room * job.cpus
+            and node.memory_mb + _EPS >= room * job.memory_mb
+        ):
             return True
     return False
 
@@ -130,7 +137,7 @@ def simulate(
     pod_ids: dict[str, list[str]] = {}
     created: dict[str, int] = {j: (0 if per_pod else jobs[j].learners) for j in jobs}
     node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
-    # GPUs each job's bound pods hold, per node index
+    # how many of each job's pods are bound on each node (by node index)
     held: dict[str, dict[int, int]] = {j: {} for j in jobs}
     placed: dict[str, tuple[str, ...]] = {}
     if per_pod:
@@ -199,7 +206,7 @@ def simulate(
             placed[job_id] = placed.get(job_id, ()) + tuple(placement.learner_nodes)
             for name in placement.learner_nodes:
                 idx = node_index[name]
-                held[job_id][idx] = held[job_id].get(idx, 0) + j.gpus
+                held[job_id][idx] = held[job_id].get(idx, 0) + 1
             if bound_pods[job_id] == j.learners and job_id not in started:
                 started[job_id] = now
                 busy_gpu_s += j.learners * j.gpus * j.duration_s

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from services.scheduler.cluster import Node
 from services.scheduler.sim.cli import main
 from services.scheduler.sim.engine import PER_POD, simulate
 from services.scheduler.sim.trace import (
@@ -265,3 +266,22 @@ def test_replay_refuses_a_bad_cluster_config_in_one_line(tmp_path: Path) -> None
     )
     assert result.exit_code == 2 and "--cluster" in result.output and "gpuz" in result.output
     assert "Traceback" not in result.output
+
+
+def test_cpu_pods_kept_out_by_another_job_are_deadlocked_too() -> None:
+    # The GPU case above with CPUs: two 2-learner x 2-CPU jobs on one 4-CPU node.
+    nodes = [Node("cpu-0", cpus=4, memory_mb=4096)]
+    trace = [
+        TraceJob("a", 0.0, 600.0, 2, 0, "", cpus=2.0),
+        TraceJob("b", 0.0, 600.0, 2, 0, "", cpus=2.0),
+    ]
+    results = [
+        simulate(trace, nodes, PER_POD, seed=s, deploy_gap_s=0.0, pod_spread_s=10.0)
+        for s in range(20)
+    ]
+    stuck = [r for r in results if r.deadlocked_learners_max > 0]
+    assert stuck and all(r.deadlocked_learners_max == 2 and r.completed == 0 for r in stuck)
+    # A pod bigger than any node is unschedulable, not deadlocked.
+    huge = [TraceJob("h", 0.0, 600.0, 2, 0, "", cpus=3.0)]
+    res = simulate(huge, nodes, PER_POD, seed=0)
+    assert res.deadlocked_learners_max == 0 and res.completed == 0
