@@ -337,6 +337,28 @@ class LocalBackend(Backend):
                 f"{isolation.UIDS_VARIABLE}=off"
             )
 
+    def _check_data_stores(self, job: JobSpec, user: LearnerUser) -> None:
+        """The manifest's local data stores are the user's paths, not the platform's: it
+        grants nothing there. Say now, not after training, when the job's uid could not
+        read the data or write the results."""
+        for store in local_stores(job, 0):
+            data = Path(store["connection"]["path"]).expanduser()
+            blocked = isolation.unreachable(data, user)
+            if blocked is not None or not isolation.readable(data, user):
+                raise BackendError(
+                    f"data store {store['id']!r}: the job's learners run as uid {user.uid}, "
+                    f"which cannot read {data} (stopped at {blocked or data}); make it "
+                    "readable by others (chmod -R o+rX)"
+                )
+            if "results_path" in store:
+                results = Path(store["results_path"]).parent.parent  # <container>/<job>/<rank>
+                if not isolation.writable(results, user):
+                    raise BackendError(
+                        f"data store {store['id']!r}: the job's learners run as uid "
+                        f"{user.uid}, which cannot write its results container {results}; "
+                        f"make it writable by others with the sticky bit (chmod 1777 {results})"
+                    )
+
     def _lock_down(self, job: JobSpec) -> None:
         """Under per-job uids, other uids may only traverse the data directory: the
         object store, the servers' data and the daemon's files stay the daemon's."""
@@ -367,6 +389,7 @@ class LocalBackend(Backend):
         root = Path(job.job_dir)
         if job.model_zip and not Path(job.model_zip).is_file():
             raise BackendError(f"the job's code {job.model_zip} is missing from the object store")
+        self._check_data_stores(job, user)
         try:
             root.mkdir(parents=True, exist_ok=True)
             isolation.own_directory(root, user.owner)

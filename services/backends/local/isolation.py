@@ -187,6 +187,16 @@ def readable(path: Path, user: LearnerUser) -> bool:
     return _may(st, user, stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)
 
 
+def writable(path: Path, user: LearnerUser) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _may(st, user, stat.S_IWUSR, stat.S_IWGRP, stat.S_IWOTH) and _may(
+        st, user, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH
+    )
+
+
 def _may(st: os.stat_result, user: LearnerUser, usr: int, grp: int, oth: int) -> bool:
     if user.uid == 0:
         return True
@@ -362,5 +372,6 @@ __all__ = [
     "restrict",
     "set_mode",
     "unreachable",
+    "writable",
     "write_file",
 ]
