@@ -327,9 +327,10 @@ def status(data_dir: Path) -> dict[str, Any]:
             components["api"]["serving"] = grpc_serving(state.urls["api"])
     for name, proc in state.processes.items():
         components[name]["restarts"] = int(proc.get("restarts", 0))
+    supervisor: dict[str, Any] = {}
     if state.supervisor:
         pid = int(state.supervisor["pid"])
-        components["supervisor"] = {
+        supervisor = {
             "pid": pid,
             "alive": pid_alive(pid),
             "log": state.supervisor.get("log", ""),
@@ -339,5 +340,6 @@ def status(data_dir: Path) -> dict[str, Any]:
         "data_dir": str(data_dir),
         "running": bool(alive) and all(alive.values()),
         "components": components,
+        "supervisor": supervisor,  # not a component: it restarts them
         "urls": state.urls,
     }
