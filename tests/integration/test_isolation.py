@@ -234,3 +234,22 @@ def test_mnist_completes_under_a_learner_uid(
     assert record.status == states.COMPLETED, explain(stores, root_data_dir, job.job_id)
     assert "test_accuracy=" in out
     assert job_dir.stat().st_uid >= 20000
+
+
+def test_the_lcm_refuses_a_guardian_log_a_learner_replaced_with_a_link(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    """The job directory is the learner uid's: a link it leaves at guardian.log must not
+    make the root LCM append to the file it points at."""
+    from services.lcm.manager import LcmConfig, LifecycleManager
+
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    job_dir = tmp_path / "jobs" / "job-linked"
+    job_dir.mkdir(parents=True)
+    (job_dir / "guardian.log").symlink_to(victim)
+    config = LcmConfig(tmp_path, stores["etcd_url"], stores["mongo_url"], poll_s=0.1)
+    lcm = LifecycleManager(config, stores["repo"], stores["etcd"])
+    lcm.spawn("job-linked")
+    assert "job-linked" not in lcm.guardians  # no guardian started with that log
+    assert victim.read_text() == "root's file\n"
