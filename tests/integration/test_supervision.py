@@ -153,3 +153,22 @@ def test_health_is_not_serving_while_mongodb_is_down_then_serving_again(
         if back is not None:
             back.stop()
         mongo.stop()
+
+
+def test_backoff_doubles_per_restart_caps_and_resets_once_stable() -> None:
+    from services.embedded.supervisor import Backoff
+
+    b = Backoff(initial_s=0.5, max_s=2.0, stable_s=30.0)
+    delays = []
+    now = 0.0
+    for _ in range(4):
+        delay = b.dead("etcd", now)
+        assert delay is not None and b.dead("etcd", now) is None  # counted once per death
+        delays.append(delay)
+        assert not b.ready("etcd", now) and b.ready("etcd", now + delay)
+        b.restarted("etcd", now + delay)
+        now += delay + 1.0
+        b.alive("etcd", now)  # up for a second only: no reset
+    assert delays == [0.5, 1.0, 2.0, 2.0]
+    b.alive("etcd", now + 30.0)  # stayed up: the next death waits the initial delay
+    assert b.dead("etcd", now + 31.0) == 0.5
