@@ -88,6 +88,7 @@ class Daemon:
         self.health = health.HealthServicer()
         self.port = 0
         self.metrics_server: Any = None
+        self.health_monitor: Any = None
 
     def start(self) -> None:
         for name in self.config.services:
@@ -112,8 +113,13 @@ class Daemon:
         for name in names:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        from services.health import start_health_monitor  # NOT_SERVING while a store is down
+
+        self.health_monitor = start_health_monitor(self.ctx, self.health, names)
 
     def stop(self) -> None:
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
         self.health.enter_graceful_shutdown()
         for hosted in reversed(self.hosted):
             if hosted.stop:

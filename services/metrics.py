@@ -45,6 +45,19 @@ GUARDIAN_RESTARTS = Counter(
     "Guardians restarted after a crash or a lost lease.",
     registry=REGISTRY,
 )
+SUPERVISED_RESTARTS = Counter(
+    "rhizome_supervised_restarts_total",
+    "Platform processes (daemon, etcd, MongoDB-wire, Elasticsearch-API) the supervisor of "
+    "`rhizome up` restarted after they died.",
+    ["process"],
+    registry=REGISTRY,
+)
+STORE_UP = Gauge(
+    "rhizome_store_up",
+    "1 while the daemon's client of a store (mongodb, etcd) answers its health probe, else 0.",
+    ["store"],
+    registry=REGISTRY,
+)
 TDS_DOCUMENTS = Counter(
     "rhizome_tds_documents_written_total",
     "Log lines and metric samples the training data service indexed.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,13 @@ import pytest
 
 from services.embedded.process import ManagedServer
 from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
+
+# As root the local backend runs each job's learners under a uid of its own, which must be
+# able to enter the data directory; pytest's temp directories are 0700, and most tests'
+# learners write beside them. Those tests run learners as the test's user; the isolation
+# tests (tests/integration/test_isolation.py) turn it back on with a data directory others
+# may traverse. An explicit setting in the environment wins.
+os.environ.setdefault("RHIZOME_LEARNER_UIDS", "off")
 
 
 def _serve(server: ManagedServer) -> Iterator[ManagedServer]:

@@ -20,6 +20,7 @@ torch.distributed.elastic's rendezvous handlers.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,9 @@ import torch.distributed as dist
 from contract.registry import Registry
 from learner.runtime.api import ConfigError, Interrupted, LinkError
 
-GroupFactory = Callable[[dist.Store, int, int, timedelta], Any]
+# (store, rank, size, timeout, address): `address` is this worker's own, where the
+# group's connections are accepted (never every interface: see docs/security.md).
+GroupFactory = Callable[[dist.Store, int, int, timedelta, str], Any]
 BACKENDS: Registry[GroupFactory] = Registry("process group backend", error=ConfigError)
 
 
@@ -40,11 +43,16 @@ def register_backend(name: str, factory: GroupFactory | str) -> None:
     BACKENDS.register(name, factory)
 
 
-def _gloo(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+def _gloo(store: dist.Store, rank: int, size: int, timeout: timedelta, address: str) -> Any:
+    # gloo's default device listens on whatever the host name resolves to; the
+    # worker's own address keeps its links off the other interfaces.
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    opts._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
-def _nccl(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
+def _nccl(store: dist.Store, rank: int, size: int, timeout: timedelta, address: str) -> Any:
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     return dist.ProcessGroupNCCL(store, rank, size, opts)
@@ -54,8 +62,25 @@ register_backend("gloo", _gloo)
 register_backend("nccl", _nccl)
 
 
-def make_group(backend: str, store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
-    return BACKENDS.get(backend)(store, rank, size, timeout)
+def make_group(
+    backend: str,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    address: str = "127.0.0.1",
+) -> Any:
+    return BACKENDS.get(backend)(store, rank, size, timeout, address)
+
+
+def route_address(host: str) -> str:
+    """This machine's own address on the route to `host` (the rendezvous store or etcd):
+    the address peers that reach `host` can reach this worker by. A connected UDP socket
+    sends nothing; connecting only picks the route."""
+    family, _, _, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(target)
+        return str(probe.getsockname()[0])
 
 
 T = TypeVar("T")
@@ -125,8 +150,10 @@ class Transport:
         store: dist.Store,
         timeout: timedelta,
         device: torch.device,
+        address: str = "127.0.0.1",
     ) -> None:
         self.me = me
+        self.address = address
         self.generation = generation
         self.backend = backend
         self.store = store
@@ -149,7 +176,7 @@ class Transport:
         try:
             return interruptible(
                 lambda prefix=prefix, rank=rank: make_group(  # type: ignore[misc]
-                    self.backend, prefix, rank, 2, self.timeout
+                    self.backend, prefix, rank, 2, self.timeout, self.address
                 ),
                 stop,
                 f"link to worker {peer} of generation {self.generation}",
@@ -204,13 +231,20 @@ class Groups:
     """All-reduce groups of one generation, built on first use in block order."""
 
     def __init__(
-        self, me: int, generation: int, backend: str, store: dist.Store, timeout: timedelta
+        self,
+        me: int,
+        generation: int,
+        backend: str,
+        store: dist.Store,
+        timeout: timedelta,
+        address: str = "127.0.0.1",
     ) -> None:
         self.me = me
         self.generation = generation
         self.backend = backend
         self.store = store
         self.timeout = timeout
+        self.address = address
         self.groups: dict[int, Any] = {}
 
     def allreduce(
@@ -224,7 +258,9 @@ class Groups:
             rank = members.index(self.me)
             try:
                 self.groups[block] = interruptible(
-                    lambda: make_group(self.backend, prefix, rank, len(members), self.timeout),
+                    lambda: make_group(
+                        self.backend, prefix, rank, len(members), self.timeout, self.address
+                    ),
                     stop,
                     f"all-reduce group of block {block}",
                 )

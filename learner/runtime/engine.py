@@ -176,9 +176,13 @@ class Worker:
         t0 = time.monotonic()
         self._build()
         t1 = time.monotonic()
-        st.transport = Transport(st.me, 0, self.opts.backend, self.store, st.timeout, st.device)
+        st.transport = Transport(
+            st.me, 0, self.opts.backend, self.store, st.timeout, st.device, self.opts.address
+        )
         st.transport.connect(st.topo.peers(st.me), st.changed)
-        st.groups = Groups(st.me, 0, self.opts.backend, self.store, st.group_timeout)
+        st.groups = Groups(
+            st.me, 0, self.opts.backend, self.store, st.group_timeout, self.opts.address
+        )
         self._t_last = time.monotonic()
         st.log(
             f"started: stage {st.me % st.P} of pipeline {st.pipe}, layers {self.boundaries}, "

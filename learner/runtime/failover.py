@@ -176,10 +176,25 @@ class Failover:
             for b in range(st.P)
         }
         rest = recovery_plan(st.P, st.M, progress)
-        tr = Transport(st.me, st.generation, st.opts.backend, self.store, st.timeout, st.device)
+        tr = Transport(
+            st.me,
+            st.generation,
+            st.opts.backend,
+            self.store,
+            st.timeout,
+            st.device,
+            st.opts.address,
+        )
         tr.connect(topo.peers(st.me), st.changed)
         st.transport = tr
-        st.groups = Groups(st.me, st.generation, st.opts.backend, self.store, st.group_timeout)
+        st.groups = Groups(
+            st.me,
+            st.generation,
+            st.opts.backend,
+            self.store,
+            st.group_timeout,
+            st.opts.address,
+        )
         return resume, rest
 
     def _reported_progress(self, report: dict[str, Any], block: int, resume: int) -> BlockProgress:

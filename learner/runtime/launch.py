@@ -25,6 +25,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -150,10 +151,21 @@ def run(args: argparse.Namespace) -> int:
     n = args.stages * args.pipelines
     with contextlib.ExitStack() as stack:
         etcd = stack.enter_context(private_etcd()) if args.etcd == "auto" else args.etcd
-        # Hosted here, not in a worker: a store inside worker 0 would die with it.
-        store = dist.TCPStore(
-            "127.0.0.1", 0, n + 1, True, timeout=timedelta(seconds=300), wait_for_workers=False
-        )
+        # Hosted here, not in a worker: a store inside worker 0 would die with it. Given
+        # a host, TCPStore still listens on every interface; a socket bound to loopback
+        # first and handed over keeps it to this machine.
+        listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        with contextlib.closing(listener):
+            store = dist.TCPStore(
+                "127.0.0.1",
+                listener.getsockname()[1],
+                n + 1,
+                True,
+                timeout=timedelta(seconds=300),
+                wait_for_workers=False,
+                master_listen_fd=listener.fileno(),
+            )
+            listener.detach()  # the store's server owns the descriptor now
         # What every worker is told (`contract.env.RuntimeEnv`); each gets its own `worker`.
         runtime = RuntimeEnv(
             worker=0,

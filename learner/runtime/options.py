@@ -43,6 +43,9 @@ class WorkerOptions:
     pipelines: int
     backend: str = "gloo"
     device: str = "cpu"
+    # Where this worker's process groups accept connections: its own address on the route
+    # to the rendezvous (127.0.0.1 on one machine), never every interface.
+    address: str = "127.0.0.1"
     detection_timeout_s: float = 5.0
     lease_ttl_s: float = 2.0
     poll_s: float = 0.05

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from learner.runtime.api import (
     RedundancyMode,
 )
 from learner.runtime.cluster_state import EtcdClusterStateStore
+from learner.runtime.comm import route_address
 from learner.runtime.engine import KillPoint, Worker, WorkerOptions
 from learner.runtime.etcd_store import EtcdStore
 
@@ -46,12 +48,28 @@ def options_from_env(env: RuntimeEnv) -> WorkerOptions:
         stages=env.stages,
         pipelines=env.pipelines,
         backend=env.backend,
+        address=rendezvous_route(env),
         device=env.resolved_device,
         detection_timeout_s=env.detection_timeout_s,
         lease_ttl_s=env.lease_ttl_s,
         out_dir=env.out_dir,
         kill=kill,
     )
+
+
+def rendezvous_route(env: RuntimeEnv) -> str:
+    """This worker's own address: the one on its route to the rendezvous store (the
+    launcher's TCPStore, or etcd on the platform), which its peers reach too."""
+    if env.store != ETCD_STORE:
+        host = env.store.rpartition(":")[0]
+    else:
+        host = urlsplit(env.etcd).hostname or "127.0.0.1"
+    try:
+        return route_address(host.strip("[]"))
+    except OSError as exc:
+        raise LearnerConfigError(
+            RuntimeEnv.var("store"), f": no route to the rendezvous host {host!r} ({exc})"
+        ) from None
 
 
 def _config_error(exc: LearnerConfigError) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from contract.procs import free_port, pid_alive, stop_process_group
 from services.embedded.process import DependencyError, ManagedServer
 from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
+from services.embedded.supervisor import LOG_FILE as SUPERVISOR_LOG
+from services.embedded.supervisor import restart_recipe, state_lock
 
 STATE_FILE = "platform.json"
 Progress = Callable[[str], None]
@@ -89,6 +92,8 @@ class PlatformState:
     processes: dict[str, dict[str, Any]] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    # The supervisor's pid and log (services/embedded/supervisor.py); not a supervised part.
+    supervisor: dict[str, Any] = field(default_factory=dict)
 
     @property
     def api_address(self) -> str:
@@ -144,6 +149,7 @@ def up(
         alive = running(previous)
         if alive and all(alive.values()):
             progress(f"already running (data in {data_dir})")
+            ensure_supervisor(previous, progress)
             return previous
         state.ports = previous.ports
         # What is still alive from an earlier run (say, after the daemon crashed) is kept:
@@ -165,7 +171,10 @@ def up(
             save_state(PlatformState(str(data_dir), ports=state.ports))
             raise
         started.append(server)
-        state.processes[key] = {"pid": info.pid, "log": info.log_path}
+        state.processes[key] = {
+            "pid": info.pid,
+            **restart_recipe(server.argv(), server.data_dir, Path(info.log_path)),
+        }
         state.ports[key] = server.port
         progress(f"{what} is healthy ({info.url}, log {info.log_path})")
         return info.url
@@ -230,8 +239,47 @@ def up(
         state.urls["rest"] = f"http://127.0.0.1:{rport}"
         state.ports["metrics"] = mport
         state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
-    save_state(state)
+    state.supervisor = (previous.supervisor if previous else {}) or {}
+    ensure_supervisor(state, progress)
     return state
+
+
+def ensure_supervisor(state: PlatformState, progress: Progress) -> None:
+    """Start the supervisor of the platform's processes unless it runs; save the state."""
+    data_dir = Path(state.data_dir)
+    with state_lock(data_dir):
+        pid = int(state.supervisor.get("pid") or 0)
+        if not (pid and pid_alive(pid)):
+            port = _pick(state.ports.get("supervisor-metrics"))
+            log_path = data_dir / SUPERVISOR_LOG
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "services.embedded.supervisor",
+                        f"--data-dir={data_dir}",
+                        f"--metrics-address=127.0.0.1:{port}",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            state.supervisor = {"pid": proc.pid, "log": str(log_path)}
+            state.ports["supervisor-metrics"] = port
+            state.urls["supervisor-metrics"] = f"http://127.0.0.1:{port}/metrics"
+            progress(f"supervisor started (pid {proc.pid}): restarts whatever dies, log {log_path}")
+        save_state(state)
+
+
+def stop_supervisor(state: PlatformState, progress: Progress) -> None:
+    """Stop the supervisor (by pid) before what it supervises, so it resurrects nothing."""
+    pid = int(state.supervisor.get("pid") or 0)
+    if pid and pid_alive(pid):
+        progress(f"stopping the supervisor (pid {pid}) ...")
+        stop_process_group(pid, timeout_s=15)
+    state.supervisor = {}
 
 
 def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
@@ -240,6 +288,10 @@ def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
     state = load_state(data_dir)
     if state is None:
         return False
+    stop_supervisor(state, progress)
+    with state_lock(data_dir):  # a restart the supervisor had under way is written by now
+        state = load_state(data_dir) or state
+        state.supervisor = {}
     order = ["api", "dockerd", "elasticsearch", "mongodb", "etcd"]
     for name in sorted(state.processes, key=lambda n: order.index(n) if n in order else 0):
         pid = int(state.processes[name]["pid"])
@@ -273,9 +325,21 @@ def status(data_dir: Path) -> dict[str, Any]:
     with contextlib.suppress(Exception):
         if "api" in components:
             components["api"]["serving"] = grpc_serving(state.urls["api"])
+    for name, proc in state.processes.items():
+        components[name]["restarts"] = int(proc.get("restarts", 0))
+    supervisor: dict[str, Any] = {}
+    if state.supervisor:
+        pid = int(state.supervisor["pid"])
+        supervisor = {
+            "pid": pid,
+            "alive": pid_alive(pid),
+            "log": state.supervisor.get("log", ""),
+            "url": state.urls.get("supervisor-metrics", ""),
+        }
     return {
         "data_dir": str(data_dir),
         "running": bool(alive) and all(alive.values()),
         "components": components,
+        "supervisor": supervisor,  # not a component: it restarts them
         "urls": state.urls,
     }

@@ -227,7 +227,19 @@ class LifecycleManager:
         if self.config.tds_address:
             argv.append(f"--tds={self.config.tds_address}")
         env = dict(os.environ, **self.config.guardian_env)
-        with open(job_dir / "guardian.log", "ab") as logf:
+        # The job directory may belong to the job's learner uid (local backend as root):
+        # a link it left at guardian.log is refused, not followed as root.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            log_fd = os.open(job_dir / "guardian.log", flags, 0o600)
+        except OSError as exc:
+            log.error("job %s: cannot open its guardian.log (%s); not starting it", job_id, exc)
+            return
+        if os.fstat(log_fd).st_nlink != 1:
+            os.close(log_fd)
+            log.error("job %s: its guardian.log is a hard link; not starting it", job_id)
+            return
+        with os.fdopen(log_fd, "ab") as logf:
             proc = subprocess.Popen(
                 argv,
                 stdout=logf,

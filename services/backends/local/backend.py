@@ -4,10 +4,15 @@ Layout of a job directory (`<data_dir>/jobs/<job_id>/`):
 
     code/                 the job's model zip, extracted by the learners (DOWNLOADING)
     data/<store id>       links to local data stores
+    model.zip             a copy of the code archive the learner may read (per-job uid only)
     checkpoints/          $RHIZOME_CHECKPOINT_DIR, kept across halt/resume and rollbacks
     results/<rank>/       $RHIZOME_RESULT_DIR, copied to the result store when a learner ends
-    secrets/env           data-store credentials (mode 0600)
+    secrets/env           data-store credentials (mode 0400, the job's user only)
     learners/<rank>/      spec.json, controller.json, controller.log, stdout.log, stderr.log
+
+The job directory is mode 0700 and belongs to the user the job's learners run as: a uid
+of the job's own when the daemon is root, else the daemon's user (isolation.py, which
+also says how the platform writes into it safely afterwards).
 
 Each learner controller runs in a session of its own, labelled in its environment with
 the job id, its rank and its role; the user command it starts inherits the labels. That
@@ -23,19 +28,25 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import contract
 from contract import env as learner_vars
 from contract import procs
 from contract.env import LearnerConfigError, LearnerEnv, Role
 from contract.learner_spec import LearnerSpec
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
+from services.backends.local import isolation
+from services.backends.local.isolation import IsolationConfig, IsolationError, LearnerUser
 
 log = logging.getLogger(__name__)
+
+LEARNER_PYTHON_VARIABLE = "RHIZOME_LEARNER_PYTHON"
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -168,22 +179,27 @@ def prepare_job_dir(job: JobSpec) -> None:
     Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
 
 
-def write_secrets_file(job: JobSpec, owner: tuple[int, int] | None = None) -> Path:
-    """Data-store credentials in `<job_dir>/secrets/env`: mode 0600, or 0400 and owned by
-    `owner` (uid, gid) when given (a container's learner user)."""
-    secrets = Path(job.job_dir) / "secrets"
-    secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
+def secrets_text(job: JobSpec) -> str:
+    """The data stores' connection settings as `STORE_KEY=value` lines."""
     lines = []
     for store in job.manifest.data_stores:
         for key, value in sorted(store.connection.items()):
             name = f"{store.id}_{key}".upper().replace("-", "_")
             lines.append(f"{name}={value}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def write_secrets_file(job: JobSpec, owner: tuple[int, int] | None = None) -> Path:
+    """Data-store credentials in `<job_dir>/secrets/env`: mode 0600, or 0400 and owned by
+    `owner` (uid, gid) when given (a container's learner user)."""
+    secrets = Path(job.job_dir) / "secrets"
+    secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = secrets / "env"
     with contextlib.suppress(FileNotFoundError):
         path.chmod(0o600)  # a 0400 file from an earlier deploy
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines) + ("\n" if lines else ""))
+        fh.write(secrets_text(job))
     if owner is not None:
         os.chown(secrets, *owner)
         os.chown(path, *owner)
@@ -203,16 +219,19 @@ def remove_deploy_files(job_dir: str) -> None:
 
 def tail_logs(job_dir: str, rank: int, lines: int = 20) -> list[str]:
     """The last lines learner `rank` wrote (stderr, then stdout) in its job directory."""
-    learner_dir = Path(job_dir) / "learners" / str(rank)
     out: list[str] = []
     for name in ("stderr.log", "stdout.log"):
-        path = learner_dir / name
-        with contextlib.suppress(OSError):
-            with open(path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 16384))
-                text = fh.read().decode(errors="replace").splitlines()
-            out.extend(f"[{name.split('.')[0]}] {line}" for line in text[-lines:])
+        # The learner owns these files: a link it put there is refused, never followed
+        # (the daemon may be root, and these lines go into the job record).
+        try:
+            data = isolation.read_tail(Path(job_dir), ["learners", str(rank)], name, 16384)
+        except isolation.UnsafePath as exc:
+            out.append(f"[{name.split('.')[0]}] (not read: {exc})")
+            continue
+        except OSError:
+            continue
+        text = data.decode(errors="replace").splitlines()
+        out.extend(f"[{name.split('.')[0]}] {line}" for line in text[-lines:])
         if len(out) >= lines:
             break
     return out[-lines:]
@@ -221,27 +240,200 @@ def tail_logs(job_dir: str, rank: int, lines: int = 20) -> list[str]:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, python: str = sys.executable, reaper: procs.Reaper | None = None) -> None:
-        self.python = python
+    def __init__(
+        self,
+        python: str | None = None,
+        reaper: procs.Reaper | None = None,
+        isolation_config: IsolationConfig | None = None,
+    ) -> None:
+        # The interpreter learners run: the daemon's, unless the operator names one that
+        # learner uids can read (the daemon's may live in root's private home).
+        self.python = python or os.environ.get(LEARNER_PYTHON_VARIABLE) or sys.executable
         # With a reaper (a subreaper process reaps every child itself) exit codes come
         # from it; Popen.poll would race it.
         self.reaper = reaper
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._exited: dict[int, int] = {}
         self._cgroups: dict[str, list[Path]] = defaultdict(list)
+        self._users: dict[str, LearnerUser] = {}
+        # A bad setting fails the deploy step with its message (recorded on the job), not
+        # the guardian's start.
+        self._isolation: IsolationConfig | IsolationError
+        try:
+            self._isolation = isolation_config or IsolationConfig.from_env()
+        except IsolationError as exc:
+            self._isolation = exc
+
+    # -- who the learners are ---------------------------------------------------------------
+    def learner_user(self, job: JobSpec) -> LearnerUser:
+        """The user job `job`'s learners run as (claimed once, then reused)."""
+        user = self._users.get(job.job_id)
+        if user is None:
+            if isinstance(self._isolation, IsolationError):
+                raise BackendError(str(self._isolation))
+            try:
+                user = isolation.learner_user(self._isolation, Path(job.job_dir).parent, job.job_id)
+            except (IsolationError, OSError) as exc:
+                raise BackendError(f"no user for the job's learners: {exc}") from exc
+            if user.switches:
+                user = self._reachable_or_fallback(job, user)
+            self._users[job.job_id] = user
+        return user
+
+    def _reachable_or_fallback(self, job: JobSpec, user: LearnerUser) -> LearnerUser:
+        """`user` if it can reach what a learner needs; under `auto` otherwise the
+        daemon's own user, with a warning saying what to change."""
+        try:
+            self._lock_down(job)  # the data directory becomes traversable, no more
+            self._check_reachable(job, user)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot prepare the data directory for uid {user.uid}: {exc}"
+            ) from exc
+        except BackendError as exc:
+            assert not isinstance(self._isolation, IsolationError)
+            if self._isolation.strict:
+                raise
+            log.warning(
+                "job %s: learners run as the daemon's user, not isolated: %s", job.job_id, exc
+            )
+            return LearnerUser(os.getuid(), os.getgid())
+        return user
+
+    def _seen_by_learner(self, job: JobSpec, user: LearnerUser) -> JobSpec:
+        """The job as its learners see it: under another uid the code archive is the
+        job directory's private copy (the object store is the platform's alone)."""
+        if user.switches and job.model_zip:
+            return dataclasses.replace(job, model_zip=str(Path(job.job_dir) / "model.zip"))
+        return job
+
+    def _check_reachable(self, job: JobSpec, user: LearnerUser) -> None:
+        """A learner under another uid must reach its job directory, the interpreter and
+        the platform's code; say which directory stops it, and how to fix that."""
+        code_root = Path(contract.__file__).resolve().parent.parent  # learner/ beside it
+        interpreter = Path(self.python).resolve()
+        needed = [
+            ("the jobs directory", Path(job.job_dir).parent),
+            ("the platform's code", code_root),
+            ("the Python interpreter", interpreter.parent),
+        ]
+        if interpreter == Path(sys.executable).resolve():
+            needed.append(("the Python standard library", Path(os.__file__).resolve().parent))
+        for what, path in needed:
+            blocked = isolation.unreachable(path, user)
+            if blocked is not None:
+                raise BackendError(
+                    f"the job's learners run as uid {user.uid}, which cannot enter {blocked} "
+                    f"on the way to {what} ({path}): give it o+x (chmod o+x {blocked}), or "
+                    "choose a data directory and install location others may traverse (e.g. "
+                    f"--data-dir /var/lib/rhizome) or an interpreter they can read "
+                    f"({LEARNER_PYTHON_VARIABLE}), or set {isolation.UIDS_VARIABLE}=off to "
+                    "run learners as the daemon's user (no isolation between jobs)"
+                )
+        if not isolation.readable(code_root / "learner", user):
+            raise BackendError(
+                f"uid {user.uid} cannot read {code_root / 'learner'}: make the platform's "
+                "code readable by others (chmod -R o+rX), or set "
+                f"{isolation.UIDS_VARIABLE}=off"
+            )
+
+    def _check_data_stores(self, job: JobSpec, user: LearnerUser) -> None:
+        """The manifest's local data stores are the user's paths, not the platform's: it
+        grants nothing there. Say now, not after training, when the job's uid could not
+        read the data or write the results."""
+        for store in local_stores(job, 0):
+            data = Path(store["connection"]["path"]).expanduser()
+            blocked = isolation.unreachable(data, user)
+            if blocked is not None or not isolation.readable(data, user):
+                raise BackendError(
+                    f"data store {store['id']!r}: the job's learners run as uid {user.uid}, "
+                    f"which cannot read {data} (stopped at {blocked or data}); make it "
+                    "readable by others (chmod -R o+rX)"
+                )
+            if "results_path" in store:
+                results = Path(store["results_path"]).parent.parent  # <container>/<job>/<rank>
+                if not isolation.writable(results, user):
+                    raise BackendError(
+                        f"data store {store['id']!r}: the job's learners run as uid "
+                        f"{user.uid}, which cannot write its results container {results}; "
+                        f"make it writable by others with the sticky bit (chmod 1777 {results})"
+                    )
+
+    def _lock_down(self, job: JobSpec) -> None:
+        """Under per-job uids, other uids may only traverse the data directory: the
+        object store, the servers' data and the daemon's files stay the daemon's."""
+        jobs_dir = Path(job.job_dir).parent
+        data_dir = jobs_dir.parent
+        jobs_dir.mkdir(parents=True, exist_ok=True)
+        isolation.set_mode(data_dir, 0o711)
+        isolation.set_mode(jobs_dir, 0o711)
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(data_dir):
+                if entry.name not in (jobs_dir.name, "objects"):
+                    isolation.restrict(Path(entry.path), 0o700)
+        results = Path(job.result_store).parent
+        objects = results.parent
+        results.mkdir(parents=True, exist_ok=True)
+        isolation.set_mode(objects, 0o711)
+        isolation.set_mode(results, 0o711)
+        if job.model_zip:
+            isolation.set_mode(Path(job.model_zip).parent, 0o700)
 
     # -- deploy steps --------------------------------------------------------------------
     def prepare_volume(self, job: JobSpec) -> None:
-        prepare_job_dir(job)
+        user = self.learner_user(job)
+        if not user.switches:
+            prepare_job_dir(job)
+            Path(job.job_dir).chmod(0o700)
+            return
+        root = Path(job.job_dir)
+        if job.model_zip and not Path(job.model_zip).is_file():
+            raise BackendError(f"the job's code {job.model_zip} is missing from the object store")
+        self._check_data_stores(job, user)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            isolation.own_directory(root, user.owner)
+            # Code from an earlier deploy is stale; logs, checkpoints, results are not.
+            # rmtree under a descriptor never follows a link a learner left.
+            with isolation.directory(root) as fd, contextlib.suppress(FileNotFoundError):
+                shutil.rmtree("code", dir_fd=fd)
+            for sub in ("learners", "checkpoints", "results", "data"):
+                with isolation.directory(root, [sub], user.owner):
+                    pass
+            if Path(job.checkpoint_dir).parent != root:
+                Path(job.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+                os.chown(job.checkpoint_dir, *user.owner)
+            result_store = Path(job.result_store)
+            with isolation.directory(result_store.parent, [result_store.name], user.owner):
+                pass
+            isolation.own_directory(result_store, user.owner)
+            if job.model_zip:
+                isolation.write_file(
+                    root, [], "model.zip", Path(job.model_zip).read_bytes(), 0o400, user.owner
+                )
+        except OSError as exc:  # UnsafePath included
+            raise BackendError(f"cannot prepare {root} for uid {user.uid}: {exc}") from exc
 
     def write_secrets(self, job: JobSpec) -> None:
-        write_secrets_file(job)
+        user = self.learner_user(job)
+        try:
+            isolation.write_file(
+                Path(job.job_dir),
+                ["secrets"],
+                "env",
+                secrets_text(job).encode(),
+                0o400,
+                user.owner if user.switches else None,
+            )
+        except OSError as exc:
+            raise BackendError(f"cannot write the job's secrets: {exc}") from exc
 
     def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
-        spec = learner_spec(job, rank, restart)
-        learner_dir = spec.learner_dir
-        spec_path = learner_dir / "spec.json"
-        spec.dump(spec_path)
+        user = self.learner_user(job)
+        spec = learner_spec(self._seen_by_learner(job, user), rank, restart)
+        root = Path(job.job_dir)
+        parts = ["learners", str(rank)]
+        owner = user.owner if user.switches else None
         env = dict(os.environ)
         for key in learner_vars.platform_variables(env):
             env.pop(key)  # the platform's own settings are not the learner's business
@@ -253,16 +445,33 @@ class LocalBackend(Backend):
                 "PATH": os.pathsep.join([str(Path(self.python).parent), env.get("PATH", "")]),
             }
         )
-        with open(learner_dir / "controller.log", "ab") as logf:
+        as_user: dict[str, Any] = {}
+        if user.switches:
+            # Not root's home: caches and dotfiles of the job stay in its own directory.
+            env.update(HOME=str(root), USER=str(user.uid), LOGNAME=str(user.uid))
+            as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o077}
+        try:
+            isolation.write_file(root, parts, "spec.json", spec.to_json().encode(), 0o600, owner)
+            log_fd = isolation.open_append(root, parts, "controller.log", owner)
+        except OSError as exc:
+            raise BackendError(f"cannot write learner {rank}'s files: {exc}") from exc
+        with os.fdopen(log_fd, "ab") as logf:
             try:
                 proc = subprocess.Popen(
-                    [self.python, "-m", "learner.controller", "--spec", str(spec_path)],
+                    [
+                        self.python,
+                        "-m",
+                        "learner.controller",
+                        "--spec",
+                        str(spec.learner_dir / "spec.json"),
+                    ],
                     stdout=logf,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=env,
-                    cwd=learner_dir,
+                    cwd=spec.learner_dir,
                     start_new_session=True,
+                    **as_user,
                 )
             except OSError as exc:
                 raise BackendError(f"cannot start learner {rank}: {exc}") from exc
@@ -298,12 +507,18 @@ class LocalBackend(Backend):
     # -- undo ------------------------------------------------------------------------------
     def stop_learners(self, job_id: str, grace_s: float) -> None:
         procs.kill_labelled(job_id, grace_s=grace_s)
+        self._kill_job_user(job_id)
         self._reap()
 
     def rollback(self, job_id: str, job_dir: str) -> None:
         procs.kill_labelled(job_id)
+        uid = isolation.claimed_uid(Path(job_dir).parent, job_id)
+        if uid is not None:
+            kill_uid(uid)
         self._reap()
         remove_deploy_files(job_dir)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(Path(job_dir) / "model.zip")
         for cgroup in self._cgroups.pop(job_id, []):
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
@@ -315,6 +530,13 @@ class LocalBackend(Backend):
         return tail_logs(job_dir, rank, lines)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _kill_job_user(self, job_id: str) -> None:
+        """A process of a job's own uid that dropped its labels (a daemonized child with a
+        cleared environment) still belongs to the job: it goes too."""
+        user = self._users.get(job_id)
+        if user is not None and user.switches:
+            kill_uid(user.uid)
+
     def _reap(self) -> None:
         if self.reaper is not None:
             return
@@ -340,6 +562,18 @@ class LocalBackend(Backend):
         self._cgroups[job_id].append(group)
 
 
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (a job's own uid: nothing else runs as it)."""
+    if uid == 0 or uid == os.geteuid():
+        return  # never the daemon's own processes
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if entry.stat().st_uid == uid:
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
 def _memory_cgroup_dir() -> Path | None:
     """This process's memory cgroup directory, if we may create children in it."""
     with contextlib.suppress(OSError):
@@ -362,11 +596,13 @@ register_backend("local", LocalBackend)
 
 __all__ = [
     "LocalBackend",
+    "kill_uid",
     "learner_env",
     "learner_spec",
     "local_stores",
     "prepare_job_dir",
     "remove_deploy_files",
+    "secrets_text",
     "tail_logs",
     "visible_devices",
     "write_secrets_file",

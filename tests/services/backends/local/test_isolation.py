@@ -1,0 +1,115 @@
+"""The local backend's learner users and its link-refusing file access (no platform)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from services.backends.local import isolation
+from services.backends.local.isolation import IsolationConfig, IsolationError, LearnerUser
+
+
+def test_config_defaults_to_per_job_uids_only_for_root() -> None:
+    assert IsolationConfig.from_env({}, root=True).uid_range == isolation.DEFAULT_UID_RANGE
+    assert IsolationConfig.from_env({}, root=False).uid_range is None
+    assert IsolationConfig.from_env({"RHIZOME_LEARNER_UIDS": "off"}, root=True).uid_range is None
+    ranged = IsolationConfig.from_env({"RHIZOME_LEARNER_UIDS": "40000-40009"}, root=True)
+    assert ranged.uid_range == (40000, 40009)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("lots", "must be auto, off or FIRST-LAST"),
+        ("30-40", "above the system accounts"),
+        ("50000-40000", "first <= last"),
+    ],
+)
+def test_config_names_a_bad_setting_and_the_fix(value: str, says: str) -> None:
+    with pytest.raises(IsolationError, match="RHIZOME_LEARNER_UIDS") as err:
+        IsolationConfig.from_env({"RHIZOME_LEARNER_UIDS": value}, root=True)
+    assert says in str(err.value)
+
+
+def test_a_range_without_root_says_root_is_needed() -> None:
+    with pytest.raises(IsolationError, match="needs the daemon to run as root"):
+        IsolationConfig.from_env({"RHIZOME_LEARNER_UIDS": "40000-40009"}, root=False)
+
+
+def test_uids_are_one_per_job_reused_and_exhaustion_is_named(tmp_path: Path) -> None:
+    first = isolation.claim_uid(tmp_path, "job-a", 40000, 40001)
+    second = isolation.claim_uid(tmp_path, "job-b", 40000, 40001)
+    assert {first, second} == {40000, 40001}
+    # A restarted guardian (a new process, nothing cached) finds the same uid again.
+    assert isolation.claim_uid(tmp_path, "job-a", 40000, 40001) == first
+    assert isolation.claimed_uid(tmp_path, "job-b") == second
+    assert (tmp_path / ".uids").stat().st_mode & 0o077 == 0
+    with pytest.raises(IsolationError, match="every learner uid of 40000-40001 is claimed"):
+        isolation.claim_uid(tmp_path, "job-c", 40000, 40001)
+
+
+def test_uids_of_existing_accounts_are_never_handed_out(tmp_path: Path) -> None:
+    # uid 0 is always an account; a range starting there skips it.
+    assert isolation.claim_uid(tmp_path, "job-a", 0, 70000) != 0
+
+
+def test_unreachable_names_the_directory_that_stops_a_user(tmp_path: Path) -> None:
+    stranger = LearnerUser(54321, 54321)
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    (tmp_path / "a").chmod(0o700)
+    tmp_path.chmod(0o711)
+    blocked = isolation.unreachable(inner, stranger)
+    # Whatever stops it above tmp_path (pytest's own 0700 directories) comes first.
+    assert blocked is not None and blocked in [*inner.parents, inner]
+    (tmp_path / "a").chmod(0o711)
+    assert isolation.unreachable(inner, LearnerUser(os.getuid(), os.getgid())) is None
+
+
+def test_writes_replace_a_planted_link_instead_of_following_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    job = tmp_path / "job"
+    (job / "learners" / "0").mkdir(parents=True)
+    (job / "learners" / "0" / "spec.json").symlink_to(victim)
+    isolation.write_file(job, ["learners", "0"], "spec.json", b"{}", 0o600, None)
+    assert victim.read_text() == "precious\n"
+    assert (job / "learners" / "0" / "spec.json").read_text() == "{}"
+    assert not (job / "learners" / "0" / "spec.json").is_symlink()
+
+
+def test_a_linked_directory_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "learners").symlink_to(elsewhere)
+    with pytest.raises(isolation.UnsafePath, match="is a link or not a directory"):
+        isolation.write_file(job, ["learners", "0"], "spec.json", b"{}", 0o600, None)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_appends_and_tails_refuse_links_to_other_files(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("root's secret\n")
+    job = tmp_path / "job"
+    (job / "l").mkdir(parents=True)
+    (job / "l" / "controller.log").symlink_to(victim)
+    with pytest.raises(isolation.UnsafePath, match="is a link"):
+        isolation.open_append(job, ["l"], "controller.log", None)
+    (job / "l" / "stderr.log").symlink_to(victim)
+    with pytest.raises(isolation.UnsafePath, match="is a link"):
+        isolation.read_tail(job, ["l"], "stderr.log", 100)
+    os.link(victim, job / "l" / "stdout.log")  # a hard link: not a file of its own
+    with pytest.raises(isolation.UnsafePath, match="not a plain file of its own"):
+        isolation.read_tail(job, ["l"], "stdout.log", 100)
+    assert victim.read_text() == "root's secret\n"
+    assert isolation.read_tail(job, ["l"], "missing.log", 100) == b""
+
+
+def test_tail_reads_only_the_end(tmp_path: Path) -> None:
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "out.log").write_bytes(b"x" * 1000 + b"end\n")
+    assert isolation.read_tail(tmp_path, ["l"], "out.log", 4) == b"end\n"
