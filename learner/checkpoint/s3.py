@@ -149,8 +149,12 @@ class S3Store(GarbageCollectingStore):
         return StorageError(f"{what} {self._where()}: {err}")
 
     def _check_bucket(self) -> None:
+        # A listing of our own prefix, not HeadBucket: credentials scoped to the job's
+        # prefix (the platform's object store grants, services/objectstore/s3.py) may
+        # list that prefix and nothing else, and HeadBucket needs the whole bucket.
         try:
-            self.client.head_bucket(Bucket=self.bucket)
+            prefix = f"{self.prefix}/" if self.prefix else ""
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
         except _ERRORS as err:
             raise self._error("cannot open checkpoint store", err) from err
 
