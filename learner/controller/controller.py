@@ -341,6 +341,9 @@ class Controller:
                 self.download()
             except CodeFetchError as exc:
                 return self.fail_download(str(exc))
+            except Exception as exc:  # a bug or a broken image: fail saying so, no restart loop
+                log.exception("fetching the code failed")
+                return self.fail_download(f"{type(exc).__name__}: {exc}")
             self.state["phase"] = PROCESSING
             self.save_state()
         if self.halt.is_set():

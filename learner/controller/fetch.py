@@ -42,8 +42,15 @@ class ResultStoreError(RuntimeError):
 def s3_client(access: StorageAccess) -> Any:
     """A boto3 client holding the job's credentials and nothing else (never the
     environment's)."""
-    import boto3  # only learners of a job in an object store need it
-    from botocore.config import Config
+    try:
+        import boto3  # only learners of a job in an object store need it
+        from botocore.config import Config
+    except ImportError as exc:
+        raise CodeFetchError(
+            f"the learner cannot load boto3 ({exc}); the learner image needs the "
+            "project's virtualenv and the system's TLS library (libssl3): rebuild it with "
+            "`rhizome image build --rebuild-base`"
+        ) from exc
 
     return boto3.client(
         "s3",
@@ -67,15 +74,16 @@ def _disk_full(exc: OSError, where: Path) -> CodeFetchError:
 
 def download_archive(access: StorageAccess, dest: Path) -> None:
     """The job's code archive from the object store into file `dest`."""
-    import botocore.exceptions
-
     if access.expired:
         raise CodeFetchError(
             "the job's storage credentials have expired; the platform issues new ones when "
             "it restarts the learner (rhizome resume)"
         )
+    client = s3_client(access)
+    import botocore.exceptions
+
     try:
-        s3_client(access).download_file(access.bucket, access.model_key, str(dest))
+        client.download_file(access.bucket, access.model_key, str(dest))
     except OSError as exc:
         raise _disk_full(exc, dest.parent) from exc
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
@@ -190,9 +198,12 @@ def fetch_code(spec: LearnerSpec, limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS
 def upload_results(access: StorageAccess, rank: int, source: Path) -> int:
     """Copy the learner's result directory to `<result_prefix>/<rank>/` in the store;
     returns the number of files."""
+    try:
+        client = s3_client(access)
+    except CodeFetchError as exc:
+        raise ResultStoreError(str(exc)) from exc
     import botocore.exceptions
 
-    client = s3_client(access)
     files = sorted(p for p in source.rglob("*") if p.is_file())
     try:
         for path in files:

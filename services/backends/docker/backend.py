@@ -32,6 +32,7 @@ import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from requests.exceptions import RequestException
 
+from contract.learner_spec import StorageAccess
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
 from services.backends.docker.spec import (
     ENTRYPOINT,
@@ -55,6 +56,13 @@ from services.backends.local.backend import (
     write_secrets_file,
 )
 from services.images.build import LABEL_PREFIX, LEARNER_UID, engine_url, learner_tag
+from services.objectstore.api import (
+    DEFAULT_GRANT_TTL_S,
+    ObjectStore,
+    ObjectStoreError,
+    model_key,
+    open_object_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,14 @@ class DockerBackend(Backend):
         self._watches: dict[str, JobWatch] = {}
         self._checked_images: set[str] = set()
         self._bridge: bool | None = None
+        # The platform's object store (the daemon exports --object-store); None when
+        # nobody configured one: the job's files are then bind-mounted as they are.
+        self._store_url = os.environ.get("RHIZOME_OBJECT_STORE", "")
+        self._store_endpoint = os.environ.get("RHIZOME_OBJECT_STORE_ENDPOINT", "")
+        self.grant_ttl_s = float(
+            os.environ.get("RHIZOME_STORAGE_GRANT_TTL_S") or DEFAULT_GRANT_TTL_S
+        )
+        self._store: ObjectStore | None = None
 
     # -- the engine ----------------------------------------------------------------------
     def connect(self) -> docker.DockerClient:
@@ -133,6 +149,24 @@ class DockerBackend(Backend):
         if self._bridge is None:
             self._bridge = bool(client.networks.list(names=["bridge"]))
         return self._bridge
+
+    def object_store(self) -> ObjectStore | None:
+        if not self._store_url:
+            return None
+        with self._lock:
+            if self._store is None:
+                try:
+                    self._store = open_object_store(
+                        self._store_url, default_dir=Path(), endpoint_url=self._store_endpoint
+                    )
+                except (ObjectStoreError, ValueError) as exc:
+                    raise BackendError(f"the object store {self._store_url}: {exc}") from exc
+            return self._store
+
+    def remote_store(self) -> ObjectStore | None:
+        """The object store when learners reach it over the network (S3), else None."""
+        store = self.object_store()
+        return store if store is not None and store.remote else None
 
     # -- deploy steps --------------------------------------------------------------------
     def image_for(self, job: JobSpec) -> str:
@@ -189,6 +223,20 @@ class DockerBackend(Backend):
                 )
         with self.engine(f"job {job.job_id}: checking the image") as client:
             self.check_image(client, self.image_for(job), job.job_id)
+        store = self.remote_store()
+        if store is not None:
+            # The learners fetch the code and keep results in the store themselves.
+            key = model_key(job.job_id)
+            try:
+                missing = bool(job.model_zip) and not store.exists(key)
+            except ObjectStoreError as exc:
+                raise BackendError(f"job {job.job_id}: {exc}") from exc
+            if missing:
+                raise BackendError(f"the job's code {key} is missing from {store.url}")
+            prepare_job_dir(dataclasses.replace(job, model_zip=""))
+            if self.chown:
+                _chown_tree(Path(job.job_dir), self.options.uid, self.options.gid)
+            return
         prepare_job_dir(job)
         if job.result_store:
             Path(job.result_store).mkdir(parents=True, exist_ok=True)
@@ -207,7 +255,22 @@ class DockerBackend(Backend):
             network = "host"
             if self.uses_bridge(client):
                 network = self._ensure_network(client, job.job_id)
+            store = self.remote_store()
+            access: StorageAccess | None = None
+            if store is not None:
+                # No host path of the store reaches the container: the code archive and
+                # the results go through the store, with this job's credentials only.
+                try:
+                    access = store.grant(
+                        job.job_id, with_model=bool(job.model_zip), ttl_s=self.grant_ttl_s
+                    )
+                except ObjectStoreError as exc:
+                    raise BackendError(f"{what}: {exc}") from exc
+                job = dataclasses.replace(job, model_zip="", result_store="")
             spec = learner_spec(job, rank, restart)
+            if access is not None:
+                spec.storage = access.to_dict()
+                spec.result_store = ""
             host_gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
             _, inside = gpu_devices(host_gpus)
             spec.env["CUDA_VISIBLE_DEVICES"] = inside
@@ -370,6 +433,13 @@ class DockerBackend(Backend):
             log.warning(
                 "job %s: rollback could not reach the engine at %s: %s", job_id, self.url, exc
             )
+        store = self.remote_store()
+        if store is not None:
+            # Whatever the containers were given stops working now, not at its expiry.
+            try:
+                store.revoke(job_id)
+            except ObjectStoreError as exc:
+                raise BackendError(f"job {job_id}: rollback: {exc}") from exc
         remove_deploy_files(job_dir)
 
     def close(self) -> None:

@@ -80,6 +80,11 @@ def test_job_credentials_reach_their_own_objects_only(
     assert [c.step for c in mine.list_committed()] == [3]
     restored = mine.fetch(committed, tmp_path / "restored")
     assert restored.read_bytes() == b"weights"
+    # Garbage collection deletes with the job's credentials too.
+    mine.commit(payload, step=4, kind=CheckpointKind.PERIODIC)
+    mine.keep_periodic = 0
+    assert [c.step for c in mine.collect_garbage()] == [3]
+    assert [c.step for c in mine.list_committed()] == [4]
 
     # B's checkpoint exists; A can neither read nor overwrite it, nor read B's code.
     theirs = checkpoint_store(b, "jb")
