@@ -223,6 +223,7 @@ class DockerBackend(Backend):
                 )
         with self.engine(f"job {job.job_id}: checking the image") as client:
             self.check_image(client, self.image_for(job), job.job_id)
+            self.finish_pending_rollbacks(client, Path(job.job_dir).parent)
         store = self.remote_store()
         if store is not None:
             # The learners fetch the code and keep results in the store themselves.
@@ -411,28 +412,55 @@ class DockerBackend(Backend):
         with contextlib.suppress(NotFound, *_ENGINE_ERRORS):
             client.api.stop(cid, timeout=timeout)
 
+    def _remove_labelled(self, client: docker.DockerClient, job_id: str) -> None:
+        for summary in client.api.containers(all=True, filters=job_filter(job_id)):
+            with contextlib.suppress(NotFound):
+                client.api.remove_container(summary["Id"], force=True, v=True)
+        for volume in client.volumes.list(filters=job_filter(job_id)):
+            with contextlib.suppress(NotFound):
+                volume.remove(force=True)
+        for network in client.networks.list(filters=job_filter(job_id)):
+            with contextlib.suppress(NotFound):
+                network.remove()
+
+    @staticmethod
+    def _pending_dir(job_dir: str) -> Path:
+        """Rollbacks the engine could not take, by job id, beside the jobs' directories."""
+        return Path(job_dir).parent / ".engine-rollbacks"
+
+    def finish_pending_rollbacks(self, client: docker.DockerClient, jobs_dir: Path) -> None:
+        """Remove what jobs left in an engine that was down when they were rolled back:
+        its containers are stopped, not gone, once it is back. Run by every deploy."""
+        pending = jobs_dir / ".engine-rollbacks"
+        if not pending.is_dir():
+            return
+        for marker in sorted(pending.iterdir()):
+            with contextlib.suppress(NotFound, *_ENGINE_ERRORS):
+                running = {**job_filter(marker.name), "status": "running"}
+                if client.api.containers(filters=running):
+                    continue  # deployed again since: its own rollback will clear the note
+                self._remove_labelled(client, marker.name)
+                marker.unlink()
+                log.info("job %s: removed what it left while the engine was down", marker.name)
+
     def rollback(self, job_id: str, job_dir: str) -> None:
         """Remove every container, volume and network labelled with the job; then the
         deploy's files. Safe at any point and any number of times. An engine that does
-        not answer is logged, not raised: its containers are down with it, and the next
-        deploy (or the LCM's collection) removes what it left."""
+        not answer is logged, not raised, and the job noted in `<jobs>/.engine-rollbacks`:
+        the next deploy that reaches the engine removes what the job left there."""
         try:
-            client = self.client()
-            for summary in client.api.containers(all=True, filters=job_filter(job_id)):
-                with contextlib.suppress(NotFound):
-                    client.api.remove_container(summary["Id"], force=True, v=True)
-            for volume in client.volumes.list(filters=job_filter(job_id)):
-                with contextlib.suppress(NotFound):
-                    volume.remove(force=True)
-            for network in client.networks.list(filters=job_filter(job_id)):
-                with contextlib.suppress(NotFound):
-                    network.remove()
+            self._remove_labelled(self.client(), job_id)
+            with contextlib.suppress(FileNotFoundError):
+                (self._pending_dir(job_dir) / job_id).unlink()
         except APIError as exc:
             raise BackendError(f"job {job_id}: rollback: {exc.explanation}") from exc
         except _ENGINE_ERRORS as exc:
             log.warning(
                 "job %s: rollback could not reach the engine at %s: %s", job_id, self.url, exc
             )
+            pending = self._pending_dir(job_dir)
+            pending.mkdir(parents=True, exist_ok=True)
+            (pending / job_id).write_text(self.url)
         store = self.remote_store()
         if store is not None:
             # Whatever the containers were given stops working now, not at its expiry.
