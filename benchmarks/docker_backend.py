@@ -8,6 +8,10 @@
 2. Container start overhead: `containers.create` + `start` of the learner image with the
    backend's options (read-only, non-root, mounts, limits) until the first instruction of
    the container runs, vs the same command as a bare process; medians.
+   A third daemon runs the docker backend with the S3 object store (`--object-store
+   s3://...` on moto's server, started here): the code archive is uploaded to the bucket
+   and each learner fetches it with job-scoped STS credentials the backend issues; the
+   ratio docker+s3 / docker says what the object store costs a deploy.
 3. Training throughput: the same CPU script as `overhead.py` (a small CNN, one thread,
    400 steps; it times its own loop) bare and as a docker-backend job (cpus: 1),
    alternately; ratio of medians. Goal ≥ 0.98.
@@ -59,10 +63,55 @@ def code(files: dict[str, str]) -> bytes:
     return buf.getvalue()
 
 
+class MotoS3:
+    """moto's S3/IAM/STS server on a free port, stopped by pid (the test server)."""
+
+    def __init__(self) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        binary = Path(sys.executable).parent / "moto_server"
+        port = self.url.rsplit(":", 1)[1]
+        self.proc = subprocess.Popen(
+            [str(binary), "-H", "127.0.0.1", "-p", port],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.url, timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit("moto_server did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        import os
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=10)
+
+
 class Daemon:
-    def __init__(self, data_dir: Path, etcd: str, mongo: str, backend: str, engine: str) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        etcd: str,
+        mongo: str,
+        backend: str,
+        engine: str,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         args = [f"--mongodb-uri={mongo}", f"--etcd={etcd}", "--services=api,lcm"]
-        args += [f"--backend={backend}", f"--docker-host={engine}"]
+        args += [f"--backend={backend}", f"--docker-host={engine}", *extra]
+        args += [f"--admin-token-file={data_dir / 'admin.token'}"]
         self.data_dir = data_dir
         self.server = DaemonServer(data_dir, free_port(), free_port(), args)
         self.server.start_timeout_s = 60
@@ -77,6 +126,9 @@ class Daemon:
     @property
     def api(self) -> str:
         return self.server.url
+
+    def token(self) -> str:
+        return (self.data_dir / "admin.token").read_text().strip()
 
 
 def wait_end(repo: JobsRepository, job_id: str, timeout_s: float = 300) -> None:
@@ -160,7 +212,18 @@ def main() -> None:
     engine = DockerEngine(work / "e")
     etcd = EtcdServer(work / "etcd")
     mongo = MongoServer(work / "mongo")
+    s3: MotoS3 | None = None
     try:
+        import os
+
+        import boto3
+
+        s3 = MotoS3()
+        # The daemon's (platform) credentials; moto accepts any until IAM is enforced.
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+        )
+        boto3.client("s3", endpoint_url=s3.url).create_bucket(Bucket="bench")
         engine.start()
         etcd.start()
         mongo.start()
@@ -171,14 +234,23 @@ def main() -> None:
         lat: dict[str, list[tuple[float, float]]] = {}
         rz: list[float] = []
         bare: list[float] = []
-        for backend in ("local", "docker"):
+        variants = {
+            "local": ("local", ()),
+            "docker": ("docker", ()),
+            "docker+s3": (
+                "docker",
+                ("--object-store=s3://bench/rz", f"--object-store-endpoint={s3.url}"),
+            ),
+        }
+        for variant, (backend, extra) in variants.items():
+            data_dir = work / variant.replace("+", "-")
             with (
-                Daemon(work / backend, etcd.url, mongo.url, backend, engine.url) as daemon,
-                Client(daemon.api, user="bench") as client,
+                Daemon(data_dir, etcd.url, mongo.url, backend, engine.url, extra) as daemon,
+                Client(daemon.api, token=daemon.token()) as client,
             ):
                 latency(daemon, client, repo)  # warm-up: first imports, first index use
-                lat[backend] = [latency(daemon, client, repo) for _ in range(args.jobs)]
-                if backend == "docker":
+                lat[variant] = [latency(daemon, client, repo) for _ in range(args.jobs)]
+                if variant == "docker":
                     for _ in range(args.reps):
                         bare.append(bare_throughput())
                         job_id = client.create_job(
@@ -194,6 +266,8 @@ def main() -> None:
         mongo.stop()
         etcd.stop()
         engine.stop()
+        if s3 is not None:
+            s3.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     def med(values: list[float]) -> float:
@@ -211,6 +285,19 @@ def main() -> None:
     print(
         f"| deploy → first step (s, median of {args.jobs}) | {dep['local']:.2f} "
         f"| {dep['docker']:.2f} | {dep['docker'] / dep['local']:.2f}x | – |"
+    )
+    print()
+    print(
+        "| measure | docker, code on a volume | docker, code and credentials via S3 | s3 / volume |"
+    )
+    print("| --- | --- | --- | --- |")
+    print(
+        f"| submit → PROCESSING (s, median of {args.jobs}) | {sub['docker']:.2f} "
+        f"| {sub['docker+s3']:.2f} | {sub['docker+s3'] / sub['docker']:.2f}x |"
+    )
+    print(
+        f"| deploy → first step (s, median of {args.jobs}) | {dep['docker']:.2f} "
+        f"| {dep['docker+s3']:.2f} | {dep['docker+s3'] / dep['docker']:.2f}x |"
     )
     print()
     print("| measure | bare process | learner container | overhead |")

@@ -7,8 +7,11 @@ are refused, so the two sides cannot silently disagree about the format.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,10 @@ class LearnerSpec:
     metric_sources: Any = None  # the manifest's `evaluation_metrics`
     grace_s: float = 10.0  # SIGTERM -> SIGKILL on halt
     lease_ttl_s: int = 2
+    # Where the code archive, checkpoints and results live when they are not files the
+    # learner can open (an object store): a `StorageAccess` as a dict, with the job's
+    # short-lived credentials. Empty: `model_zip` and `result_store` are paths.
+    storage: dict[str, Any] = field(default_factory=dict)
 
     # -- wire format ----------------------------------------------------------------------
     def to_json(self) -> str:
@@ -54,11 +61,20 @@ class LearnerSpec:
         return cls.from_json(Path(path).read_text(), where=str(path))
 
     def dump(self, path: Path) -> None:
-        """Write atomically: a controller restarted meanwhile never reads half a spec."""
+        """Write atomically: a controller restarted meanwhile never reads half a spec.
+        Mode 0600: the spec may carry the job's storage credentials."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.to_json())
         tmp.replace(path)
+
+    @property
+    def storage_access(self) -> StorageAccess | None:
+        return StorageAccess.from_dict(self.storage) if self.storage else None
 
     # -- where things are -----------------------------------------------------------------
     @property
@@ -80,3 +96,59 @@ class LearnerSpec:
     @property
     def incarnation(self) -> list[int]:
         return [self.generation, self.restart]
+
+
+@dataclass
+class StorageAccess:
+    """One job's access to the platform's object store, as a learner receives it.
+
+    The credentials are the job's own (services/objectstore): session credentials that
+    expire at `expires_at` and whose policy allows only `model_key` (read) and the
+    `checkpoint_prefix` and `result_prefix` folders (read, write, delete, list).
+    """
+
+    kind: str  # "s3" (the only remote kind so far)
+    endpoint_url: str
+    bucket: str
+    model_key: str  # the code archive; "" when the job has none
+    checkpoint_prefix: str  # <store prefix>/checkpoints: the checkpoint SDK adds job/learner
+    result_prefix: str  # <store prefix>/results/<job>: the controller adds the rank
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
+    expires_at: float  # seconds since the epoch
+    region: str = "us-east-1"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StorageAccess:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown storage fields {', '.join(unknown)}")
+        return cls(**data)
+
+    @property
+    def expired(self) -> bool:
+        return time.time() >= self.expires_at
+
+    @property
+    def checkpoint_url(self) -> str:
+        """What the checkpoint SDK takes as `RHIZOME_BACKUP_URL`."""
+        return f"s3://{self.bucket}/{self.checkpoint_prefix}"
+
+    def aws_environ(self) -> dict[str, str]:
+        """The standard variables boto3 reads: the job's credentials, nothing else."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_SESSION_TOKEN": self.session_token,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+
+    def redacted(self) -> dict[str, Any]:
+        """For logs and errors: everything but the secret and the token."""
+        out = self.to_dict()
+        out["secret_access_key"] = out["session_token"] = "***"
+        return out

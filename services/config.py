@@ -32,6 +32,13 @@ class PlatformConfig:
     admin_token_file: str = ""  # create an admin token here when there is none
     # Where learners run (services/backends): "local" processes or "docker" containers.
     backend: str = "local"
+    # Where code archives and results live (services/objectstore, docs/backends.md):
+    # "" = the volume `<data_dir>/objects`; a path = a (shared) volume there;
+    # `s3://bucket[/prefix]` = an S3-compatible store at `object_store_endpoint`, which
+    # learners reach with job-scoped credentials that expire after `storage_grant_ttl_s`.
+    object_store: str = ""
+    object_store_endpoint: str = ""
+    storage_grant_ttl_s: float = 12 * 3600
 
     @property
     def objects_dir(self) -> Path:

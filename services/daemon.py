@@ -144,6 +144,21 @@ def _peers(values: tuple[str, ...]) -> dict[str, str]:
     return peers
 
 
+def _export_object_store(config: PlatformConfig) -> None:
+    """The guardians (child processes) and their backends read the object store from the
+    environment, as they read DOCKER_HOST. A remote store needs a backend that hands
+    learners its credentials; the local backend reads the archive as a file."""
+    if config.object_store.startswith("s3://") and config.backend == "local":
+        raise click.BadParameter(
+            f"{config.object_store!r} needs a backend whose learners fetch from it "
+            "(--backend docker); the local backend reads code from a volume path",
+            param_hint="--object-store",
+        )
+    os.environ["RHIZOME_OBJECT_STORE"] = config.object_store or str(config.objects_dir)
+    os.environ["RHIZOME_OBJECT_STORE_ENDPOINT"] = config.object_store_endpoint
+    os.environ["RHIZOME_STORAGE_GRANT_TTL_S"] = str(config.storage_grant_ttl_s)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--services",
@@ -243,6 +258,29 @@ def _peers(values: tuple[str, ...]) -> dict[str, str]:
     help="The Docker engine of the docker backend (default: DOCKER_HOST, else the local socket).",
 )
 @click.option(
+    "--object-store",
+    envvar="RHIZOME_OBJECT_STORE",
+    default="",
+    help="Where code archives, results and (S3) checkpoints live: a shared-volume path "
+    "(default DATA_DIR/objects) or s3://BUCKET[/PREFIX]; learners get job-scoped, "
+    "expiring credentials for S3 (docs/backends.md).",
+)
+@click.option(
+    "--object-store-endpoint",
+    envvar="RHIZOME_OBJECT_STORE_ENDPOINT",
+    default="",
+    help="The S3-compatible server's URL for an s3:// object store; the daemon's own "
+    "credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.",
+)
+@click.option(
+    "--storage-grant-ttl",
+    envvar="RHIZOME_STORAGE_GRANT_TTL_S",
+    type=float,
+    default=12 * 3600,
+    show_default=True,
+    help="Seconds a job's object-store credentials last (S3: 900 to 43200).",
+)
+@click.option(
     "--state-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -265,6 +303,9 @@ def main(
     admin_token_file: Path | None,
     backend: str,
     docker_host: str,
+    object_store: str,
+    object_store_endpoint: str,
+    storage_grant_ttl: float,
     state_file: Path | None,
 ) -> None:
     """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
@@ -294,6 +335,9 @@ def main(
         auth_cache_s=auth_cache_seconds,
         admin_token_file=str(admin_token_file.expanduser()) if admin_token_file else "",
         backend=backend,
+        object_store=object_store,
+        object_store_endpoint=object_store_endpoint,
+        storage_grant_ttl_s=storage_grant_ttl,
     )
     from services.backends.api import backend_names
 
@@ -304,6 +348,7 @@ def main(
     if docker_host:
         # The LCM's backend and every guardian it starts (they inherit it) use this engine.
         os.environ["DOCKER_HOST"] = docker_host
+    _export_object_store(config)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     daemon = Daemon(config)
     stop = threading.Event()

@@ -7,7 +7,8 @@ timestamps) while the controller holds a lease; the last one is written without 
 lease, so it outlives the controller for the guardian to read:
 
 - ``STARTING``     the controller claimed its rank (create-if-absent: one controller a rank);
-- ``DOWNLOADING``  the code (the job's model zip) and data stores into the job directory;
+- ``DOWNLOADING``  the code (the job's model zip, from its volume or object store, within
+                   the archive limits: fetch.py) and data stores into the job directory;
 - ``PROCESSING``   the user command runs, its stdout/stderr appended to
                    ``<job_dir>/learners/<rank>/stdout.log`` and ``stderr.log``;
 - ``STORING``      ``$RHIZOME_RESULT_DIR`` is copied to the job's result store;
@@ -43,7 +44,6 @@ import signal
 import subprocess
 import threading
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,13 @@ from contract.env import PIPELINE_STAGES, LearnerEnv, Role, RuntimeEnv, labels
 from contract.etcd import EtcdClient, Lease
 from contract.learner_spec import LearnerSpec
 from contract.status import ExitCode, LearnerStatus
+from learner.controller.fetch import (
+    CodeFetchError,
+    ResultStoreError,
+    fetch_code,
+    storage_environ,
+    upload_results,
+)
 
 log = logging.getLogger("learner.controller")
 
@@ -157,18 +164,10 @@ class Controller:
 
     # -- phases -----------------------------------------------------------------------------
     def download(self) -> None:
+        """The code (from the job's volume or object store; fetch.py), the data stores'
+        links and the learner's directories. CodeFetchError leaves nothing behind."""
+        fetch_code(self.spec)
         code = self.spec.code_dir
-        if self.spec.model_zip and not (code / ".rhizome-complete").exists():
-            tmp = code.with_name(f".code.tmp-{self.spec.rank}-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            with zipfile.ZipFile(self.spec.model_zip) as zf:
-                zf.extractall(tmp)
-            (tmp / ".rhizome-complete").write_text(str(self.spec.generation))
-            try:
-                tmp.rename(code)
-            except OSError:  # another learner of the job extracted it first
-                shutil.rmtree(tmp, ignore_errors=True)
         code.mkdir(parents=True, exist_ok=True)
         data = Path(self.spec.job_dir) / "data"
         for store in self.spec.data_stores:
@@ -189,6 +188,9 @@ class Controller:
         procs.kill_labelled(self.spec.job_id, self.spec.rank, Role.LEARNER)
         learner_dir = self.spec.learner_dir
         env = dict(os.environ)
+        # The object store's checkpoint URL and the job's credentials; an explicit
+        # `env:` of the manifest (its own backup store) wins.
+        env.update(storage_environ(self.spec))
         env.update(self.spec.env)
         env.update(self.runtime_environ())
         env.update(labels(self.spec.job_id, self.spec.rank, Role.LEARNER))
@@ -258,6 +260,10 @@ class Controller:
         source = self.spec.result_dir
         if not source.exists() or not any(source.iterdir()):
             return
+        access = self.spec.storage_access
+        if access is not None:
+            upload_results(access, self.spec.rank, source)
+            return
         targets = [Path(self.spec.result_store)] if self.spec.result_store else []
         targets += [Path(s["results_path"]) for s in self.spec.data_stores if s.get("results_path")]
         for target in targets:
@@ -295,6 +301,17 @@ class Controller:
             log.exception("cannot start the log collector")
             return None
 
+    def fail_download(self, why: str) -> int:
+        """The code cannot be had: FAILED with the reason, also in the learner's stderr
+        (the guardian puts its last lines in the job's record)."""
+        message = f"cannot fetch the job's code: {why}"
+        with contextlib.suppress(OSError), open(self.spec.learner_dir / "stderr.log", "a") as err:
+            err.write(f"rhizome: {message}\n")
+        self.state.update(phase=FAILED, exit_code=ExitCode.FAILED)
+        self.save_state()
+        self.record(FAILED, exit_code=int(ExitCode.FAILED), message=message)
+        return EXIT_OK
+
     # -- the whole life ---------------------------------------------------------------------
     def run(self) -> int:
         self.spec.learner_dir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +337,13 @@ class Controller:
         self.load_state()
         if self.state["phase"] == DOWNLOADING:
             self.record(DOWNLOADING)
-            self.download()
+            try:
+                self.download()
+            except CodeFetchError as exc:
+                return self.fail_download(str(exc))
+            except Exception as exc:  # a bug or a broken image: fail saying so, no restart loop
+                log.exception("fetching the code failed")
+                return self.fail_download(f"{type(exc).__name__}: {exc}")
             self.state["phase"] = PROCESSING
             self.save_state()
         if self.halt.is_set():
@@ -359,7 +382,13 @@ class Controller:
         code = int(self.state.get("exit_code", 0))
         if self.state["phase"] == STORING:
             self.record(STORING)
-            self.store_results()
+            try:
+                self.store_results()
+            except ResultStoreError as exc:
+                self.state.update(phase=FAILED, exit_code=ExitCode.FAILED)
+                self.save_state()
+                self.record(FAILED, exit_code=int(ExitCode.FAILED), message=str(exc))
+                return EXIT_OK
             self.state["phase"] = COMPLETED
             self.save_state()
         if self.state["phase"] == COMPLETED:

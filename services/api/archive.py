@@ -5,34 +5,21 @@ first: member count, each member's and the total uncompressed size, the compress
 ratio (a 10 KB zip that expands to 10 GB is a bomb, not code), file types and paths.
 Only an archive that passes is decompressed once, in chunks, to verify every CRC; a
 member's reader stops at its declared size, so a directory that lies about sizes cannot
-make that pass expand further than the limits allow. The learner's controller extracts
-the same archive later with its own byte cap.
+make that pass expand further than the limits allow. The limits are `contract.archive`'s: the learner's controller enforces
+the same ones again on the bytes it writes when it extracts the archive.
 """
 
 from __future__ import annotations
 
 import io
-import re
 import stat
 import struct
 import zipfile
 import zlib
-from dataclasses import dataclass
 
+from contract.archive import DEFAULT_ARCHIVE_LIMITS, ArchiveLimits, unsafe_name
 from services.api import errors
 
-
-@dataclass(frozen=True)
-class ArchiveLimits:
-    max_members: int = 10_000
-    max_member_bytes: int = 512 * 1024 * 1024
-    max_total_bytes: int = 1024 * 1024 * 1024
-    # Ratio of uncompressed to compressed size, checked on members above 1 MiB: source
-    # code compresses 3-10x; a bomb 1,000x and more.
-    max_ratio: float = 200.0
-
-
-DEFAULT_ARCHIVE_LIMITS = ArchiveLimits()
 # Everything zipfile raises on a damaged or hostile archive (hypothesis found several).
 _ZIP_ERRORS = (
     zipfile.BadZipFile,
@@ -46,22 +33,6 @@ _ZIP_ERRORS = (
     struct.error,
     zlib.error,
 )
-_DRIVE = re.compile(r"^[A-Za-z]:")
-
-
-def _unsafe(name: str) -> str | None:
-    """Why a member name could write outside the job's code directory, or None."""
-    if not name:
-        return "an empty name"
-    if "\x00" in name:
-        return "a NUL byte in the name"
-    if "\\" in name:
-        return "a backslash (zip paths use '/')"
-    if name.startswith("/") or _DRIVE.match(name):
-        return "an absolute path"
-    if ".." in name.split("/"):
-        return "a '..' component"
-    return None
 
 
 def check_archive(data: bytes, limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) -> int:
@@ -78,7 +49,7 @@ def check_archive(data: bytes, limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) -
                 f"model definition zip has {len(infos)} members; at most {limits.max_members}"
             )
         for info in infos:
-            why = _unsafe(info.filename)
+            why = unsafe_name(info.filename)
             if why:
                 raise errors.BadRequest(
                     f"model definition zip member {info.filename!r} has {why}; "

@@ -13,10 +13,11 @@ from services.api import errors
 from services.api.archive import check_archive
 from services.api.auth import Principal, as_principal
 from services.manifest import ManifestError, parse_manifest
+from services.objectstore.api import ObjectStore, ObjectStoreError
+from services.objectstore.api import model_key as model_key_of
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StoreUnavailable
 from services.store.jobs import JobRecord, JobsRepository, Page, new_job_id
-from services.store.objects import LocalObjectStore
 
 MAX_MODEL_BYTES = 64 * 1024 * 1024
 MAX_IDEMPOTENCY_KEY = 128
@@ -67,7 +68,7 @@ class TrainerCore:
     def __init__(
         self,
         jobs: JobsRepository,
-        objects: LocalObjectStore,
+        objects: ObjectStore,
         admit: AdmitFn | None = None,
         lifecycle: Lifecycle | None = None,
     ) -> None:
@@ -114,8 +115,13 @@ class TrainerCore:
         model_key = ""
         if model_zip:
             # The code is stored before the record, so an acknowledged job always has it.
-            model_key = record.model_path = f"models/{job_id}.zip"
-            self.objects.put(model_key, model_zip)
+            model_key = record.model_path = model_key_of(job_id)
+            try:
+                self.objects.put(model_key, model_zip)
+            except ObjectStoreError as exc:
+                raise errors.Unavailable(
+                    f"the object store is unavailable, nothing was stored: {exc}"
+                ) from None
         try:
             stored, existing_flag = self.jobs.create(record)
         except IdempotencyConflict as exc:

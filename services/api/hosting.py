@@ -138,12 +138,16 @@ def build(ctx: DaemonContext) -> Hosted:
     from services.api.auth import Authenticator, ensure_admin_token_file
     from services.api.core import TrainerCore
     from services.api.servicer import TrainerServicer
-    from services.store.objects import LocalObjectStore
+    from services.objectstore.api import open_object_store
     from services.store.tokens import TokensRepository
 
     core = TrainerCore(
         jobs_repository(ctx),
-        LocalObjectStore(ctx.config.objects_dir),
+        open_object_store(
+            ctx.config.object_store,
+            default_dir=ctx.config.objects_dir,
+            endpoint_url=ctx.config.object_store_endpoint,
+        ),
         admit=admit_client(ctx.channel("scheduler")),
         lifecycle=lifecycle_client(ctx.channel("lcm")),
     )

@@ -124,6 +124,11 @@ class GuardianConfig:
 
     @property
     def objects_dir(self) -> Path:
+        """The object store's volume (the daemon exports `--object-store`); for an s3://
+        store the paths under it only name the objects, which the backend grants."""
+        store = os.environ.get("RHIZOME_OBJECT_STORE", "")
+        if store and "://" not in store:
+            return Path(store)
         return self.data_dir / "objects"
 
     @classmethod

@@ -7,7 +7,7 @@ Two routes to the same contract (a non-root uid 10001, `python -m learner.contro
 - **offline** (what the tests use; the default when no registry answers): a Debian
   bookworm root filesystem made by `debootstrap --variant=minbase` (Debian's package
   mirror is reachable where a container registry is not), imported as
-  `rhizome-learner-base:bookworm`, plus a tiny `docker build` layer for the user, labels
+  `rhizome-learner-base:bookworm-ssl` (minbase plus libssl3 and ca-certificates), plus a tiny `docker build` layer for the user, labels
   and the command. Python, the virtualenv and the source are *not* baked in: the platform
   bind-mounts them read-only at the same paths at run time (`learner_mounts()`), which is
   seconds instead of minutes and gigabytes. The image is therefore tied to this checkout
@@ -49,7 +49,10 @@ Progress = Callable[[str], None]
 
 REPO_ROOT = Path(services.__file__).resolve().parents[1]
 LEARNER_REPOSITORY = "rhizome-learner"
-BASE_IMAGE = "rhizome-learner-base:bookworm"
+BASE_IMAGE = "rhizome-learner-base:bookworm-ssl"
+# Beyond minbase: the TLS library the mounted Python's `ssl` module links against, and the
+# CA bundle, so learners reach an object store (boto3) and any HTTPS endpoint.
+BASE_PACKAGES = ("libssl3", "ca-certificates")
 SUITE = "bookworm"
 LEARNER_UID = 10001
 LEARNER_USER = "rhizome"
@@ -195,6 +198,10 @@ def _add_learner_user(rootfs: Path) -> None:
     home.chmod(0o755)
 
 
+def _tarball_name() -> str:
+    return f"{SUITE}-minbase-{'-'.join(BASE_PACKAGES)}-uid{LEARNER_UID}.tar"
+
+
 def _rootfs_tarball(progress: Progress) -> Path:
     """debootstrap a minbase root filesystem, add the learner user, and tar it into the
     cache (written aside then renamed, so a killed build never leaves half a tarball)."""
@@ -206,7 +213,7 @@ def _rootfs_tarball(progress: Progress) -> Path:
         )
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"{SUITE}-minbase-uid{LEARNER_UID}.tar"
+    target = cache / _tarball_name()
     work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache))
     log_path = cache / "debootstrap.log"
     try:
@@ -218,7 +225,14 @@ def _rootfs_tarball(progress: Progress) -> Path:
         started = time.monotonic()
         with open(log_path, "wb") as log:
             result = subprocess.run(
-                [debootstrap, "--variant=minbase", SUITE, str(rootfs), mirror],
+                [
+                    debootstrap,
+                    "--variant=minbase",
+                    f"--include={','.join(BASE_PACKAGES)}",
+                    SUITE,
+                    str(rootfs),
+                    mirror,
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -250,7 +264,7 @@ def ensure_base(client: docker.DockerClient, progress: Progress, rebuild: bool =
         if existing:
             progress(f"base image {BASE_IMAGE} already in the engine: skipping debootstrap")
             return "engine"
-    tarball = cache_dir() / f"{SUITE}-minbase-uid{LEARNER_UID}.tar"
+    tarball = cache_dir() / _tarball_name()
     how = "cache"
     if rebuild or not tarball.exists():
         tarball = _rootfs_tarball(progress)

@@ -32,6 +32,7 @@ import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from requests.exceptions import RequestException
 
+from contract.learner_spec import StorageAccess
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
 from services.backends.docker.spec import (
     ENTRYPOINT,
@@ -55,6 +56,13 @@ from services.backends.local.backend import (
     write_secrets_file,
 )
 from services.images.build import LABEL_PREFIX, LEARNER_UID, engine_url, learner_tag
+from services.objectstore.api import (
+    DEFAULT_GRANT_TTL_S,
+    ObjectStore,
+    ObjectStoreError,
+    model_key,
+    open_object_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,14 @@ class DockerBackend(Backend):
         self._watches: dict[str, JobWatch] = {}
         self._checked_images: set[str] = set()
         self._bridge: bool | None = None
+        # The platform's object store (the daemon exports --object-store); None when
+        # nobody configured one: the job's files are then bind-mounted as they are.
+        self._store_url = os.environ.get("RHIZOME_OBJECT_STORE", "")
+        self._store_endpoint = os.environ.get("RHIZOME_OBJECT_STORE_ENDPOINT", "")
+        self.grant_ttl_s = float(
+            os.environ.get("RHIZOME_STORAGE_GRANT_TTL_S") or DEFAULT_GRANT_TTL_S
+        )
+        self._store: ObjectStore | None = None
 
     # -- the engine ----------------------------------------------------------------------
     def connect(self) -> docker.DockerClient:
@@ -133,6 +149,24 @@ class DockerBackend(Backend):
         if self._bridge is None:
             self._bridge = bool(client.networks.list(names=["bridge"]))
         return self._bridge
+
+    def object_store(self) -> ObjectStore | None:
+        if not self._store_url:
+            return None
+        with self._lock:
+            if self._store is None:
+                try:
+                    self._store = open_object_store(
+                        self._store_url, default_dir=Path(), endpoint_url=self._store_endpoint
+                    )
+                except (ObjectStoreError, ValueError) as exc:
+                    raise BackendError(f"the object store {self._store_url}: {exc}") from exc
+            return self._store
+
+    def remote_store(self) -> ObjectStore | None:
+        """The object store when learners reach it over the network (S3), else None."""
+        store = self.object_store()
+        return store if store is not None and store.remote else None
 
     # -- deploy steps --------------------------------------------------------------------
     def image_for(self, job: JobSpec) -> str:
@@ -189,6 +223,21 @@ class DockerBackend(Backend):
                 )
         with self.engine(f"job {job.job_id}: checking the image") as client:
             self.check_image(client, self.image_for(job), job.job_id)
+            self.finish_pending_rollbacks(client, Path(job.job_dir).parent)
+        store = self.remote_store()
+        if store is not None:
+            # The learners fetch the code and keep results in the store themselves.
+            key = model_key(job.job_id)
+            try:
+                missing = bool(job.model_zip) and not store.exists(key)
+            except ObjectStoreError as exc:
+                raise BackendError(f"job {job.job_id}: {exc}") from exc
+            if missing:
+                raise BackendError(f"the job's code {key} is missing from {store.url}")
+            prepare_job_dir(dataclasses.replace(job, model_zip=""))
+            if self.chown:
+                _chown_tree(Path(job.job_dir), self.options.uid, self.options.gid)
+            return
         prepare_job_dir(job)
         if job.result_store:
             Path(job.result_store).mkdir(parents=True, exist_ok=True)
@@ -207,7 +256,22 @@ class DockerBackend(Backend):
             network = "host"
             if self.uses_bridge(client):
                 network = self._ensure_network(client, job.job_id)
+            store = self.remote_store()
+            access: StorageAccess | None = None
+            if store is not None:
+                # No host path of the store reaches the container: the code archive and
+                # the results go through the store, with this job's credentials only.
+                try:
+                    access = store.grant(
+                        job.job_id, with_model=bool(job.model_zip), ttl_s=self.grant_ttl_s
+                    )
+                except ObjectStoreError as exc:
+                    raise BackendError(f"{what}: {exc}") from exc
+                job = dataclasses.replace(job, model_zip="", result_store="")
             spec = learner_spec(job, rank, restart)
+            if access is not None:
+                spec.storage = access.to_dict()
+                spec.result_store = ""
             host_gpus = spec.env.get("CUDA_VISIBLE_DEVICES", "")
             _, inside = gpu_devices(host_gpus)
             spec.env["CUDA_VISIBLE_DEVICES"] = inside
@@ -348,28 +412,62 @@ class DockerBackend(Backend):
         with contextlib.suppress(NotFound, *_ENGINE_ERRORS):
             client.api.stop(cid, timeout=timeout)
 
+    def _remove_labelled(self, client: docker.DockerClient, job_id: str) -> None:
+        for summary in client.api.containers(all=True, filters=job_filter(job_id)):
+            with contextlib.suppress(NotFound):
+                client.api.remove_container(summary["Id"], force=True, v=True)
+        for volume in client.volumes.list(filters=job_filter(job_id)):
+            with contextlib.suppress(NotFound):
+                volume.remove(force=True)
+        for network in client.networks.list(filters=job_filter(job_id)):
+            with contextlib.suppress(NotFound):
+                network.remove()
+
+    @staticmethod
+    def _pending_dir(job_dir: str) -> Path:
+        """Rollbacks the engine could not take, by job id, beside the jobs' directories."""
+        return Path(job_dir).parent / ".engine-rollbacks"
+
+    def finish_pending_rollbacks(self, client: docker.DockerClient, jobs_dir: Path) -> None:
+        """Remove what jobs left in an engine that was down when they were rolled back:
+        its containers are stopped, not gone, once it is back. Run by every deploy."""
+        pending = jobs_dir / ".engine-rollbacks"
+        if not pending.is_dir():
+            return
+        for marker in sorted(pending.iterdir()):
+            with contextlib.suppress(NotFound, *_ENGINE_ERRORS):
+                running = {**job_filter(marker.name), "status": "running"}
+                if client.api.containers(filters=running):
+                    continue  # deployed again since: its own rollback will clear the note
+                self._remove_labelled(client, marker.name)
+                marker.unlink()
+                log.info("job %s: removed what it left while the engine was down", marker.name)
+
     def rollback(self, job_id: str, job_dir: str) -> None:
         """Remove every container, volume and network labelled with the job; then the
         deploy's files. Safe at any point and any number of times. An engine that does
-        not answer is logged, not raised: its containers are down with it, and the next
-        deploy (or the LCM's collection) removes what it left."""
+        not answer is logged, not raised, and the job noted in `<jobs>/.engine-rollbacks`:
+        the next deploy that reaches the engine removes what the job left there."""
         try:
-            client = self.client()
-            for summary in client.api.containers(all=True, filters=job_filter(job_id)):
-                with contextlib.suppress(NotFound):
-                    client.api.remove_container(summary["Id"], force=True, v=True)
-            for volume in client.volumes.list(filters=job_filter(job_id)):
-                with contextlib.suppress(NotFound):
-                    volume.remove(force=True)
-            for network in client.networks.list(filters=job_filter(job_id)):
-                with contextlib.suppress(NotFound):
-                    network.remove()
+            self._remove_labelled(self.client(), job_id)
+            with contextlib.suppress(FileNotFoundError):
+                (self._pending_dir(job_dir) / job_id).unlink()
         except APIError as exc:
             raise BackendError(f"job {job_id}: rollback: {exc.explanation}") from exc
         except _ENGINE_ERRORS as exc:
             log.warning(
                 "job %s: rollback could not reach the engine at %s: %s", job_id, self.url, exc
             )
+            pending = self._pending_dir(job_dir)
+            pending.mkdir(parents=True, exist_ok=True)
+            (pending / job_id).write_text(self.url)
+        store = self.remote_store()
+        if store is not None:
+            # Whatever the containers were given stops working now, not at its expiry.
+            try:
+                store.revoke(job_id)
+            except ObjectStoreError as exc:
+                raise BackendError(f"job {job_id}: rollback: {exc}") from exc
         remove_deploy_files(job_dir)
 
     def close(self) -> None:
