@@ -7,8 +7,10 @@ are refused, so the two sides cannot silently disagree about the format.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ class LearnerSpec:
     data_stores: list[dict[str, Any]] = field(default_factory=list)
     result_store: str = ""
     tds_address: str = ""
+    # The job token the collector sends to the TDS (contract/credentials.py): it may append
+    # to and read this job's logs only. Kept out of repr; the spec file is 0600.
+    tds_token: str = field(default="", repr=False)
     metric_sources: Any = None  # the manifest's `evaluation_metrics`
     grace_s: float = 10.0  # SIGTERM -> SIGKILL on halt
     lease_ttl_s: int = 2
@@ -57,7 +62,12 @@ class LearnerSpec:
         """Write atomically: a controller restarted meanwhile never reads half a spec."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        # Owner-only from the first byte: the spec carries the job's TDS token.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
         tmp.replace(path)
 
     # -- where things are -----------------------------------------------------------------
