@@ -116,6 +116,9 @@ class Daemon:
         )
         self.hosted: list[Hosted] = []
         self.health = health.HealthServicer()
+        # grpc's health servicer starts out SERVING for "": `rhizome up` would return
+        # (and the REST gateway be called) before the services are up.
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.port = 0
         self.internal_port = 0
         self.metrics_server: Any = None
