@@ -99,6 +99,10 @@ def write_json_atomically(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+# As a process, the collector takes its job token from this variable (LearnerSpec.tds_token).
+TOKEN_ENV = "RHIZOME_TDS_TOKEN"
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
 
@@ -552,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             flush_interval_s=args.flush_interval_s,
             drain_timeout_s=args.drain_timeout_s,
             verify_interval_s=args.verify_interval_s,
+            # The job token from the environment, never argv (any local user reads argv).
+            token=os.environ.get(TOKEN_ENV, ""),
         )
     except (CollectorError, ValueError) as exc:
         print(f"collector: {exc}", file=sys.stderr)
