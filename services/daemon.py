@@ -57,6 +57,10 @@ def builder(name: str) -> ServiceBuilder:
     return SERVICES.get(name)
 
 
+# Where a daemon started with internal port 0 remembers the port it got (see _bind_internal).
+INTERNAL_PORT_FILE = "internal.port"
+
+
 def _is_loopback(host: str) -> bool:
     import ipaddress
 
@@ -126,11 +130,7 @@ class Daemon:
     def start(self) -> None:
         # The internal port is bound first: services hand its address to their learners
         # (the TDS) while they are built, and port 0 means any free port.
-        self.internal_port = self.internal_server.add_insecure_port(self.config.internal_address)
-        if not self.internal_port:
-            raise RuntimeError(
-                f"cannot listen on {self.config.internal_address} (--internal-address; port in use?)"
-            )
+        self.internal_port = self._bind_internal()
         host, _ = split_address(self.config.internal_address)
         self.config.internal_address = f"{host}:{self.internal_port}"
         if not _is_loopback(host):
@@ -165,6 +165,31 @@ class Daemon:
         for name in names:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    def _bind_internal(self) -> int:
+        """The internal port. Port 0 reuses the port of this data directory's previous
+        daemon when it is free: running learners keep the TDS address they were given
+        at deploy, so a restarted daemon must answer there."""
+        address = self.config.internal_address
+        host, port = split_address(address)
+        remembered = self.config.data_dir / INTERNAL_PORT_FILE
+        bound = 0
+        if port == 0:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                bound = self.internal_server.add_insecure_port(
+                    f"{host}:{int(remembered.read_text())}"
+                )
+        if not bound:
+            try:
+                bound = self.internal_server.add_insecure_port(address)
+            except RuntimeError:
+                bound = 0
+        if not bound:
+            raise RuntimeError(f"cannot listen on {address} (--internal-address; port in use?)")
+        if port == 0:
+            with contextlib.suppress(OSError):
+                remembered.write_text(f"{bound}\n")
+        return int(bound)
 
     def _bind_public(self) -> int:
         """The public port: TLS with the configured certificate, else plaintext."""

@@ -25,6 +25,7 @@ from rhizome.v1 import (
 
 from contract.credentials import with_bearer
 from contract.procs import free_port
+from services.client.sdk import ClientError
 from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
@@ -236,3 +237,91 @@ def test_a_learner_ships_its_logs_with_its_own_job_token_which_is_never_logged(
     secret = token.split(".", 1)[0]
     for log_file in job_dir.rglob("*.log"):
         assert secret not in log_file.read_text(errors="replace"), log_file
+
+
+def test_daemons_reach_each_others_internal_port_with_the_shared_secret_only(
+    mongo_server: ManagedServer, es_server: ManagedServer, tmp_path: Path
+) -> None:
+    """The API in one daemon, the TDS in another: the API's calls cross the wire to the
+    TDS's internal port with the secret both were given; a daemon with its own secret is
+    refused there."""
+    from tests.integration.conftest import token_client
+
+    uri = mongo_server.url.replace("/?", "/internal_peers?")
+
+    def daemon(name: str, services: tuple[str, ...], secret: Path, **extra: object) -> Daemon:
+        d = Daemon(
+            PlatformConfig(
+                data_dir=tmp_path / name,
+                mongodb_uri=uri,
+                elasticsearch_url=es_server.url,
+                services=services,
+                grpc_address=f"127.0.0.1:{free_port()}",
+                rest_address=f"127.0.0.1:{free_port()}",
+                internal_secret_file=str(secret),
+                **extra,  # type: ignore[arg-type]
+            )
+        )
+        d.start()
+        return d
+
+    (tmp_path / "tds").mkdir()
+    (tmp_path / "api").mkdir()
+    (tmp_path / "stranger").mkdir()
+    shared = tmp_path / "shared.secret"
+    tds = daemon("tds", ("tds",), shared)
+    started = [tds]
+    try:
+        peer = {"tds": tds.config.internal_address}
+        api = daemon("api", ("api",), shared, peers=peer)
+        started.append(api)
+        stranger = daemon("stranger", ("api",), tmp_path / "other.secret", peers=peer)
+        started.append(stranger)
+        with token_client(api, "peer-admin", role="admin") as rz:
+            job_id = rz.create_job("name: peer\nframework: {command: 'true'}\n").job_id
+            line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="hi")
+            with grpc.insecure_channel(tds.config.internal_address) as raw:
+                stub = tds_pb2_grpc.TrainingDataStub(
+                    with_bearer(raw, tds.credentials.service_token())
+                )
+                stub.AddLogLines(tds_pb2.AddLogLinesRequest(lines=[line]), timeout=10)
+            request = tds_pb2.LogsRequest(job_id=job_id, learner=-1)
+            assert [ln.line for ln in rz.logs(request)] == ["hi"]
+        with token_client(stranger, "peer-admin", role="admin") as rz:
+            with pytest.raises(ClientError) as info:
+                list(rz.logs(request))
+            # The user's token is fine; the platform is misconfigured, and says so.
+            assert info.value.code == "UNAVAILABLE"
+            assert "wrong service credential" in info.value.message
+    finally:
+        for d in reversed(started):
+            d.stop()
+
+
+def test_a_restarted_daemon_answers_on_the_same_internal_port(
+    mongo_server: ManagedServer, tmp_path: Path
+) -> None:
+    """Running learners keep the TDS address they were deployed with."""
+
+    def start() -> Daemon:
+        d = Daemon(
+            PlatformConfig(
+                data_dir=tmp_path,
+                mongodb_uri=mongo_server.url,
+                services=("api",),
+                grpc_address=f"127.0.0.1:{free_port()}",
+                rest_address=f"127.0.0.1:{free_port()}",
+            )
+        )
+        d.start()
+        return d
+
+    first = start()
+    port = first.internal_port
+    first.stop()
+    second = start()
+    try:
+        assert second.internal_port == port
+        assert second.config.internal_address == f"127.0.0.1:{port}"
+    finally:
+        second.stop()
