@@ -193,6 +193,21 @@ def test_the_cli_told_to_use_plaintext_fails_with_a_clear_error(embedded: Path) 
     assert "error:" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_up_serves_your_own_certificate_and_the_cli_trusts_your_ca(tmp_path: Path) -> None:
+    mine = ensure_local_certificates(tmp_path / "mine")  # stands in for a CA of yours
+    assert mine.ca is not None
+    data_dir = tmp_path / "data"
+    flags = ["--tls-cert", str(mine.cert), "--tls-key", str(mine.key), "--tls-ca", str(mine.ca)]
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0", *flags)
+    try:
+        state = load_state(data_dir)
+        assert state is not None and state.tls and state.tls_ca == str(mine.ca)
+        assert not (data_dir / "tls").exists()  # nothing generated
+        assert json.loads(rz(data_dir, "list", "--json").stdout) == []
+    finally:
+        rz(data_dir, "down", check=False)
+
+
 def test_up_refuses_contradicting_tls_flags(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
