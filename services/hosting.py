@@ -21,7 +21,7 @@ from services.config import PlatformConfig
 from services.local_channel import LocalChannel, RecordingServer
 
 if TYPE_CHECKING:
-    from services.security.internal import SharedSecretCredentials
+    from services.security.api import ServiceCredentials
     from services.store.jobs import JobsRepository
 
 # The only service the public port serves (with health and reflection); every other
@@ -71,7 +71,7 @@ class DaemonContext:
     shared: dict[str, Any] = field(default_factory=dict)
     # The internal port's credentials (services/security): sent on every call to another
     # service, and the issuer of job tokens. None only in unit tests without a daemon.
-    credentials: SharedSecretCredentials | None = None
+    credentials: ServiceCredentials | None = None
 
     def _internal_channel(self, address: str) -> grpc.Channel:
         token = self.credentials.service_token() if self.credentials else ""

@@ -10,7 +10,9 @@ the shared-secret implementation and the gRPC interceptors, `tls.py` the certifi
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 # gRPC metadata key that carries either credential, as `Bearer <token>`.
 AUTHORIZATION_METADATA = "authorization"
@@ -19,16 +21,20 @@ AUTHORIZATION_METADATA = "authorization"
 JOB_TOKEN_ENV = "RHIZOME_JOB_TOKEN"
 
 
+HOW_TO_AUTHENTICATE = (
+    "internal services (LifecycleManager, TrainingData, Scheduler) take the daemon's service "
+    "credential (`authorization: Bearer <contents of <data dir>/internal.secret>`) or, for a "
+    "job's learners, the job token in their learner spec; users call the public port's "
+    "Trainer API instead"
+)
+
+
 class SecurityError(Exception):
     """Base of the security errors; the message says what is wrong and how to fix it."""
 
 
 class CredentialError(SecurityError):
     """A missing, malformed or wrong credential (UNAUTHENTICATED)."""
-
-
-class NotPermitted(SecurityError):
-    """A valid credential asking for what it may not do (PERMISSION_DENIED)."""
 
 
 class TlsError(SecurityError):
@@ -60,3 +66,15 @@ class ServiceCredentials(abc.ABC):
     @abc.abstractmethod
     def identify(self, token: str) -> Caller:
         """Who holds `token`; raises CredentialError when it is neither credential."""
+
+    def caller(self, metadata: Iterable[tuple[str, Any]] | None) -> Caller:
+        """Who sent `metadata`; CredentialError when there is no valid credential."""
+        for key, value in metadata or ():
+            if key == AUTHORIZATION_METADATA:
+                scheme, _, token = str(value).strip().partition(" ")
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise CredentialError(
+                        f"malformed authorization: expected `Bearer <token>`; {HOW_TO_AUTHENTICATE}"
+                    )
+                return self.identify(token.strip())
+        raise CredentialError(f"no service credential: {HOW_TO_AUTHENTICATE}")

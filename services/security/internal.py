@@ -24,14 +24,14 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from services.security.api import (
-    AUTHORIZATION_METADATA,
+    HOW_TO_AUTHENTICATE,
     Caller,
     CredentialError,
     ServiceCredentials,
@@ -51,13 +51,6 @@ JOB_METHODS = frozenset(
 )
 # Answered without a credential on the internal port: says only whether it is up.
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
-
-HOW_TO_AUTHENTICATE = (
-    "internal services (LifecycleManager, TrainingData, Scheduler) take the daemon's service "
-    "credential (`authorization: Bearer <contents of <data dir>/internal.secret>`) or, for a "
-    "job's learners, the job token in their learner spec; users call the public port's "
-    "Trainer API instead"
-)
 
 
 class SharedSecretCredentials(ServiceCredentials):
@@ -112,20 +105,8 @@ class SharedSecretCredentials(ServiceCredentials):
             raise CredentialError(f"invalid job token: {HOW_TO_AUTHENTICATE}")
         raise CredentialError(f"no service credential: {HOW_TO_AUTHENTICATE}")
 
-    def caller(self, metadata: Iterable[tuple[str, Any]] | None) -> Caller:
-        """Who sent `metadata`; CredentialError when there is no valid credential."""
-        for key, value in metadata or ():
-            if key == AUTHORIZATION_METADATA:
-                scheme, _, token = str(value).strip().partition(" ")
-                if scheme.lower() != "bearer" or not token.strip():
-                    raise CredentialError(
-                        f"malformed authorization: expected `Bearer <token>`; {HOW_TO_AUTHENTICATE}"
-                    )
-                return self.identify(token.strip())
-        raise CredentialError(f"no service credential: {HOW_TO_AUTHENTICATE}")
 
-
-def job_scope(credentials: SharedSecretCredentials | None, context: grpc.ServicerContext) -> str:
+def job_scope(credentials: ServiceCredentials | None, context: grpc.ServicerContext) -> str:
     """The job a call is confined to: its job token's job, or "" for the platform itself
     (the service credential, an in-process call, or a server with no credentials set up).
     The internal server's interceptor has refused wrong credentials before this runs."""
@@ -158,7 +139,7 @@ def _refusal(
 class InternalAuthInterceptor(grpc.ServerInterceptor):
     """Every call to the internal port carries the service credential or a job token."""
 
-    def __init__(self, credentials: SharedSecretCredentials) -> None:
+    def __init__(self, credentials: ServiceCredentials) -> None:
         self.credentials = credentials
 
     def intercept_service(
