@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import ssl
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -92,6 +91,10 @@ def tls_ca_file(url: str) -> str:
         if not Path(ca).is_file():
             raise ValueError(f"etcd URL {url!r}: the CA file {ca} does not exist")
         return ca
+    # Imported here: the offline learner image's Python has no libssl, and a learner only
+    # needs it for an https etcd without a CA file of its own.
+    import ssl
+
     system = ssl.get_default_verify_paths()
     for candidate in (system.cafile, system.openssl_cafile):
         if candidate and Path(candidate).is_file():
