@@ -163,6 +163,9 @@ def main() -> int:
             0,
             services=args.services,
             progress=lambda m: print(f"  {m}", file=sys.stderr),
+            # Plaintext, as the figures recorded before TLS; the cost of TLS + auth is
+            # benchmarks/security_overhead.py's.
+            tls=platform.TlsChoice(plaintext=True),
         )
         try:
             for clients in (int(c) for c in args.clients.split(",")):

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import grpc
 import pyetcd
@@ -70,6 +70,39 @@ def parse_url(url: str) -> tuple[str, int]:
     if not parsed.hostname or not parsed.port:
         raise ValueError(f"etcd URL {url!r} is not http://HOST:PORT")
     return parsed.hostname, parsed.port
+
+
+# The query parameter naming the CA file that verifies an https:// etcd (MongoDB's name
+# for the same thing, so every store URL reads alike); it travels with the URL to the
+# guardians and the learners.
+TLS_CA_PARAM = "tlsCAFile"
+
+
+def tls_ca_file(url: str) -> str:
+    """The CA file for an `https://` etcd URL (its `?tlsCAFile=`, else the system's CA
+    bundle); "" for `http://`. An https URL is never quietly spoken to in plaintext."""
+    parsed = urlparse(url if "://" in url else f"http://{url}")
+    if parsed.scheme == "http":
+        return ""
+    if parsed.scheme != "https":
+        raise ValueError(f"etcd URL {url!r}: the scheme must be http or https")
+    ca = parse_qs(parsed.query).get(TLS_CA_PARAM, [""])[0]
+    if ca:
+        if not Path(ca).is_file():
+            raise ValueError(f"etcd URL {url!r}: the CA file {ca} does not exist")
+        return ca
+    # Imported here: the offline learner image's Python has no libssl, and a learner only
+    # needs it for an https etcd without a CA file of its own.
+    import ssl
+
+    system = ssl.get_default_verify_paths()
+    for candidate in (system.cafile, system.openssl_cafile):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise ValueError(
+        f"etcd URL {url!r} is https but names no CA and this system has no CA bundle; "
+        f"add ?{TLS_CA_PARAM}=/path/to/ca.pem"
+    )
 
 
 class Lease:
@@ -120,7 +153,8 @@ class EtcdClient:
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         self.url = url
         host, port = parse_url(url)
-        self.raw = pyetcd.client(host=host, port=port, timeout=timeout_s)
+        ca = tls_ca_file(url)
+        self.raw = pyetcd.client(host=host, port=port, timeout=timeout_s, ca_cert=ca or None)
 
     @classmethod
     def connect(cls, url: str, timeout_s: float = 5.0) -> EtcdClient:

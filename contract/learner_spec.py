@@ -34,6 +34,9 @@ class LearnerSpec:
     data_stores: list[dict[str, Any]] = field(default_factory=list)
     result_store: str = ""
     tds_address: str = ""
+    # The job token the collector sends to the TDS (contract/credentials.py): it may append
+    # to and read this job's logs only. Kept out of repr; the spec file is 0600.
+    tds_token: str = field(default="", repr=False)
     metric_sources: Any = None  # the manifest's `evaluation_metrics`
     grace_s: float = 10.0  # SIGTERM -> SIGKILL on halt
     lease_ttl_s: int = 2
@@ -67,9 +70,10 @@ class LearnerSpec:
         tmp = path.with_suffix(".tmp")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        # Owner-only from the first byte: the spec carries the job's TDS token.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.to_json())
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
         tmp.replace(path)
 
     @property

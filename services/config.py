@@ -22,6 +22,16 @@ class PlatformConfig:
     grpc_address: str = DEFAULT_API_ADDRESS
     rest_address: str = "127.0.0.1:8080"
     metrics_address: str = ""
+    # The internal services' own port (LifecycleManager, TrainingData, Scheduler): loopback,
+    # any free port, unless peers on other machines must reach it (docs/security.md).
+    internal_address: str = "127.0.0.1:0"
+    # The service credential shared by daemons that host services for each other;
+    # empty: <data dir>/internal.secret, generated 0600 on first start.
+    internal_secret_file: str = ""
+    # TLS on the public gRPC port and the REST gateway (services/security/tls.py): a PEM
+    # certificate chain and its key; both empty: plaintext.
+    tls_cert: str = ""
+    tls_key: str = ""
     # Where the other services are when they do not run in this process.
     peers: dict[str, str] = field(default_factory=dict)
     cluster_config: str = ""
@@ -39,6 +49,10 @@ class PlatformConfig:
     object_store: str = ""
     object_store_endpoint: str = ""
     storage_grant_ttl_s: float = 12 * 3600
+
+    @property
+    def internal_secret_path(self) -> Path:
+        return Path(self.internal_secret_file or self.data_dir / "internal.secret")
 
     @property
     def objects_dir(self) -> Path:

@@ -28,8 +28,8 @@ from grpc_reflection.v1alpha import reflection
 
 from contract.registry import Registry
 from services.config import ALL_SERVICES, PlatformConfig, split_address
-from services.hosting import DaemonContext, Hosted, ServiceBuilder
-from services.local_channel import RecordingServer
+from services.hosting import PUBLIC_SERVICES, DaemonContext, Hosted, ServiceBuilder, SplitServer
+from services.security.api import SecurityError
 
 log = logging.getLogger("rhizomed")
 
@@ -57,6 +57,21 @@ def builder(name: str) -> ServiceBuilder:
     return SERVICES.get(name)
 
 
+# Where a daemon started with internal port 0 remembers the port it got (see _bind_internal).
+INTERNAL_PORT_FILE = "internal.port"
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class Daemon:
     def __init__(self, config: PlatformConfig) -> None:
         unknown = [s for s in config.services if s not in ALL_SERVICES]
@@ -74,33 +89,71 @@ class Daemon:
         self.config = config
         from services.metrics import GrpcMetricsInterceptor
         from services.rpc_guard import MalformedRequestInterceptor
+        from services.security.internal import InternalAuthInterceptor, SharedSecretCredentials
 
+        options = [
+            ("grpc.max_receive_message_length", 80 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ]
+        # Two servers: the public port serves the Trainer API, health and reflection; the
+        # internal port serves LifecycleManager, TrainingData and Scheduler to holders of
+        # the service credential or a job token (docs/security.md).
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
             interceptors=[GrpcMetricsInterceptor(), MalformedRequestInterceptor()],
-            options=[
-                ("grpc.max_receive_message_length", 80 * 1024 * 1024),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=options,
         )
-        self.ctx = DaemonContext(config, RecordingServer(self.server))  # type: ignore[arg-type]
+        self.credentials = SharedSecretCredentials.from_file(config.internal_secret_path)
+        self.internal_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc-internal"),
+            interceptors=[
+                GrpcMetricsInterceptor(),
+                InternalAuthInterceptor(self.credentials),
+                MalformedRequestInterceptor(),
+            ],
+            options=options,
+        )
+        self.ctx = DaemonContext(
+            config,
+            SplitServer(self.server, self.internal_server),  # type: ignore[arg-type]
+            credentials=self.credentials,
+        )
         self.hosted: list[Hosted] = []
         self.health = health.HealthServicer()
+        # grpc's health servicer starts out SERVING for "": `rhizome up` would return
+        # (and the REST gateway be called) before the services are up.
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.port = 0
+        self.internal_port = 0
         self.metrics_server: Any = None
         self.health_monitor: Any = None
 
     def start(self) -> None:
+        # The internal port is bound first: services hand its address to their learners
+        # (the TDS) while they are built, and port 0 means any free port.
+        self.internal_port = self._bind_internal()
+        host, _ = split_address(self.config.internal_address)
+        self.config.internal_address = f"{host}:{self.internal_port}"
+        if not _is_loopback(host):
+            log.warning(
+                "the internal port %s is not on loopback: its calls travel in clear text; keep "
+                "it on a private network",
+                self.config.internal_address,
+            )
         for name in self.config.services:
             self.hosted.append(builder(name)(self.ctx))
         names = [n for h in self.hosted for n in h.service_names]
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
-        self.port = self.server.add_insecure_port(self.config.grpc_address)
+        public = [n for n in names if n in PUBLIC_SERVICES]
+        internal = [n for n in names if n not in PUBLIC_SERVICES]
+        for server, served in ((self.server, public), (self.internal_server, internal)):
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            reflection.enable_server_reflection(
+                [*served, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+            )
+        self.port = self._bind_public()
         if not self.port:
             raise RuntimeError(f"cannot listen on {self.config.grpc_address} (port in use?)")
+        self.internal_server.start()
         self.server.start()
         if self.config.metrics_address:
             from services.metrics import serve_metrics
@@ -117,6 +170,41 @@ class Daemon:
 
         self.health_monitor = start_health_monitor(self.ctx, self.health, names)
 
+    def _bind_internal(self) -> int:
+        """The internal port. Port 0 reuses the port of this data directory's previous
+        daemon when it is free: running learners keep the TDS address they were given
+        at deploy, so a restarted daemon must answer there."""
+        address = self.config.internal_address
+        host, port = split_address(address)
+        remembered = self.config.data_dir / INTERNAL_PORT_FILE
+        bound = 0
+        if port == 0:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                bound = self.internal_server.add_insecure_port(
+                    f"{host}:{int(remembered.read_text())}"
+                )
+        if not bound:
+            try:
+                bound = self.internal_server.add_insecure_port(address)
+            except RuntimeError:
+                bound = 0
+        if not bound:
+            raise RuntimeError(f"cannot listen on {address} (--internal-address; port in use?)")
+        if port == 0:
+            with contextlib.suppress(OSError):
+                remembered.write_text(f"{bound}\n")
+        return int(bound)
+
+    def _bind_public(self) -> int:
+        """The public port: TLS with the configured certificate, else plaintext."""
+        if not self.config.tls_cert:
+            return int(self.server.add_insecure_port(self.config.grpc_address))
+        from services.security.tls import TlsFiles
+
+        cert, key = TlsFiles(Path(self.config.tls_cert), Path(self.config.tls_key)).load()
+        credentials = grpc.ssl_server_credentials([(key, cert)])
+        return int(self.server.add_secure_port(self.config.grpc_address, credentials))
+
     def stop(self) -> None:
         if self.health_monitor is not None:
             self.health_monitor.stop()
@@ -125,7 +213,9 @@ class Daemon:
             if hosted.stop:
                 with contextlib.suppress(Exception):
                     hosted.stop()
-        self.server.stop(grace=2).wait(5)
+        stopped = [self.server.stop(grace=2), self.internal_server.stop(grace=2)]
+        for event in stopped:
+            event.wait(5)
         if self.metrics_server is not None:
             self.metrics_server.stop()
         for channel in self.ctx.channels.values():
@@ -187,6 +277,37 @@ def _export_object_store(config: PlatformConfig) -> None:
     envvar="RHIZOME_METRICS_ADDRESS",
     help="Where Prometheus /metrics is served (port 0: any free port; empty: off).",
 )
+@click.option(
+    "--internal-address",
+    default="127.0.0.1:0",
+    show_default=True,
+    envvar="RHIZOME_INTERNAL_ADDRESS",
+    help="Where the internal services (lcm, tds, scheduler) listen for the platform's own "
+    "processes and learners (port 0: any free port). Keep it on loopback or a private network.",
+)
+@click.option(
+    "--internal-secret-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    envvar="RHIZOME_INTERNAL_SECRET_FILE",
+    help="The service credential of the internal port (default <data dir>/internal.secret, "
+    "generated 0600 on first start); daemons that are each other's --peer share it.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(path_type=Path),
+    default=None,
+    envvar="RHIZOME_TLS_CERT",
+    help="Serve the public gRPC port and REST over TLS with this PEM certificate (chain); "
+    "needs --tls-key. `rhizome up` passes the platform's own unless --insecure-plaintext.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(path_type=Path),
+    default=None,
+    envvar="RHIZOME_TLS_KEY",
+    help="The unencrypted PEM private key of --tls-cert.",
+)
 @click.option("--mongodb-uri", envvar="RHIZOME_MONGODB_URI", default="", help="MongoDB URI.")
 @click.option("--etcd", "etcd_url", envvar="RHIZOME_ETCD", default="", help="etcd client URL.")
 @click.option(
@@ -205,7 +326,8 @@ def _export_object_store(config: PlatformConfig) -> None:
     "peers",
     multiple=True,
     metavar="SERVICE=HOST:PORT",
-    help="Address of a service hosted by another process (repeatable).",
+    help="The internal address (--internal-address) of a service hosted by another process "
+    "(repeatable); both share --internal-secret-file.",
 )
 @click.option(
     "--cluster-config",
@@ -291,6 +413,10 @@ def main(
     grpc_address: str,
     rest_address: str,
     metrics_address: str,
+    internal_address: str,
+    internal_secret_file: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
     mongodb_uri: str,
     etcd_url: str,
     elasticsearch_url: str,
@@ -328,6 +454,10 @@ def main(
         grpc_address=grpc_address,
         rest_address=rest_address,
         metrics_address=metrics_address,
+        internal_address=internal_address,
+        internal_secret_file=str(internal_secret_file.expanduser()) if internal_secret_file else "",
+        tls_cert=str(tls_cert.expanduser()) if tls_cert else "",
+        tls_key=str(tls_key.expanduser()) if tls_key else "",
         peers=_peers(peers),
         cluster_config=cluster_config,
         quota_config=quota_config,
@@ -339,6 +469,8 @@ def main(
         object_store_endpoint=object_store_endpoint,
         storage_grant_ttl_s=storage_grant_ttl,
     )
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together: pass both, or neither")
     from services.backends.api import backend_names
 
     if backend not in backend_names():
@@ -350,7 +482,11 @@ def main(
         os.environ["DOCKER_HOST"] = docker_host
     _export_object_store(config)
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    daemon = Daemon(config)
+    try:
+        daemon = Daemon(config)
+    except SecurityError as exc:
+        click.echo(f"rhizomed: cannot start: {exc}", err=True)
+        sys.exit(1)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -369,6 +505,8 @@ def main(
                     "pid": os.getpid(),
                     "grpc": config.grpc_address,
                     "rest": config.rest_address,
+                    "internal": config.internal_address,
+                    "tls": bool(config.tls_cert),
                     "metrics_port": daemon.metrics_server.port if daemon.metrics_server else 0,
                     "services": list(config.services),
                 }
@@ -376,9 +514,10 @@ def main(
         )
         tmp.replace(state_file)
     log.info(
-        "serving %s on %s (REST %s, metrics port %s)",
+        "serving %s on %s (internal services %s, REST %s, metrics port %s)",
         ",".join(config.services),
         grpc_address,
+        config.internal_address,
         rest_address,
         daemon.metrics_server.port if daemon.metrics_server else "off",
     )

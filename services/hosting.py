@@ -16,11 +16,41 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 import grpc
 
+from contract.credentials import with_bearer
 from services.config import PlatformConfig
 from services.local_channel import LocalChannel, RecordingServer
 
 if TYPE_CHECKING:
+    from services.security.api import ServiceCredentials
     from services.store.jobs import JobsRepository
+
+# The only service the public port serves (with health and reflection); every other
+# service registers on the internal port (docs/security.md).
+PUBLIC_SERVICES = frozenset({"rhizome.v1.Trainer"})
+
+
+class SplitServer(RecordingServer):
+    """What services register on: the public service goes to the public server, the
+    internal ones to the internal server, and every handler is remembered for
+    LocalChannel's in-process dispatch."""
+
+    def __init__(self, public: grpc.Server, internal: grpc.Server) -> None:
+        super().__init__(public)
+        self.internal = internal
+
+    def _target(self, service: str) -> grpc.Server:
+        return self._server if service in PUBLIC_SERVICES else self.internal
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        with self._lock:
+            for name, handler in handlers.items():
+                self.handlers[f"/{service}/{name}"] = handler
+        self._target(service).add_registered_method_handlers(service, handlers)
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        for handler in handlers:
+            name = handler.service_name() if hasattr(handler, "service_name") else ""
+            self._target(name).add_generic_rpc_handlers((handler,))
 
 
 @dataclass
@@ -39,21 +69,29 @@ class DaemonContext:
     # Channels to the services, in this process or elsewhere (config.peers).
     channels: dict[str, grpc.Channel] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
+    # The internal port's credentials (services/security): sent on every call to another
+    # service, and the issuer of job tokens. None only in unit tests without a daemon.
+    credentials: ServiceCredentials | None = None
+
+    def _internal_channel(self, address: str) -> grpc.Channel:
+        token = self.credentials.service_token() if self.credentials else ""
+        return with_bearer(grpc.insecure_channel(address), token)
 
     def channel(self, service: str) -> grpc.Channel | None:
         """A channel to `service`: in-process dispatch when this daemon hosts it (see
-        services/local_channel.py), a real channel to its peer address otherwise."""
+        services/local_channel.py), a real channel to its peer's internal port otherwise;
+        both carry the service credential."""
         if service in self.channels:
             return self.channels[service]
         if service in self.config.services:
-            real = grpc.insecure_channel(self.config.grpc_address)
+            real = self._internal_channel(self.config.internal_address)
             handlers = self.server.handlers if isinstance(self.server, RecordingServer) else {}
             self.channels[service] = LocalChannel(handlers, real)  # type: ignore[assignment]
             return self.channels[service]
         address = self.config.peers.get(service)
         if not address:
             return None
-        self.channels[service] = grpc.insecure_channel(address)
+        self.channels[service] = self._internal_channel(address)
         return self.channels[service]
 
 

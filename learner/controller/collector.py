@@ -58,6 +58,7 @@ import grpc
 import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
+from contract.credentials import with_bearer
 from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
 from learner.controller.metric_sources.tail import LineTailer
@@ -98,6 +99,10 @@ def write_json_atomically(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+# As a process, the collector takes its job token from this variable (LearnerSpec.tds_token).
+TOKEN_ENV = "RHIZOME_TDS_TOKEN"
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
 
@@ -119,6 +124,7 @@ class Collector:
         drain_timeout_s: float = 60.0,
         verify_interval_s: float = 5.0,
         max_rewinds: int = 3,
+        token: str = "",
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
     ) -> None:
         if not job_id:
@@ -157,7 +163,9 @@ class Collector:
         self._failed_checks = 0  # consecutive short counts of the same window
         self._can_verify = True  # False against a TDS without CountStored
         self._last_verify = time.monotonic()
-        self._channel = grpc.insecure_channel(
+        # The job token (LearnerSpec.tds_token) goes on every call: the TDS's internal port
+        # refuses calls without a credential, and confines this one to its own job.
+        self._raw_channel = grpc.insecure_channel(
             tds_address,
             options=[
                 # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
@@ -167,6 +175,7 @@ class Collector:
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ],
         )
+        self._channel = with_bearer(self._raw_channel, token)
         self._stub = tds_pb2_grpc.TrainingDataStub(self._channel)
         self._verified: dict[str, Any] = {}
         self._load_offsets()
@@ -547,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             flush_interval_s=args.flush_interval_s,
             drain_timeout_s=args.drain_timeout_s,
             verify_interval_s=args.verify_interval_s,
+            # The job token from the environment, never argv (any local user reads argv).
+            token=os.environ.get(TOKEN_ENV, ""),
         )
     except (CollectorError, ValueError) as exc:
         print(f"collector: {exc}", file=sys.stderr)

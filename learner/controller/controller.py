@@ -294,6 +294,7 @@ class Controller:
                 self.spec.job_dir,
                 self.spec.tds_address,
                 metric_sources=self.spec.metric_sources,
+                token=self.spec.tds_token,
             )
             collector.start()
             return collector

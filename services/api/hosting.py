@@ -187,7 +187,12 @@ def build(ctx: DaemonContext) -> Hosted:
 
         app = build_app(core, ctx.channel("tds"), auth)
         host, port = split_address(ctx.config.rest_address)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        tls: dict[str, Any] = {}
+        if ctx.config.tls_cert:  # the same certificate as the public gRPC port
+            tls = {"ssl_certfile": ctx.config.tls_cert, "ssl_keyfile": ctx.config.tls_key}
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, **tls
+        )
         server = uvicorn.Server(config)
         # The daemon owns signal handling; uvicorn must not replace its handlers.
         setattr(server, "install_signal_handlers", lambda: None)  # noqa: B010

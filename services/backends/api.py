@@ -48,6 +48,7 @@ class JobSpec:
     memory_mb: float = 0.0
     master_port: int = 0
     tds_address: str = ""
+    tds_token: str = field(default="", repr=False)  # the learners' job token, never logged
     # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
     # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0

@@ -53,12 +53,20 @@ def fmt_time(ts: Any) -> str:
 
 class Ctx:
     def __init__(
-        self, api: str | None, user: str | None, data_dir: Path, token: str | None = None
+        self,
+        api: str | None,
+        user: str | None,
+        data_dir: Path,
+        token: str | None = None,
+        tls_ca: Path | None = None,
+        plaintext: bool = False,
     ) -> None:
         self._api = api
         self.user = user
         self.data_dir = data_dir
         self.token = token
+        self.tls_ca = tls_ca
+        self.plaintext = plaintext
         self._client: Client | None = None
 
     @property
@@ -75,7 +83,14 @@ class Ctx:
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.api, self.user, token=self.token, data_dir=self.data_dir)
+            self._client = Client(
+                self.api,
+                self.user,
+                token=self.token,
+                data_dir=self.data_dir,
+                tls=False if self.plaintext else None,
+                ca_file=self.tls_ca,
+            )
         return self._client
 
 
@@ -160,12 +175,32 @@ job_id_argument = click.argument("job_id", callback=_job_id_argument)
     show_default=True,
     help="Embedded platform data directory.",
 )
+@click.option(
+    "--tls-ca",
+    "tls_ca",
+    type=click.Path(path_type=Path),
+    envvar="RHIZOME_TLS_CA",
+    default=None,
+    help="Call the API over TLS trusting this CA certificate (default: the embedded "
+    "platform's <data dir>/tls/ca.pem when --api is that platform's).",
+)
+@click.option(
+    "--insecure-plaintext",
+    is_flag=True,
+    help="Call the API without TLS (tokens travel in clear text).",
+)
 @click.pass_context
 def cli(
-    ctx: click.Context, api: str | None, token: str | None, user: str | None, data_dir: Path
+    ctx: click.Context,
+    api: str | None,
+    token: str | None,
+    user: str | None,
+    data_dir: Path,
+    tls_ca: Path | None,
+    insecure_plaintext: bool,
 ) -> None:
     """Rhizome: train on cheap preemptible GPUs without babysitting them."""
-    ctx.obj = Ctx(api, user, data_dir.expanduser(), token)
+    ctx.obj = Ctx(api, user, data_dir.expanduser(), token, tls_ca, insecure_plaintext)
 
 
 # -- platform -------------------------------------------------------------------------------
@@ -210,6 +245,33 @@ def cli(
     help="Where learners run: processes here, or containers (DOCKER_HOST's engine, else a "
     "dockerd started under the data directory).",
 )
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve the API over TLS with this PEM certificate (chain) instead of the platform's "
+    "own (generated in <data dir>/tls); needs --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The unencrypted PEM private key of --tls-cert.",
+)
+@click.option(
+    "--tls-ca",
+    "up_tls_ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The CA that signed --tls-cert, which this CLI and the SDK then trust for this "
+    "platform (default: the system's CAs).",
+)
+@click.option(
+    "--insecure-plaintext",
+    "plaintext",
+    is_flag=True,
+    help="Serve the API without TLS: tokens travel in clear text (FfDL-era clients).",
+)
 @click.option("--foreground", is_flag=True, help="Stay in the foreground; Ctrl-C stops everything.")
 @click.pass_obj
 def up(
@@ -222,9 +284,14 @@ def up(
     rest_port: int,
     services: str,
     backend: str,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    up_tls_ca: Path | None,
+    plaintext: bool,
     foreground: bool,
 ) -> None:
-    """Start the platform (with --embedded, its dependencies too)."""
+    """Start the platform (with --embedded, its dependencies too). The API serves TLS with
+    a certificate generated in the data directory unless told otherwise."""
     from services.embedded import platform
     from services.embedded.process import DependencyError
 
@@ -244,6 +311,7 @@ def up(
             services,
             progress=lambda m: err.print(f"[dim]•[/dim] {m}"),
             backend=backend,
+            tls=tls_choice(tls_cert, tls_key, up_tls_ca, plaintext),
         )
     except DependencyError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -251,6 +319,11 @@ def up(
     err.print(
         f"[green]Rhizome is up[/green]: API {state.api_address}, REST {state.rest_url}, data {state.data_dir}"
     )
+    if state.tls:
+        trust = f"its CA is {state.tls_ca}" if state.tls_ca else "trusting the system's CAs"
+        err.print(f"TLS on the API and REST ({trust}); this CLI and the SDK trust it here")
+    else:
+        err.print("[yellow]the API serves plaintext: tokens travel in clear text[/yellow]")
     token_file = Path(state.data_dir) / "admin.token"
     if token_file.exists():
         err.print(
@@ -266,6 +339,19 @@ def up(
         except KeyboardInterrupt:
             pass
         platform.down(obj.data_dir, progress=lambda m: err.print(f"[dim]•[/dim] {m}"))
+
+
+def tls_choice(cert: Path | None, key: Path | None, ca: Path | None, plaintext: bool) -> Any:
+    """`up`'s TLS flags as the embedded platform's TlsChoice; contradictions are usage errors."""
+    from services.embedded.platform import TlsChoice
+
+    if plaintext and (cert or key or ca):
+        raise click.UsageError("--insecure-plaintext and --tls-cert/--tls-key/--tls-ca contradict")
+    if bool(cert) != bool(key):
+        raise click.UsageError("--tls-cert and --tls-key go together: pass both, or neither")
+    if ca and not cert:
+        raise click.UsageError("--tls-ca names the CA of your --tls-cert; pass that too")
+    return TlsChoice(plaintext, str(cert or ""), str(key or ""), str(ca or ""))
 
 
 @cli.command()

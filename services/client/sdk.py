@@ -9,6 +9,11 @@ The token is, in order: the `token=` argument, $RHIZOME_TOKEN, and — when `add
 the embedded platform's (its `platform.json` in the data directory says so) — the
 platform's `<data dir>/admin.token`. Without a token the SDK sends the `user` id as
 `x-rhizome-user`, which only a daemon run with --insecure-trust-user-header believes.
+
+TLS, in order: `tls=False` is plaintext; a CA file (`ca_file=`, $RHIZOME_TLS_CA) is
+trusted and implies TLS; `tls=True` trusts the system's CAs; otherwise the embedded
+platform's own CA (`<data dir>/tls/ca.pem`) when `address` is that platform's, the same
+way as its admin token; otherwise plaintext.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from services.config import DEFAULT_DATA_DIR
 
 USER_METADATA = "x-rhizome-user"
 TOKEN_ENV = "RHIZOME_TOKEN"
+TLS_CA_ENV = "RHIZOME_TLS_CA"
 ADMIN_TOKEN_FILE = "admin.token"
 MAX_MESSAGE = 80 * 1024 * 1024
 
@@ -43,14 +49,29 @@ class ClientError(RuntimeError):
         self.message = message
 
 
-def _translate(exc: grpc.RpcError, address: str) -> ClientError:
+def _translate(exc: grpc.RpcError, address: str, tls: bool = False) -> ClientError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code == grpc.StatusCode.UNAVAILABLE and ("connect" in (details or "").lower()):
+    lowered = (details or "").lower()
+    if code == grpc.StatusCode.UNAVAILABLE and any(
+        word in lowered for word in ("ssl", "tls", "handshake", "certificate")
+    ):
+        return ClientError(
+            code.name,
+            f"TLS with the Rhizome API at {address} failed: its certificate is not one this "
+            "client trusts; pass the CA that signed it with --tls-ca FILE (RHIZOME_TLS_CA)",
+        )
+    if code == grpc.StatusCode.UNAVAILABLE and "connect" in lowered:
+        hint = (
+            ""
+            if tls
+            else "; if it serves TLS, pass its CA with --tls-ca FILE (the embedded platform's "
+            "is trusted by itself when --api is that platform's)"
+        )
         return ClientError(
             code.name,
             f"cannot reach the Rhizome API at {address}; start it with `rhizome up --embedded` "
-            "or pass --api HOST:PORT",
+            f"or pass --api HOST:PORT{hint}",
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ClientError(code.name, f"the Rhizome API at {address} did not answer in time")
@@ -69,13 +90,57 @@ def find_token(address: str, token: str | None = None, data_dir: Path | None = N
     if env:
         return env
     root = Path(data_dir).expanduser() if data_dir else DEFAULT_DATA_DIR
+    if _platform_state(address, root) is None:
+        return ""
+    try:
+        return (root / ADMIN_TOKEN_FILE).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _platform_state(address: str, root: Path) -> dict[str, Any] | None:
+    """The embedded platform's `platform.json` when `address` is its API, else None."""
     try:
         state = json.loads((root / "platform.json").read_text())
-        if state.get("urls", {}).get("api") != address:
-            return ""
-        return (root / ADMIN_TOKEN_FILE).read_text().strip()
+        if not isinstance(state, dict) or state.get("urls", {}).get("api") != address:
+            return None
+        return state
     except (OSError, ValueError, AttributeError):
-        return ""
+        return None
+
+
+def _read_ca(path: str | Path, where: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise ClientError(
+            "INVALID_ARGUMENT", f"cannot read the CA certificate {path} ({where}): {exc.strerror}"
+        ) from None
+
+
+def find_tls(
+    address: str,
+    tls: bool | None = None,
+    ca_file: str | Path | None = None,
+    data_dir: Path | None = None,
+) -> tuple[bool, bytes | None]:
+    """Whether to call `address` over TLS, and the CA to trust (None: the system's).
+    The order is the module docstring's."""
+    if tls is False:
+        return False, None
+    if ca_file:
+        return True, _read_ca(ca_file, "--tls-ca")
+    env = os.environ.get(TLS_CA_ENV, "").strip()
+    if env:
+        return True, _read_ca(env, f"${TLS_CA_ENV}")
+    if tls:
+        return True, None
+    root = Path(data_dir).expanduser() if data_dir else DEFAULT_DATA_DIR
+    state = _platform_state(address, root)
+    if not state or not state.get("tls"):
+        return False, None
+    ca = state.get("tls_ca")
+    return True, (_read_ca(ca, f"the embedded platform's CA in {root}") if ca else None)
 
 
 # What the API takes (services/api/core.py, services/api/archive.py): checked here first so
@@ -141,19 +206,25 @@ class Client:
         timeout_s: float = 30.0,
         token: str | None = None,
         data_dir: Path | None = None,
+        tls: bool | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
-        """`token=None` looks for one (see `find_token`); `token=""` sends none."""
+        """`token=None` looks for one (see `find_token`); `token=""` sends none.
+        `tls=None` decides by `find_tls`; `tls=False` is plaintext."""
         self.address = address
         self.user = user or os.environ.get("RHIZOME_USER") or os.environ.get("USER") or "anonymous"
         self.token = find_token(address, token, data_dir)
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE),
-                ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ],
-        )
+        self.tls, ca = find_tls(address, tls, ca_file, data_dir)
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ]
+        if self.tls:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
         # A token says who the caller is; the bare user id is for FfDL-compatible daemons.
         self._md: tuple[tuple[str, str], ...] = (
@@ -177,7 +248,7 @@ class Client:
                 request, metadata=self._md, timeout=timeout or self.timeout_s
             )
         except grpc.RpcError as exc:
-            raise _translate(exc, self.address) from None
+            raise _translate(exc, self.address, self.tls) from None
 
     # -- jobs ------------------------------------------------------------------------------
     def create_job(
@@ -258,7 +329,7 @@ class Client:
         try:
             yield from call
         except grpc.RpcError as exc:
-            raise _translate(exc, self.address) from None
+            raise _translate(exc, self.address, self.tls) from None
         finally:
             call.cancel()
 

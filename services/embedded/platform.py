@@ -50,10 +50,18 @@ def _pick(port: int | None) -> int:
 class DaemonServer(ManagedServer):
     name = "rhizomed"
 
-    def __init__(self, data_dir: Path, port: int, rest_port: int, args: list[str]) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        rest_port: int,
+        args: list[str],
+        tls: TlsChoice | None = None,
+    ) -> None:
         super().__init__(data_dir, port)
         self.rest_port = rest_port
-        self.args = args
+        self.args = [*args, *(tls.daemon_args() if tls else [])]
+        self.tls = tls
 
     def argv(self) -> list[str]:
         return [
@@ -71,11 +79,19 @@ class DaemonServer(ManagedServer):
         return f"127.0.0.1:{self.port}"
 
     def healthy(self) -> bool:
-        return grpc_serving(self.url)
+        tls = self.tls is not None and self.tls.enabled
+        return grpc_serving(self.url, tls=tls, ca=self.tls.ca_bytes() if tls and self.tls else None)
 
 
-def grpc_serving(address: str, timeout_s: float = 0.5) -> bool:
-    channel = grpc.insecure_channel(address)
+def grpc_serving(
+    address: str, timeout_s: float = 0.5, tls: bool = False, ca: bytes | None = None
+) -> bool:
+    """Whether the daemon at `address` answers health checks as SERVING (over TLS,
+    trusting `ca` or the system's CAs, when `tls`)."""
+    if tls:
+        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca))
+    else:
+        channel = grpc.insecure_channel(address)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
@@ -87,6 +103,56 @@ def grpc_serving(address: str, timeout_s: float = 0.5) -> bool:
 
 
 @dataclass
+class TlsChoice:
+    """How `up` serves the public ports: its own CA and certificate (the default),
+    certificates of yours, or plaintext (`--insecure-plaintext`)."""
+
+    plaintext: bool = False
+    cert: str = ""  # yours: a PEM chain and its key; empty: generated in <data dir>/tls
+    key: str = ""
+    ca: str = ""  # the CA clients trust; empty with your own certificate: the system's
+
+    @property
+    def enabled(self) -> bool:
+        return not self.plaintext
+
+    def prepare(self, data_dir: Path) -> TlsChoice:
+        """The certificates to serve with, generated or checked now: a bad certificate
+        stops `up` with the reason before anything starts."""
+        if self.plaintext:
+            return self
+        from services.security.api import TlsError
+
+        try:
+            return self._prepare(data_dir)
+        except TlsError as exc:
+            raise DependencyError(str(exc)) from None
+
+    def _prepare(self, data_dir: Path) -> TlsChoice:
+        from services.security.tls import TlsFiles, ensure_local_certificates
+
+        if not self.cert and not self.key:
+            files = ensure_local_certificates(data_dir)
+            return TlsChoice(cert=str(files.cert), key=str(files.key), ca=str(files.ca))
+        if not (self.cert and self.key):
+            raise DependencyError("--tls-cert and --tls-key go together: pass both, or neither")
+        mine = TlsFiles(Path(self.cert), Path(self.key), Path(self.ca) if self.ca else None)
+        mine.load()
+        mine.ca_bytes()
+        return TlsChoice(
+            cert=str(Path(self.cert).resolve()),
+            key=str(Path(self.key).resolve()),
+            ca=str(Path(self.ca).resolve()) if self.ca else "",
+        )
+
+    def daemon_args(self) -> list[str]:
+        return [] if self.plaintext else [f"--tls-cert={self.cert}", f"--tls-key={self.key}"]
+
+    def ca_bytes(self) -> bytes | None:
+        return Path(self.ca).read_bytes() if self.enabled and self.ca else None
+
+
+@dataclass
 class PlatformState:
     data_dir: str
     processes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -94,6 +160,10 @@ class PlatformState:
     ports: dict[str, int] = field(default_factory=dict)
     # The supervisor's pid and log (services/embedded/supervisor.py); not a supervised part.
     supervisor: dict[str, Any] = field(default_factory=dict)
+    # Whether the API serves TLS, and the CA the CLI and SDK trust for it ("" : the
+    # system's); they use it when they talk to this platform (services/client/sdk.py).
+    tls: bool = False
+    tls_ca: str = ""
 
     @property
     def api_address(self) -> str:
@@ -136,6 +206,7 @@ def up(
     services: str = "",
     progress: Progress = lambda _: None,
     backend: str = "local",
+    tls: TlsChoice | None = None,
 ) -> PlatformState:
     """Start whatever of the platform is not running yet; return where everything is.
     With the docker backend: an engine (DOCKER_HOST's, or our own dockerd under the data
@@ -211,7 +282,9 @@ def up(
     if "api" in state.processes and previous is not None:
         for key in ("rest", "metrics"):
             state.urls[key] = previous.urls.get(key, "")
+        state.tls, state.tls_ca = previous.tls, previous.tls_ca
     else:
+        serving = (tls or TlsChoice()).prepare(data_dir)
         gport = _pick(state.ports.get("api") or grpc_port)
         rport = _pick(state.ports.get("rest") or rest_port)
         if rport == gport:
@@ -233,10 +306,11 @@ def up(
             args.append(f"--backend={backend}")
         if state.urls.get("docker"):
             args.append(f"--docker-host={state.urls['docker']}")
-        daemon = DaemonServer(data_dir, gport, rport, args)
+        daemon = DaemonServer(data_dir, gport, rport, args, serving)
         state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
         state.ports["rest"] = rport
-        state.urls["rest"] = f"http://127.0.0.1:{rport}"
+        state.tls, state.tls_ca = serving.enabled, serving.ca
+        state.urls["rest"] = f"{'https' if serving.enabled else 'http'}://127.0.0.1:{rport}"
         state.ports["metrics"] = mport
         state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
     state.supervisor = (previous.supervisor if previous else {}) or {}
@@ -324,7 +398,8 @@ def status(data_dir: Path) -> dict[str, Any]:
     }
     with contextlib.suppress(Exception):
         if "api" in components:
-            components["api"]["serving"] = grpc_serving(state.urls["api"])
+            ca = Path(state.tls_ca).read_bytes() if state.tls and state.tls_ca else None
+            components["api"]["serving"] = grpc_serving(state.urls["api"], tls=state.tls, ca=ca)
     for name, proc in state.processes.items():
         components[name]["restarts"] = int(proc.get("restarts", 0))
     supervisor: dict[str, Any] = {}

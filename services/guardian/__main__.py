@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from contract.etcd import EtcdClient
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.guardian import Guardian, GuardianConfig
+from services.security.api import JOB_TOKEN_ENV
 from services.store.errors import StoreUnavailable
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir,
             backend=args.backend,
             tds_address=args.tds,
+            # The LCM's job token for the learners' collectors; popped, so that nothing this
+            # guardian starts inherits it except through the learner spec.
+            tds_token=os.environ.pop(JOB_TOKEN_ENV, ""),
         )
         etcd = EtcdClient.connect(config.etcd_url)
         db = connect(config.mongodb_uri)

@@ -106,6 +106,7 @@ class GuardianConfig:
     data_dir: Path
     backend: str = "local"
     tds_address: str = ""
+    tds_token: str = field(default="", repr=False)  # the job token (services/security)
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -255,6 +256,7 @@ class Guardian:
             memory_mb=float(job.resources["memory_mb"]),
             master_port=master_port,
             tds_address=self.config.tds_address,
+            tds_token=self.config.tds_token,
             grace_s=self.config.learner_grace_s if grace_s is None else grace_s,
             platform_env=self.preemption_env(manifest),
         )

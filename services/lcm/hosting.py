@@ -19,7 +19,8 @@ def build(ctx: DaemonContext) -> Hosted:
         raise click.UsageError(
             "the lcm needs etcd: pass --etcd http://HOST:PORT or set RHIZOME_ETCD"
         )
-    tds = config.grpc_address if "tds" in config.services else config.peers.get("tds", "")
+    # Learners ship their logs to the TDS's internal port, with their job's token.
+    tds = config.internal_address if "tds" in config.services else config.peers.get("tds", "")
     has_scheduler = "scheduler" in config.services or "scheduler" in config.peers
     manager = LifecycleManager(
         LcmConfig(
@@ -29,6 +30,7 @@ def build(ctx: DaemonContext) -> Hosted:
             tds_address=tds,
             place_locally=not has_scheduler,
             backend=config.backend,
+            job_token=ctx.credentials.job_token if ctx.credentials else None,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from contract.etcd import EtcdClient, Lease
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.lcm.placement import place_queued_locally
+from services.security.api import JOB_TOKEN_ENV
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
 from services.store.jobs import JobsRepository
@@ -59,6 +61,8 @@ class LcmConfig:
     max_backoff_s: float = 10.0
     stop_timeout_s: float = 15.0
     guardian_env: dict[str, str] = field(default_factory=dict)
+    # Issues a job's token for its learners (services/security); handed to its guardian.
+    job_token: Callable[[str], str] | None = None
 
 
 @dataclass
@@ -227,6 +231,9 @@ class LifecycleManager:
         if self.config.tds_address:
             argv.append(f"--tds={self.config.tds_address}")
         env = dict(os.environ, **self.config.guardian_env)
+        if self.config.job_token is not None:
+            # In the environment, not argv: any local user can read a command line.
+            env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
         # The job directory may belong to the job's learner uid (local backend as root):
         # a link it left at guardian.log is refused, not followed as root.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK

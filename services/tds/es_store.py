@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import elasticsearch
 from elasticsearch import Elasticsearch
@@ -95,6 +96,24 @@ def _translate(exc: Exception) -> Exception:
 _ES_ERRORS = (elasticsearch.ApiError, elasticsearch.TransportError)
 
 
+# `https://HOST:9200/?tlsCAFile=/path/ca.pem`: the CA that verifies the server, named as in
+# a MongoDB URI (and an etcd URL) so that every store URL reads alike.
+TLS_CA_PARAM = "tlsCAFile"
+
+
+def client_url(url: str) -> tuple[str, dict[str, Any]]:
+    """The URL for the Elasticsearch client and its TLS options: `?tlsCAFile=PATH` on an
+    https URL becomes `ca_certs` (an https URL without it trusts the system's CAs)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    ca = query.pop(TLS_CA_PARAM, [""])[0]
+    if not ca:
+        return url, {}
+    if parts.scheme != "https":
+        raise ValueError(f"Elasticsearch URL {url!r}: {TLS_CA_PARAM} needs an https:// URL")
+    return urlunsplit(parts._replace(query=urlencode(query, doseq=True))), {"ca_certs": ca}
+
+
 class ElasticsearchStore(TrainingDataStore):
     def __init__(
         self,
@@ -111,7 +130,10 @@ class ElasticsearchStore(TrainingDataStore):
         self.refresh_interval = refresh_interval
         self.replicas = replicas
         # No client-side retries: callers (collector, follow loop) own the retry policy.
-        self.es = client or Elasticsearch(url, request_timeout=request_timeout_s, max_retries=0)
+        if client is None:
+            bare, tls = client_url(url)
+            client = Elasticsearch(bare, request_timeout=request_timeout_s, max_retries=0, **tls)
+        self.es = client
         # Re-checked after an outage: a search server restarted on empty storage has no
         # templates, and indices auto-created without them would get dynamic mappings.
         self._schema_ok = False

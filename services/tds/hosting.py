@@ -7,6 +7,7 @@ import os
 from rhizome.v1 import tds_pb2
 
 from services.hosting import DaemonContext, Hosted, jobs_repository
+from services.security.internal import job_scope
 from services.store import states
 from services.store.errors import JobNotFound
 from services.tds.server import add_to_server
@@ -38,6 +39,8 @@ def build(ctx: DaemonContext) -> Hosted:
         es_url=ctx.config.elasticsearch_url,
         job_finished=job_finished,
         retention_s=float(os.environ.get("RHIZOME_LOG_RETENTION_S", DEFAULT_RETENTION_S)),
+        # A learner's job token reaches its own job only (services/security/internal.py).
+        job_scope=lambda context: job_scope(ctx.credentials, context),
     )
     name = tds_pb2.DESCRIPTOR.services_by_name["TrainingData"].full_name
     return Hosted([name], None, servicer.close)

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -110,11 +110,15 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         finish_grace_s: float = 1.0,
         sweep_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        job_scope: Callable[[grpc.ServicerContext], str] | None = None,
     ) -> None:
         """`job_finished` is called about every `follow_poll_s` by each follow stream;
         None means follow streams end only when the client cancels. `retention_s` is how
-        long DeleteJobData waits before deleting (0: at once)."""
+        long DeleteJobData waits before deleting (0: at once). `job_scope(context)` names
+        the one job a call's credential is confined to (a learner's job token), or ""
+        (services/security/internal.py)."""
         self.store = store
+        self.job_scope = job_scope
         self.job_finished = job_finished
         self.retention_s = retention_s
         self.follow_poll_s = follow_poll_s
@@ -158,6 +162,19 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         if self._sweeper is not None:
             self._sweeper.join(timeout=5)
 
+    # -- who may touch which job -------------------------------------------------------
+    def _confine(self, context: grpc.ServicerContext, job_ids: Iterable[str], what: str) -> None:
+        """A call carrying a job token touches its own job only (PERMISSION_DENIED)."""
+        scope = self.job_scope(context) if self.job_scope is not None else ""
+        if not scope:
+            return
+        for job_id in job_ids:
+            if job_id != scope:
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"this job token belongs to job {scope}; it cannot {what} job {job_id[:128]}",
+                )
+
     # -- writes ---------------------------------------------------------------------
     def AddLogLines(
         self, request: tds_pb2.AddLogLinesRequest, context: grpc.ServicerContext
@@ -173,6 +190,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
                 problem = f"learner ({ln.learner}) and seq ({ln.seq}) must be >= 0"
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lines[{i}]: {problem}")
+        self._confine(context, {ln.job_id for ln in lines}, "write the logs of")
         n = self._write(context, self.store.write_logs, lines)
         metrics.TDS_DOCUMENTS.labels("log").inc(n)
         for job_id, recs in _by_job(lines).items():
@@ -195,6 +213,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
                 problem = f"learner ({s.learner}) and seq ({s.seq}) must be >= 0"
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"samples[{i}]: {problem}")
+        self._confine(context, {s.job_id for s in samples}, "write the metrics of")
         n = self._write(context, self.store.write_metrics, samples)
         metrics.TDS_DOCUMENTS.labels("metric").inc(n)
         for job_id, recs in _by_job(samples).items():
@@ -216,6 +235,8 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
     ) -> tds_pb2.AddResponse:
         if not request.job_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is empty")
+        if self.job_scope is not None and self.job_scope(context):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "a job token cannot delete logs")
         try:
             if self.retention_s <= 0:
                 self.store.delete_job(request.job_id)
@@ -233,6 +254,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is empty")
         if request.learner < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"learner {request.learner} < 0")
+        self._confine(context, [request.job_id], "count the records of")
         resp = tds_pb2.CountStoredResponse()
         try:
             for kind, ranges, out in (
@@ -333,6 +355,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             query = self._query(request)
         except InvalidRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._confine(context, [request.job_id], f"read the {kind}s of")
         try:
             if not request.follow:
                 # A one-off read must see every acknowledged line: a failed job's last

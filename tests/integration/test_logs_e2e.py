@@ -113,8 +113,13 @@ def test_deleting_a_job_deletes_its_logs_after_the_retention(
             import grpc
             from rhizome.v1 import tds_pb2_grpc
 
-            channel = grpc.insecure_channel(daemon.config.grpc_address)
-            tds = tds_pb2_grpc.TrainingDataStub(channel)
+            from contract.credentials import with_bearer
+
+            # The TDS is on the internal port, for holders of the service credential.
+            channel = grpc.insecure_channel(daemon.config.internal_address)
+            tds = tds_pb2_grpc.TrainingDataStub(
+                with_bearer(channel, daemon.credentials.service_token())
+            )
             line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="secret")
             tds.AddLogLines(tds_pb2.AddLogLinesRequest(lines=[line]), timeout=10)
             req = tds_pb2.LogsRequest(job_id=job_id, learner=-1)

@@ -162,6 +162,7 @@ def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
         data_stores=local_stores(job, rank),
         result_store=str(Path(job.result_store) / str(rank)),
         tds_address=job.tds_address,
+        tds_token=job.tds_token,
         metric_sources=job.manifest.evaluation_metrics,
         grace_s=job.grace_s,
     )

@@ -1,0 +1,80 @@
+"""The security interface: who is calling an internal service, and the typed errors.
+
+The internal port (LifecycleManager, TrainingData, Scheduler) admits two kinds of caller:
+the platform's own processes, with the per-daemon *service* credential, and a job's
+learners, with a *job token* that names one job and can only append to and read that
+job's logs and metrics. `ServiceCredentials` issues and checks both; `internal.py` holds
+the shared-secret implementation and the gRPC interceptors, `tls.py` the certificates.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# gRPC metadata key that carries either credential, as `Bearer <token>`.
+AUTHORIZATION_METADATA = "authorization"
+# How the LCM hands a guardian its job's token: in the guardian's environment (never on
+# its command line, which any local user can read), popped before learners start.
+JOB_TOKEN_ENV = "RHIZOME_JOB_TOKEN"
+
+
+HOW_TO_AUTHENTICATE = (
+    "internal services (LifecycleManager, TrainingData, Scheduler) take the daemon's service "
+    "credential (`authorization: Bearer <contents of <data dir>/internal.secret>`) or, for a "
+    "job's learners, the job token in their learner spec; users call the public port's "
+    "Trainer API instead"
+)
+
+
+class SecurityError(Exception):
+    """Base of the security errors; the message says what is wrong and how to fix it."""
+
+
+class CredentialError(SecurityError):
+    """A missing, malformed or wrong credential (UNAUTHENTICATED)."""
+
+
+class TlsError(SecurityError):
+    """Certificates that cannot be generated, read or used together."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who called an internal service: the platform itself, or one job's learners."""
+
+    job_id: str = ""  # empty: a platform process holding the service credential
+
+    @property
+    def is_service(self) -> bool:
+        return not self.job_id
+
+
+class ServiceCredentials(abc.ABC):
+    """Issues and checks the internal port's credentials."""
+
+    @abc.abstractmethod
+    def service_token(self) -> str:
+        """The credential platform processes send to each other's internal ports."""
+
+    @abc.abstractmethod
+    def job_token(self, job_id: str) -> str:
+        """The credential of `job_id`'s learners: its own logs and metrics only."""
+
+    @abc.abstractmethod
+    def identify(self, token: str) -> Caller:
+        """Who holds `token`; raises CredentialError when it is neither credential."""
+
+    def caller(self, metadata: Iterable[tuple[str, Any]] | None) -> Caller:
+        """Who sent `metadata`; CredentialError when there is no valid credential."""
+        for key, value in metadata or ():
+            if key == AUTHORIZATION_METADATA:
+                scheme, _, token = str(value).strip().partition(" ")
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise CredentialError(
+                        f"malformed authorization: expected `Bearer <token>`; {HOW_TO_AUTHENTICATE}"
+                    )
+                return self.identify(token.strip())
+        raise CredentialError(f"no service credential: {HOW_TO_AUTHENTICATE}")

@@ -1,0 +1,213 @@
+"""TLS for the public ports: a local certificate authority and server certificate for the
+embedded platform, or certificates of your own.
+
+`rhizome up` calls `ensure_local_certificates(data_dir)`: on first start it generates
+`<data dir>/tls/ca.pem` (a CA that signs nothing but this platform's server certificate;
+its key `ca.key` is 0600) and `server.pem`/`server.key` (0600) valid for localhost,
+127.0.0.1, ::1 and this host's name. Later starts reuse them, and replace the server
+certificate when it is within 30 days of expiring or does not match the CA. The CLI and
+SDK trust `ca.pem` when they talk to that platform, as they pick up `admin.token`.
+
+Keys are ECDSA P-256: the smallest handshake cost of the common choices, which the
+submit benchmark (benchmarks/security_overhead.py) pays on every new connection.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from services.security.api import TlsError
+
+TLS_DIR = "tls"
+CA_FILE = "ca.pem"
+CA_KEY_FILE = "ca.key"
+CERT_FILE = "server.pem"
+KEY_FILE = "server.key"
+CA_DAYS = 3650
+SERVER_DAYS = 397  # what browsers accept for a server certificate
+RENEW_BEFORE = datetime.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server certificate (chain), its key, and the CA clients should trust."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def load(self) -> tuple[bytes, bytes]:
+        """The certificate and key bytes, checked to belong together."""
+        cert_pem = _read(self.cert, "certificate (--tls-cert)")
+        key_pem = _read(self.key, "private key (--tls-key)")
+        try:
+            cert = x509.load_pem_x509_certificates(cert_pem)[0]
+        except ValueError as exc:
+            raise TlsError(f"{self.cert} is not a PEM certificate ({exc})") from None
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None)
+        except (ValueError, TypeError) as exc:
+            raise TlsError(
+                f"{self.key} is not an unencrypted PEM private key ({exc}); decrypt it with "
+                "`openssl pkey -in KEY -out KEY.plain`"
+            ) from None
+        if cert.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ) != key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ):
+            raise TlsError(f"the key {self.key} does not belong to the certificate {self.cert}")
+        return cert_pem, key_pem
+
+    def ca_bytes(self) -> bytes | None:
+        return _read(self.ca, "CA certificate (--tls-ca)") if self.ca else None
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise TlsError(f"cannot read the TLS {what} {path}: {exc.strerror}") from None
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    from services.api.auth import write_secret_file
+
+    write_secret_file(path, data.decode().rstrip("\n"))
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def server_names() -> tuple[list[str], list[str]]:
+    """DNS names and IP addresses the local server certificate is valid for."""
+    names = ["localhost"]
+    host = socket.gethostname()
+    if host and host not in names:
+        names.append(host)
+    return names, ["127.0.0.1", "::1"]
+
+
+def _make_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, f"Rhizome local CA ({socket.gethostname()})")]
+    )
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(directory / CA_KEY_FILE, _key_pem(key))
+    (directory / CA_FILE).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert, key
+
+
+def _make_server(directory: Path, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    dns, ips = server_names()
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rhizomed")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(min(now + datetime.timedelta(days=SERVER_DAYS), ca.not_valid_after_utc))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName(n) for n in dns]
+                + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(directory / KEY_FILE, _key_pem(key))
+    (directory / CERT_FILE).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None:
+    try:
+        cert = x509.load_pem_x509_certificate((directory / CA_FILE).read_bytes())
+        key = serialization.load_pem_private_key(
+            (directory / CA_KEY_FILE).read_bytes(), password=None
+        )
+    except (OSError, ValueError, TypeError):
+        return None
+    if (
+        not isinstance(key, ec.EllipticCurvePrivateKey)
+        or cert.not_valid_after_utc - _now() < RENEW_BEFORE
+    ):
+        return None
+    return cert, key
+
+
+def _server_current(directory: Path, ca: x509.Certificate) -> bool:
+    try:
+        cert = x509.load_pem_x509_certificate((directory / CERT_FILE).read_bytes())
+        TlsFiles(directory / CERT_FILE, directory / KEY_FILE).load()
+        cert.verify_directly_issued_by(ca)
+    except Exception:  # unreadable, a key of another certificate, signed by another CA
+        return False
+    return cert.not_valid_after_utc - _now() >= RENEW_BEFORE
+
+
+def ensure_local_certificates(data_dir: Path) -> TlsFiles:
+    """The embedded platform's CA and server certificate under `<data_dir>/tls`, generated
+    when missing, expiring within 30 days or not matching each other."""
+    directory = Path(data_dir) / TLS_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    loaded = _load_ca(directory)
+    if loaded is None:
+        loaded = _make_ca(directory)
+        _make_server(directory, *loaded)
+    elif not _server_current(directory, loaded[0]):
+        _make_server(directory, *loaded)
+    return TlsFiles(directory / CERT_FILE, directory / KEY_FILE, directory / CA_FILE)
