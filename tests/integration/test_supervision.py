@@ -104,7 +104,13 @@ def test_daemon_killed_under_up_is_restarted_and_its_job_completes(embedded: Pat
     assert state.processes["api"]["restarts"] == 1
     wait_for(
         "the restarted daemon to serve",
-        lambda: health_status(state.api_address) == health_pb2.HealthCheckResponse.SERVING,
+        # `up` serves TLS by default: ask the way the CLI does, trusting the platform's CA.
+        lambda: platform.grpc_serving(
+            state.api_address,
+            timeout_s=2,
+            tls=state.tls,
+            ca=Path(state.tls_ca).read_bytes() if state.tls_ca else None,
+        ),
     )
     with Client(state.api_address, data_dir=embedded) as client:
         done = {"COMPLETED", "FAILED", "HALTED", "DELETED"}
