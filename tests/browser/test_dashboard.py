@@ -1,0 +1,165 @@
+"""The web dashboard in a real headless Chromium against a daemon hosting every service
+over real etcd, MongoDB-wire and Elasticsearch-API servers (tests/browser/conftest.py).
+
+Each test leaves screenshots in its tmp_path and checks that the page logged no console
+errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from playwright.sync_api import expect
+from rhizome.v1 import job_pb2
+
+from tests.browser.conftest import Platform, Tab, sign_in, user_name, wait_until
+
+pytestmark = pytest.mark.integration
+
+SLEEPER = "name: {name}\nmemory: 128MiB\nframework:\n  command: python -c 'import time; time.sleep(600)'\n"
+GPU_SLEEPER = (
+    "name: {name}\nlearners: 2\ngpus: 2\ngpu_type: FAKE\ncpus: 1\nmemory: 128MiB\n"
+    "framework:\n  command: python -c 'import time; time.sleep(600)'\n"
+)
+
+
+def test_a_wrong_token_is_refused_and_an_expired_one_goes_back_to_the_login(
+    tab: Tab, platform: Platform
+) -> None:
+    page = tab.page
+    page.goto(platform.url + "/")
+    page.wait_for_url("**/login**")
+    page.fill("#token", "rz_not-a-token-anyone-made-0000000000")
+    page.click("button[type=submit]")
+    expect(page.locator("#login-message")).to_contain_text("That token was refused")
+    assert "/login" in page.url
+    assert not [c for c in page.context.cookies() if c["name"] == "rz_session"]
+    tab.screenshot("wrong-token")
+
+    # A token that expires while signed in sends the browser back to the login, saying so.
+    secret = platform.tokens.create(user_name(), expires_at=time.time() + 3).secret
+    sign_in(tab, platform, secret)
+    expect(page.locator("h1")).to_have_text("Your jobs")
+    time.sleep(3.5)
+    page.reload()
+    page.wait_for_url("**/login**")
+    expect(page.locator("#login-message")).to_contain_text("expired")
+    tab.screenshot("expired")
+    tab.assert_no_console_errors(lambda e: "401" in e)
+
+
+def test_a_queued_job_shows_why_it_waits_on_its_page_and_in_the_list(
+    tab: Tab, platform: Platform
+) -> None:
+    user = user_name()
+    with platform.client(user) as rz:
+        first = rz.create_job(GPU_SLEEPER.format(name="holds-the-gpus")).job_id
+        wait_until(lambda: rz.get_job(first).status != job_pb2.QUEUED, "the first job's placement")
+        second = rz.create_job(GPU_SLEEPER.format(name="waits-for-gpus")).job_id
+        try:
+            sign_in(tab, platform, platform.token(user))
+            page = tab.page
+            row = page.locator(f"tr[data-job='{second}']")
+            expect(row).to_contain_text("QUEUED")
+            expect(row).to_contain_text("queued")
+            row.get_by_role("link").click()
+            why = page.locator("#why-waits")
+            expect(why).to_be_visible()
+            expect(why).to_contain_text("needs 2 learners × 2 FAKE")
+            tab.screenshot("queued-job")
+            tab.assert_no_console_errors()
+        finally:
+            rz.delete_job(second)
+            rz.delete_job(first)
+
+
+def test_halt_and_resume_from_the_job_page_after_confirming(tab: Tab, platform: Platform) -> None:
+    user = user_name()
+    with platform.client(user) as rz:
+        job_id = rz.create_job(SLEEPER.format(name="halt-me")).job_id
+        try:
+            sign_in(tab, platform, platform.token(user), f"/jobs/{job_id}")
+            page = tab.page
+            expect(page.locator("#status")).to_have_text("PROCESSING", timeout=60_000)
+            page.click("#btn-halt")
+            dialog = page.locator("#confirm")
+            expect(dialog).to_be_visible()
+            # Cancelling does nothing.
+            page.click("#confirm-cancel")
+            expect(dialog).to_be_hidden()
+            assert rz.get_job(job_id).status == job_pb2.PROCESSING
+            page.click("#btn-halt")
+            page.click("#confirm-ok")
+            expect(page.locator("#outcome")).to_contain_text("halt done", timeout=60_000)
+            expect(page.locator("#status")).to_have_text("HALTED")
+            expect(page.locator("#btn-resume")).to_be_enabled()
+            assert rz.get_job(job_id).status == job_pb2.HALTED
+            tab.screenshot("halted")
+            page.click("#btn-resume")
+            page.click("#confirm-ok")
+            expect(page.locator("#outcome")).to_contain_text("resume done")
+            expect(page.locator("#status")).not_to_have_text("HALTED")
+            expect(page.locator("#history")).to_contain_text("resume from the dashboard")
+            assert rz.get_job(job_id).status != job_pb2.HALTED
+            tab.screenshot("resumed")
+            # A refused action shows the API's message: a second resume of a running job.
+            page.evaluate("document.getElementById('btn-resume').disabled = false")
+            page.click("#btn-resume")
+            page.click("#confirm-ok")
+            expect(page.locator("#outcome")).to_contain_text("only a HALTED job can be resumed")
+            tab.assert_no_console_errors(lambda e: "409" in e)
+        finally:
+            rz.delete_job(job_id)
+
+
+def test_an_unknown_job_is_a_404_page_and_an_action_without_the_csrf_token_is_refused(
+    tab: Tab, platform: Platform
+) -> None:
+    user = user_name()
+    sign_in(tab, platform, platform.token(user))
+    page = tab.page
+    response = page.goto(platform.url + "/jobs/no-such-job")
+    assert response is not None and response.status == 404
+    expect(page.locator("h1")).to_have_text("No such job")
+    tab.screenshot("not-found")
+    with platform.client(user) as rz:
+        job_id = rz.create_job(SLEEPER.format(name="csrf")).job_id
+        try:
+            # The session cookie alone (what a forged cross-site request would carry) is
+            # not enough to change a job.
+            refused = page.request.post(f"{platform.url}/ui/jobs/{job_id}/delete")
+            assert refused.status == 403
+            assert "CSRF" in refused.json()["message"]
+            assert rz.get_job(job_id).status != job_pb2.DELETED
+        finally:
+            rz.delete_job(job_id)
+    tab.assert_no_console_errors(lambda e: "404" in e)
+
+
+def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
+    tab: Tab, platform: Platform
+) -> None:
+    user = user_name()
+    with platform.client(user) as rz:
+        job_id = rz.create_job(SLEEPER.format(name="narrow")).job_id
+        try:
+            sign_in(tab, platform, platform.token(user))
+            page = tab.page
+            expect(page.locator(f"tr[data-job='{job_id}']")).to_be_visible()
+            # Tab from the top reaches the job's link; Enter opens it.
+            for _ in range(20):
+                page.keyboard.press("Tab")
+                if page.evaluate("document.activeElement.textContent") == job_id:
+                    break
+            page.keyboard.press("Enter")
+            page.wait_for_url(f"**/jobs/{job_id}")
+            page.set_viewport_size({"width": 390, "height": 800})
+            page.go_back()
+            overflow = page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            assert overflow <= 0, f"the page is {overflow}px wider than a 390px window"
+            tab.screenshot("narrow")
+            tab.assert_no_console_errors()
+        finally:
+            rz.delete_job(job_id)
