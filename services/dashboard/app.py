@@ -21,7 +21,7 @@ from urllib.parse import quote, urlencode
 
 import anyio
 import grpc
-from fastapi import FastAPI, Form, Request
+from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from google.protobuf import json_format
@@ -33,10 +33,18 @@ from starlette.responses import StreamingResponse
 from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal, bearer
-from services.api.core import MAX_LOG_SEARCH, MAX_NAME_PREFIX, MAX_PAGE_TOKEN, TrainerCore
+from services.api.core import (
+    MAX_LOG_SEARCH,
+    MAX_MODEL_BYTES,
+    MAX_NAME_PREFIX,
+    MAX_PAGE_TOKEN,
+    TrainerCore,
+)
 from services.dashboard.api import CsrfRejected, NotSignedIn, Session
 from services.dashboard.sessions import MemorySessionStore
+from services.dashboard.submit import examples, manifest_problem
 from services.dashboard.views import job_view
+from services.manifest import MAX_MANIFEST_BYTES
 from services.store import states
 
 R = TypeVar("R", bound=Response)
@@ -49,7 +57,7 @@ LOGIN_LINK_TTL_S = 600.0
 MAX_TOKEN_CHARS = 512
 # The paths the dashboard answers; the gateway's bearer check leaves them to the session
 # check here (see is_dashboard_path).
-PREFIXES = ("/login", "/logout", "/jobs/", "/assets/", "/ui/")
+PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/assets/", "/ui/")
 # What a page may load: only this origin's files, no inline script, no framing.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -363,6 +371,105 @@ def mount(
             raise errors.BadRequest(f"unknown action {action!r}; use halt, resume or delete")
         job = await run_in_threadpool(do, who, job_id, f"{action} from the dashboard")
         return job_view(job, time.time())
+
+    # -- submit ---------------------------------------------------------------------------
+    def submit_page(
+        who: Principal,
+        session: Session,
+        code: int = 200,
+        manifest: str = "",
+        example: str = "",
+        problem: str = "",
+        manifest_error: str = "",
+        code_error: str = "",
+    ) -> Response:
+        return templates.page(
+            "submit.html",
+            code,
+            who=who,
+            csrf=session.csrf,
+            examples=list(examples()),
+            manifest=manifest,
+            example=example,
+            problem=problem,
+            manifest_error=manifest_error,
+            code_error=code_error,
+        )
+
+    @app.get("/submit", include_in_schema=False)
+    async def submit_form(request: Request) -> Response:
+        session, who = await signed_in(request)
+        return submit_page(who, session)
+
+    @app.post("/submit", include_in_schema=False)
+    async def submit(
+        request: Request,
+        csrf: str = Form(""),
+        manifest: str = Form(""),
+        example: str = Form(""),
+        code: UploadFile | None = File(None),
+    ) -> Response:
+        session, who = await signed_in(request)
+        check_csrf(session, csrf)
+        form = {"manifest": manifest, "example": example}
+        if len(manifest.encode()) > MAX_MANIFEST_BYTES:
+            return submit_page(
+                who,
+                session,
+                413,
+                **form,
+                manifest_error=f"The manifest is larger than {MAX_MANIFEST_BYTES} bytes.",
+            )
+        wrong = manifest_problem(manifest)
+        if wrong:
+            field = f"Field {wrong['field']}: " if wrong["field"] else ""
+            return submit_page(who, session, 400, **form, manifest_error=field + wrong["problem"])
+        archive = await code.read(MAX_MODEL_BYTES + 1) if code is not None else b""
+        if not archive and example:
+            found = examples().get(example)
+            if found is None:
+                return submit_page(
+                    who, session, 400, **form, problem=f"There is no example named {example!r}."
+                )
+            from services.client.sdk import ClientError, zip_directory
+
+            try:
+                archive = await run_in_threadpool(zip_directory, found.folder)
+            except ClientError as exc:
+                return submit_page(who, session, 400, **form, code_error=exc.message)
+        try:
+            created = await run_in_threadpool(core.create, who, manifest, archive)
+        except errors.ApiError as exc:
+            # The API's own words, beside the part of the form they are about.
+            where = (
+                "code_error" if "archive" in exc.message or "model" in exc.message else "problem"
+            )
+            return submit_page(who, session, exc.http_status, **form, **{where: exc.message})
+        return RedirectResponse(f"/jobs/{quote(created.job.job_id)}", status_code=303)
+
+    @app.post("/ui/validate", include_in_schema=False)
+    async def validate(request: Request) -> dict[str, Any]:
+        session, _ = await signed_in(request)
+        check_csrf(session, request.headers.get(CSRF_HEADER, ""))
+        body = await request.body()
+        if len(body) > 2 * MAX_MANIFEST_BYTES:
+            raise errors.TooLarge(f"the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
+        try:
+            text = json.loads(body)["manifest"]
+        except (ValueError, KeyError, TypeError):
+            raise errors.BadRequest('send {"manifest": "<the manifest text>"}') from None
+        if not isinstance(text, str):
+            raise errors.BadRequest("manifest must be a string")
+        wrong = manifest_problem(text)
+        return {"valid": not wrong, **wrong}
+
+    @app.get("/ui/examples/{name}", include_in_schema=False)
+    async def example_manifest(request: Request, name: str) -> dict[str, str]:
+        await signed_in(request)
+        found = examples().get(name)
+        if found is None:
+            raise errors.NotFound(f"there is no example named {name!r}")
+        return {"name": found.name, "manifest": found.manifest}
 
     # -- live logs and metrics (server-sent events) -----------------------------------------
     def event_stream(method: str, request: Any, start: int) -> StreamingResponse:

@@ -6,6 +6,7 @@ errors."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -163,3 +164,64 @@ def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
             tab.assert_no_console_errors()
         finally:
             rz.delete_job(job_id)
+
+
+def test_submit_the_mnist_example_and_watch_it_complete_with_logs_and_a_plotted_metric(
+    tab: Tab, platform: Platform
+) -> None:
+    user = user_name()
+    sign_in(tab, platform, platform.token(user), "/submit")
+    page = tab.page
+    # A broken manifest is flagged beside the field before anything is submitted.
+    page.fill("#manifest", "name: broken\nlearners: many\nframework: {command: 'true'}\n")
+    expect(page.locator("#manifest-error")).to_contain_text("learners")
+    tab.screenshot("manifest-error")
+    page.select_option("#example", "mnist")
+    expect(page.locator("#manifest-ok")).to_be_visible()
+    expect(page.locator("#manifest")).to_have_value(re.compile("name: mnist-digits"))
+    page.click("#submit")
+    page.wait_for_url("**/jobs/job-*")
+    job_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("h1")).to_contain_text("mnist-digits")
+    expect(page.locator("#status")).to_have_text("COMPLETED", timeout=240_000)
+    logs = page.locator("#logs")
+    expect(logs).to_contain_text("epoch 10/10")
+    expect(page.locator("#log-state")).to_contain_text("The job has ended")
+    loss = page.locator("figure.plot[data-metric='loss']")
+    expect(loss).to_have_attribute("data-points", "10")
+    expect(loss.locator("canvas")).to_be_visible()
+    expect(page.locator("figure.plot[data-metric='test_accuracy']")).to_be_visible()
+    tab.screenshot("mnist-completed")
+    # The log search (full text) finds the one line with the final accuracy.
+    page.fill("#log-search", "final")
+    page.click("#log-controls button[type=submit]")
+    expect(page.locator("#log-state")).to_contain_text("1 matching line")
+    expect(logs).to_contain_text("final test accuracy")
+    with platform.client(user) as rz:
+        assert rz.get_job(job_id).status == job_pb2.COMPLETED
+    tab.assert_no_console_errors()
+
+
+def test_a_one_time_login_link_signs_in_once(tab: Tab, platform: Platform) -> None:
+    from services.dashboard.login_link import login_link
+
+    admin = user_name()
+    token_file = tab.shots / "admin.token"
+    token_file.write_text(platform.token(admin, "admin"))
+    link = login_link(platform.url, token_file)
+    page = tab.page
+    page.goto(link)
+    page.click("text=Continue to the dashboard")
+    expect(page.locator("h1")).to_have_text("All jobs")
+    expect(page.locator(".who")).to_contain_text(f"{admin} (admin)")
+    page.context.clear_cookies()
+    page.goto(link)
+    page.click("text=Continue to the dashboard")
+    expect(page.locator("#login-message")).to_contain_text("already used or has expired")
+    tab.screenshot("link-used")
+    # A user token cannot make links.
+    user_file = tab.shots / "user.token"
+    user_file.write_text(platform.token(user_name()))
+    with pytest.raises(Exception, match="403"):
+        login_link(platform.url, user_file)
+    tab.assert_no_console_errors(lambda e: "401" in e)
