@@ -127,7 +127,10 @@ def _document_errors_as_sent(document: dict[str, Any]) -> None:
 
 
 def build_app(
-    core: TrainerCore, tds_channel: grpc.Channel | None = None, auth: Authenticator | None = None
+    core: TrainerCore,
+    tds_channel: grpc.Channel | None = None,
+    auth: Authenticator | None = None,
+    scheduler_channel: grpc.Channel | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="Rhizome Trainer API",
@@ -438,5 +441,5 @@ def build_app(
         return _message_json(token_to_proto(authenticator.revoke_token(who, token_id)))
 
     # The web dashboard (docs/dashboard.md): its pages sign in with a session cookie.
-    mount_dashboard(app, core, tds_channel, authenticator)
+    mount_dashboard(app, core, tds_channel, authenticator, scheduler_channel)
     return app

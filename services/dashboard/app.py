@@ -21,12 +21,13 @@ from urllib.parse import quote, urlencode
 
 import anyio
 import grpc
+import pymongo.errors
 from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from google.protobuf import json_format
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from rhizome.v1 import tds_pb2, tds_pb2_grpc
+from rhizome.v1 import scheduler_pb2, scheduler_pb2_grpc, tds_pb2, tds_pb2_grpc
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
@@ -46,6 +47,7 @@ from services.dashboard.submit import examples, manifest_problem
 from services.dashboard.views import job_view
 from services.manifest import MAX_MANIFEST_BYTES
 from services.store import states
+from services.store.errors import StoreUnavailable
 
 R = TypeVar("R", bound=Response)
 HERE = Path(__file__).parent
@@ -57,7 +59,8 @@ LOGIN_LINK_TTL_S = 600.0
 MAX_TOKEN_CHARS = 512
 # The paths the dashboard answers; the gateway's bearer check leaves them to the session
 # check here (see is_dashboard_path).
-PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/assets/", "/ui/")
+PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/cluster", "/assets/", "/ui/")
+QUEUE_SHOWN = 200
 # What a page may load: only this origin's files, no inline script, no framing.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -110,12 +113,19 @@ def mount(
     core: TrainerCore,
     tds_channel: grpc.Channel | None,
     auth: Authenticator,
+    scheduler_channel: grpc.Channel | None = None,
 ) -> MemorySessionStore:
     """Add the dashboard's pages, its `/ui/` JSON and event routes and its static files to
-    the gateway's app; returns the session store (tests and the login-link route use it)."""
+    the gateway's app; returns the session store (tests and the login-link route use it).
+    Without a scheduler channel the Cluster page shows the queue but not the nodes."""
     sessions = MemorySessionStore()
     templates = _Templates()
     tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel is not None else None
+    scheduler = (
+        scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
+        if scheduler_channel is not None
+        else None
+    )
     app.mount("/assets", StaticFiles(directory=HERE / "static"), name="dashboard-assets")
 
     def cookie_secure(request: Request) -> bool:
@@ -470,6 +480,67 @@ def mount(
         if found is None:
             raise errors.NotFound(f"there is no example named {name!r}")
         return {"name": found.name, "manifest": found.manifest}
+
+    # -- cluster ----------------------------------------------------------------------------
+    def queue(who: Principal) -> list[dict[str, Any]]:
+        """The waiting jobs in the order the scheduler considers them (priority, then
+        submission), with each one's reason; another user's job is shown without its name."""
+        try:
+            waiting = core.jobs.by_status([states.QUEUED], limit=QUEUE_SHOWN)
+        except (pymongo.errors.PyMongoError, StoreUnavailable) as exc:
+            raise errors.Unavailable(f"the job store is unavailable: {exc}") from None
+        waiting.sort(key=lambda j: (-j.spec.priority, j.job_id))
+        now = time.time()
+        out = []
+        for position, job in enumerate(waiting, 1):
+            mine = who.is_admin or job.owner == who.user
+            out.append(
+                {
+                    "position": position,
+                    "job_id": job.job_id if mine else "",
+                    "name": job.name if mine else "(another user's job)",
+                    "owner": job.owner if who.is_admin else "",
+                    "priority": job.spec.priority,
+                    "waiting": job_view(job, now, brief=True)["phase"],
+                    "reason": job.queue_reason or "not considered yet",
+                    "gpus": float(job.resources.get("gpus", 0)),
+                    "learners": int(job.resources.get("learners", 1)),
+                }
+            )
+        return out
+
+    def nodes() -> tuple[list[dict[str, Any]], str]:
+        if scheduler is None:
+            return [], "this REST gateway was started without a channel to the scheduler"
+        try:
+            view = scheduler.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=10)
+        except grpc.RpcError as exc:
+            return [], f"the scheduler is unavailable: {exc.details()}"
+        rows = [
+            json_format.MessageToDict(
+                n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            )
+            for n in view.nodes
+        ]
+        return sorted(rows, key=lambda n: (n.get("zone", ""), n.get("name", ""))), ""
+
+    @app.get("/cluster", include_in_schema=False)
+    async def cluster_page(request: Request) -> Response:
+        session, who = await signed_in(request)
+        waiting = await run_in_threadpool(queue, who)
+        found, problem = await run_in_threadpool(nodes)
+        zones: dict[str, list[dict[str, Any]]] = {}
+        for n in found:
+            zones.setdefault(n.get("zone") or "(no zone)", []).append(n)
+        return templates.page(
+            "cluster.html",
+            who=who,
+            csrf=session.csrf,
+            zones=zones,
+            nodes_problem=problem,
+            queue=waiting,
+            shown=QUEUE_SHOWN,
+        )
 
     # -- live logs and metrics (server-sent events) -----------------------------------------
     def event_stream(method: str, request: Any, start: int) -> StreamingResponse:

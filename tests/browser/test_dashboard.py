@@ -68,6 +68,12 @@ def test_a_queued_job_shows_why_it_waits_on_its_page_and_in_the_list(
             expect(why).to_be_visible()
             expect(why).to_contain_text("needs 2 learners × 2 FAKE")
             tab.screenshot("queued-job")
+            # The Cluster page lists it in the queue, with the same reason.
+            page.get_by_role("link", name="Cluster").click()
+            queued = page.locator(f"#queue tr[data-job='{second}']")
+            expect(queued).to_contain_text("waits-for-gpus")
+            expect(queued).to_contain_text("needs 2 learners × 2 FAKE")
+            tab.screenshot("cluster")
             tab.assert_no_console_errors()
         finally:
             rz.delete_job(second)
