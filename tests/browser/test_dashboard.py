@@ -231,3 +231,55 @@ def test_a_one_time_login_link_signs_in_once(tab: Tab, platform: Platform) -> No
     with pytest.raises(Exception, match="403"):
         login_link(platform.url, user_file)
     tab.assert_no_console_errors(lambda e: "401" in e)
+
+
+def test_the_jobs_page_filters_pages_and_updates_a_row_without_a_reload(
+    tab: Tab, platform: Platform
+) -> None:
+    from services.manifest import parse_manifest
+    from services.store.jobs import JobRecord, JobsRepository, StatusEntry, new_job_id
+    from services.store.mongo import connect
+
+    user = user_name()
+    # 55 finished jobs, stored as records of the API's shape. Finished, so the scheduler
+    # has nothing to do with them: inserted whole, because the repository's create()
+    # stores a new job as QUEUED.
+    repo = JobsRepository(connect(platform.daemon.config.mongodb_uri))
+    manifest = parse_manifest(SLEEPER.format(name="stored"))
+    docs = []
+    for i in range(55):
+        record = JobRecord.for_manifest(new_job_id(), user, manifest)
+        record.name = f"{'alpha' if i % 5 == 0 else 'beta'}-{i:02d}"
+        record.status = "COMPLETED" if i % 2 else "FAILED"
+        record.created_at = record.updated_at = time.time()
+        record.history = [StatusEntry("QUEUED", record.created_at, "submitted")]
+        docs.append(record.to_doc())
+    repo._col.insert_many(docs)
+    sign_in(tab, platform, platform.token(user))
+    page = tab.page
+    rows = page.locator("#jobs tbody tr")
+    expect(rows).to_have_count(50)
+    expect(rows.first).to_contain_text("beta-54")  # newest first
+    page.click("#next-page")
+    expect(rows).to_have_count(5)
+    expect(rows.last).to_contain_text("alpha-00")
+    page.goto(platform.url + "/")
+    page.fill("#f-name", "alpha")
+    page.select_option("#f-status", "FAILED")
+    page.click("form.filters button[type=submit]")
+    expect(rows).to_have_count(6)  # alpha-00, -10, ..., -50: the even ones failed
+    for text in rows.all_inner_texts():
+        assert "alpha-" in text and "FAILED" in text
+    tab.screenshot("filtered")
+    # A job submitted now shows up on the open page and moves on without a reload.
+    page.goto(platform.url + "/")
+    with platform.client(user) as rz:
+        job_id = rz.create_job(SLEEPER.format(name="live")).job_id
+        try:
+            row = page.locator(f"tr[data-job='{job_id}']")
+            expect(row).to_contain_text("PROCESSING", timeout=60_000)
+            expect(row).to_contain_text("running")
+        finally:
+            rz.delete_job(job_id)
+    expect(page.locator(f"tr[data-job='{job_id}']")).to_contain_text("DELETED", timeout=60_000)
+    tab.assert_no_console_errors()
