@@ -42,6 +42,7 @@ from services.api.core import (
     TrainerCore,
 )
 from services.dashboard.api import CsrfRejected, NotSignedIn, Session
+from services.dashboard.estimate import DEFAULT_RUNS, EstimateRefused, bundled_traces, estimate
 from services.dashboard.sessions import MemorySessionStore
 from services.dashboard.submit import examples, manifest_problem
 from services.dashboard.views import job_view
@@ -59,13 +60,19 @@ LOGIN_LINK_TTL_S = 600.0
 MAX_TOKEN_CHARS = 512
 # The paths the dashboard answers; the gateway's bearer check leaves them to the session
 # check here (see is_dashboard_path).
-PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/cluster", "/assets/", "/ui/")
+PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/cluster", "/estimate", "/assets/", "/ui/")
 QUEUE_SHOWN = 200
 # What a page may load: only this origin's files, no inline script, no framing.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
+ESTIMATE_EXAMPLE = """name: gpt2-small
+instance_type: p3.2xlarge
+pipeline: {stages: 2, pipelines: 2, redundancy: true}
+estimate: {steps: 500, step_time: 2s, save_time: 10s, backup_time: 20s,
+           alloc_time: 30-60, prep_time: 30-60, samples_per_step: 64}
+"""
 WHY = {
     "expired": "Your session expired. Please sign in again.",
     "signedout": "You are signed out.",
@@ -541,6 +548,43 @@ def mount(
             queue=waiting,
             shown=QUEUE_SHOWN,
         )
+
+    # -- spot estimate ------------------------------------------------------------------------
+    @app.get("/estimate", include_in_schema=False)
+    async def estimate_page(request: Request) -> Response:
+        session, who = await signed_in(request)
+        return templates.page(
+            "estimate.html",
+            who=who,
+            csrf=session.csrf,
+            traces=bundled_traces(),
+            runs=DEFAULT_RUNS,
+            example=ESTIMATE_EXAMPLE,
+        )
+
+    @app.post("/ui/estimate", include_in_schema=False)
+    async def estimate_json(request: Request) -> Response:
+        session, _ = await signed_in(request)
+        check_csrf(session, request.headers.get(CSRF_HEADER, ""))
+        body = await request.body()
+        if len(body) > 2 * MAX_MANIFEST_BYTES:
+            raise errors.TooLarge(f"the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
+        try:
+            asked = json.loads(body)
+            args = (
+                str(asked["manifest"]),
+                str(asked.get("trace", "")),
+                str(asked.get("mttp", "")),
+                int(asked.get("runs", DEFAULT_RUNS)),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise errors.BadRequest(
+                'send {"manifest": "...", "trace": "aws-p3-64.csv" or "mttp": "3h", "runs": 5}'
+            ) from None
+        try:
+            return JSONResponse(await run_in_threadpool(estimate, *args))
+        except EstimateRefused as exc:
+            return JSONResponse({"code": "bad_request", "message": str(exc)}, status_code=400)
 
     # -- live logs and metrics (server-sent events) -----------------------------------------
     def event_stream(method: str, request: Any, start: int) -> StreamingResponse:

@@ -17,18 +17,24 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 class Example:
     name: str  # the folder's name, e.g. "mnist"
     folder: Path
+    manifest_file: Path
 
     @property
     def manifest(self) -> str:
-        return (self.folder / "manifest.yml").read_text()
+        return self.manifest_file.read_text()
 
 
 def examples(root: Path = EXAMPLES_DIR) -> dict[str, Example]:
+    """The example folders with a manifest (manifest.yml or manifest.yaml), by name."""
+    found: dict[str, Example] = {}
     if not root.is_dir():
-        return {}
-    return {
-        d.name: Example(d.name, d) for d in sorted(root.iterdir()) if (d / "manifest.yml").is_file()
-    }
+        return found
+    for folder in sorted(root.iterdir()):
+        for name in ("manifest.yml", "manifest.yaml"):
+            if (folder / name).is_file():
+                found[folder.name] = Example(folder.name, folder, folder / name)
+                break
+    return found
 
 
 def manifest_problem(text: str) -> dict[str, str]:

@@ -283,3 +283,27 @@ def test_the_jobs_page_filters_pages_and_updates_a_row_without_a_reload(
             rz.delete_job(job_id)
     expect(page.locator(f"tr[data-job='{job_id}']")).to_contain_text("DELETED", timeout=60_000)
     tab.assert_no_console_errors()
+
+
+def test_the_spot_estimate_page_charts_every_strategy_and_names_a_missing_field(
+    tab: Tab, platform: Platform
+) -> None:
+    sign_in(tab, platform, platform.token(user_name()), "/estimate")
+    page = tab.page
+    page.select_option("#est-trace", "aws-p3-64.csv")
+    page.fill("#est-runs", "2")
+    page.click("#est-run")
+    chart = page.locator("#est-chart tbody tr")
+    expect(chart.first).to_be_visible(timeout=60_000)
+    strategies = chart.evaluate_all("rows => rows.map(r => r.dataset.strategy)")
+    assert {"on-demand", "adaptive", "redundant"} <= set(strategies)
+    assert any(s.startswith("checkpoint-restart/") for s in strategies)
+    on_demand = page.locator("#est-chart tr[data-strategy='on-demand']")
+    expect(on_demand).to_contain_text("100 %")
+    expect(page.locator("#est-title")).to_contain_text("gpt2-small on 4 nodes")
+    tab.screenshot("estimate")
+    # Without the estimate: section the simulator's inputs are missing, and the page says which.
+    page.fill("#est-manifest", "name: no-estimate\ninstance_type: p3.2xlarge\n")
+    page.click("#est-run")
+    expect(page.locator("#est-error")).to_contain_text("estimate.steps")
+    tab.assert_no_console_errors(lambda e: "400" in e)
