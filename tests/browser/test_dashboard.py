@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import pytest
 from playwright.sync_api import expect
@@ -22,6 +23,13 @@ GPU_SLEEPER = (
     "name: {name}\nlearners: 2\ngpus: 2\ngpu_type: FAKE\ncpus: 1\nmemory: 128MiB\n"
     "framework:\n  command: python -c 'import time; time.sleep(600)'\n"
 )
+
+
+def page_overflow(page: Any) -> int:
+    """How many pixels the page is wider than its window (0 or less: it fits)."""
+    return int(
+        page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    )
 
 
 def test_a_wrong_token_is_refused_and_an_expired_one_goes_back_to_the_login(
@@ -161,12 +169,12 @@ def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
             page.keyboard.press("Enter")
             page.wait_for_url(f"**/jobs/{job_id}")
             page.set_viewport_size({"width": 390, "height": 800})
+            expect(page.locator("#status")).to_have_text("PROCESSING", timeout=60_000)
+            tab.screenshot("narrow-job")
+            assert page_overflow(page) <= 0, "the job page is wider than a 390px window"
             page.go_back()
-            overflow = page.evaluate(
-                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-            )
-            assert overflow <= 0, f"the page is {overflow}px wider than a 390px window"
             tab.screenshot("narrow")
+            assert page_overflow(page) <= 0, "the jobs page is wider than a 390px window"
             tab.assert_no_console_errors()
         finally:
             rz.delete_job(job_id)
