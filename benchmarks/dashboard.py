@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -151,6 +152,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--lines", type=int, default=60)
     args = parser.parse_args()
+    # A SIGTERM (a `timeout` wrapper) still stops the servers this script started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     data = Path(tempfile.mkdtemp(prefix="rhizome-bench-dash-"))
     etcd = EtcdServer(data / "deps" / "etcd")
