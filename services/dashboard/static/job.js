@@ -93,6 +93,8 @@
       $("confirm-title").textContent = b.textContent + " " + job.name + "?";
       $("confirm-text").textContent = explain[pending];
       $("confirm-ok").textContent = b.textContent;
+      // Escape closes the dialog without setting a value: clear the last answer first.
+      dialog.returnValue = "";
       dialog.showModal();
       $("confirm-cancel").focus();
     });
