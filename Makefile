@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: install system-deps protos run demo demo-docker test test-unit test-chaos lint bench clean help
 
 help:
-	@echo "make install  - create .venv with pinned dependencies, generate gRPC stubs, apt-get docker.io and debootstrap (as root)"
+	@echo "make install  - create .venv with pinned dependencies, generate gRPC stubs, apt-get docker.io, debootstrap and chromium (as root)"
 	@echo "make run      - start the embedded platform (etcd, MongoDB-wire, Elasticsearch-API, daemon) in the foreground"
 	@echo "make demo     - start the platform, train examples/mnist end to end, stop the platform"
 	@echo "make demo-docker - the same with the learner in a container (docker backend; root or DOCKER_HOST)"
@@ -27,9 +27,12 @@ install: $(STAMP) $(GEN_STAMP) system-deps
 # nothing, while a stamp would go stale when someone removes the packages. Only root can
 # apt-get; anyone else is told what to install and the rest of the install goes on (the
 # local backend needs neither; the docker tests then fail saying how to provide an engine).
+# chromium is the browser tests/browser/ drive (docs/dashboard.md); without it they fail
+# saying how to install it.
 SYSTEM_PKGS_CHECK = missing=""; \
 	command -v dockerd >/dev/null 2>&1 || test -x /usr/sbin/dockerd || missing="$$missing docker.io"; \
-	command -v debootstrap >/dev/null 2>&1 || test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"
+	command -v debootstrap >/dev/null 2>&1 || test -x /usr/sbin/debootstrap || missing="$$missing debootstrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"
 
 system-deps:
 	@$(SYSTEM_PKGS_CHECK); \

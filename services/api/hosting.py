@@ -185,7 +185,7 @@ def build(ctx: DaemonContext) -> Hosted:
 
         from services.api.rest import build_app
 
-        app = build_app(core, ctx.channel("tds"), auth)
+        app = build_app(core, ctx.channel("tds"), auth, ctx.channel("scheduler"))
         host, port = split_address(ctx.config.rest_address)
         tls: dict[str, Any] = {}
         if ctx.config.tls_cert:  # the same certificate as the public gRPC port

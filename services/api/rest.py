@@ -35,6 +35,8 @@ from services.api.core import (
     MAX_PAGE_TOKEN,
     TrainerCore,
 )
+from services.dashboard.app import is_dashboard_path
+from services.dashboard.app import mount as mount_dashboard
 from services.manifest import MAX_MANIFEST_BYTES, schema
 from services.store import states
 from services.store.jobs import JobRecord
@@ -125,7 +127,10 @@ def _document_errors_as_sent(document: dict[str, Any]) -> None:
 
 
 def build_app(
-    core: TrainerCore, tds_channel: grpc.Channel | None = None, auth: Authenticator | None = None
+    core: TrainerCore,
+    tds_channel: grpc.Channel | None = None,
+    auth: Authenticator | None = None,
+    scheduler_channel: grpc.Channel | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="Rhizome Trainer API",
@@ -232,7 +237,7 @@ def build_app(
                 },
                 status_code=413,
             )
-        if request.url.path not in public_paths:
+        if request.url.path not in public_paths and not is_dashboard_path(request.url.path):
             # Who is calling is settled before a body is read or validated: a caller
             # without a credential learns nothing from the API but 401 (and a large
             # upload is refused before it is read).
@@ -435,4 +440,6 @@ def build_app(
         authentication cache's bound on others."""
         return _message_json(token_to_proto(authenticator.revoke_token(who, token_id)))
 
+    # The web dashboard (docs/dashboard.md): its pages sign in with a session cookie.
+    mount_dashboard(app, core, tds_channel, authenticator, scheduler_channel)
     return app

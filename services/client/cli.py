@@ -330,6 +330,20 @@ def up(
             f"admin token in {token_file} (mode 0600): this CLI and the SDK use it here; "
             "`rhizome token create --user NAME` makes one for someone else"
         )
+        import httpx
+
+        from services.dashboard.login_link import login_link
+
+        try:
+            link = login_link(state.rest_url, token_file)
+            # soft_wrap: a terminal's width must not break the link across lines.
+            err.print(
+                f"dashboard {state.rest_url}/ — sign in once with {link} (10 minutes)",
+                soft_wrap=True,
+            )
+        except (OSError, httpx.HTTPError, KeyError, ValueError) as exc:
+            # The platform is up all the same; say why there is no link.
+            err.print(f"dashboard {state.rest_url}/ (no login link: {exc}; sign in with the token)")
     if foreground:
         err.print("Press Ctrl-C to stop.")
         try:

@@ -1,0 +1,79 @@
+"""What the dashboard shows of a job: one plain dict, rendered by the templates and sent
+as JSON to the page's scripts, so the first paint and the live updates agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.store import states
+from services.store.jobs import JobRecord
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `3m 05s`, `2h 04m`, `3d 2h`: compact and readable."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _since(job: JobRecord, status: str) -> float:
+    """When the job last entered `status` (0 when it never did)."""
+    for entry in reversed(job.history):
+        if entry.status == status:
+            return entry.time
+    return 0.0
+
+
+def phase(job: JobRecord, now: float) -> str:
+    """How long the job has been in its present state, in words: what the jobs list shows."""
+    since = _since(job, job.status) or job.updated_at or job.created_at
+    if job.status == states.QUEUED:
+        return f"queued {duration(now - since)}"
+    if job.status in states.ACTIVE_STATES:
+        started = _since(job, states.PROCESSING) or since
+        return f"running {duration(now - started)}"
+    return f"{job.status.lower()} {duration(now - since)} ago"
+
+
+def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
+    res = job.resources
+    view: dict[str, Any] = {
+        "job_id": job.job_id,
+        "name": job.name,
+        "owner": job.owner,
+        "status": job.status,
+        "status_message": job.status_message,
+        "queue_reason": job.queue_reason if job.status == states.QUEUED else "",
+        "learners": int(res.get("learners", 1)),
+        "gpus": float(res.get("gpus", 0)),
+        "cpus": float(res.get("cpus", 1)),
+        "memory_mb": float(res.get("memory_mb", 0)),
+        "created_at": job.created_at,
+        "phase": phase(job, now),
+        "final": states.is_terminal(job.status),
+        "can_halt": states.is_legal(job.status, states.HALTED),
+        "can_resume": job.status == states.HALTED,
+        "can_delete": states.is_legal(job.status, states.DELETED),
+    }
+    if brief:
+        return view
+    # A queued job's record may still carry its previous placement (a resumed job).
+    placed = job.placement if job.status != states.QUEUED else None
+    nodes = (placed or {}).get("learner_nodes", {}) or {}
+    view.update(
+        history=[{"status": h.status, "time": h.time, "message": h.message} for h in job.history],
+        placement=[
+            {"learner": int(r), "node": str(n)}
+            for r, n in sorted(nodes.items(), key=lambda kv: int(kv[0]))
+        ],
+        exit_code=job.exit_code,
+        attempts=job.attempts,
+        description=job.description,
+        last_log_lines=list(job.last_log_lines),
+    )
+    return view
