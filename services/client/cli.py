@@ -335,12 +335,18 @@ def up(
         from services.dashboard.login_link import login_link
 
         try:
-            link = login_link(state.rest_url, token_file)
+            link = login_link(state.rest_url, token_file, state.tls_ca if state.tls else "")
             # soft_wrap: a terminal's width must not break the link across lines.
             err.print(
                 f"dashboard {state.rest_url}/ — sign in once with {link} (10 minutes)",
                 soft_wrap=True,
             )
+            if state.tls and state.tls_ca:
+                err.print(
+                    f"the dashboard's certificate is signed by this platform's own CA, "
+                    f"{state.tls_ca}: import it into your browser to trust it",
+                    soft_wrap=True,
+                )
         except (OSError, httpx.HTTPError, KeyError, ValueError) as exc:
             # The platform is up all the same; say why there is no link.
             err.print(f"dashboard {state.rest_url}/ (no login link: {exc}; sign in with the token)")

@@ -69,7 +69,8 @@ CSP = (
 )
 ESTIMATE_EXAMPLE = """name: gpt2-small
 instance_type: p3.2xlarge
-pipeline: {stages: 2, pipelines: 2, redundancy: true}
+framework: {command: python train.py}
+pipeline: {stages: 2, pipelines: 2, redundancy: eager-frc-lazy-brc}
 estimate: {steps: 500, step_time: 2s, save_time: 10s, backup_time: 20s,
            alloc_time: 30-60, prep_time: 30-60, samples_per_step: 64}
 """

@@ -50,7 +50,7 @@ def bundled_traces() -> list[str]:
 def estimate(manifest: str, trace: str, mttp: str, runs: int) -> dict[str, Any]:
     """Simulate the manifest's job under every strategy; rows as `rhizome estimate --json`."""
     from services.client.durations import parse_duration
-    from services.sim.cli import DEFAULT_INTERVALS, _build, _manifest_fields
+    from services.sim.cli import DEFAULT_INTERVALS, build_inputs, manifest_fields
     from services.sim.model import SimInputError
     from services.sim.runner import simulate
     from services.sim.strategies import REGISTRY, RedundancyParams, factories
@@ -65,12 +65,12 @@ def estimate(manifest: str, trace: str, mttp: str, runs: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "manifest.yml"
             path.write_text(manifest)
-            base = _manifest_fields(path)
-        job, model, prices = _build(base, opts)
-        intervals = [parse_duration(i) for i in DEFAULT_INTERVALS]
-        strategies = factories(
-            REGISTRY.names(), intervals_s=intervals, redundancy=RedundancyParams()
-        )
+            base = manifest_fields(path)
+        job, model, prices = build_inputs(base, opts)
+        intervals: list[tuple[float, str | None]] = [
+            (parse_duration(i), None) for i in DEFAULT_INTERVALS
+        ]
+        strategies = factories(REGISTRY.names(), intervals=intervals, redundancy=RedundancyParams())
         rows = simulate(job, model, prices, strategies, runs=runs, seed=0)
     except click.ClickException as exc:
         raise EstimateRefused(_page_words(exc.format_message())) from None

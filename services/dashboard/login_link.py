@@ -5,19 +5,24 @@ dashboard's server-side imports, so the CLI pays only for httpx."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from pathlib import Path
 
 import httpx
 
 
-def login_link(rest_url: str, token_file: Path, timeout_s: float = 30.0) -> str:
+def login_link(rest_url: str, token_file: Path, ca_file: str = "", timeout_s: float = 30.0) -> str:
     """The dashboard URL with a one-time code that signs a browser in as the token in
     `token_file`; raises OSError or httpx.HTTPError when it cannot be had.
 
     Waits up to `timeout_s` for the gateway to listen: the daemon reports healthy when its
-    gRPC server serves, and starts the REST gateway just after."""
+    gRPC server serves, and starts the REST gateway just after. Over https the gateway's
+    certificate must be signed by `ca_file` (the platform's own CA) or a system CA."""
     token = token_file.read_text().strip()
+    verify: ssl.SSLContext | bool = True
+    if ca_file:
+        verify = ssl.create_default_context(cafile=ca_file)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -25,6 +30,7 @@ def login_link(rest_url: str, token_file: Path, timeout_s: float = 30.0) -> str:
                 f"{rest_url}/ui/login-links",
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=10,
+                verify=verify,
             )
             break
         except httpx.TransportError:

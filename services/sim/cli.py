@@ -172,7 +172,9 @@ def sim_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _build(base: dict[str, Any], opts: dict[str, Any]) -> tuple[JobSpec, PreemptionModel, Prices]:
+def build_inputs(
+    base: dict[str, Any], opts: dict[str, Any]
+) -> tuple[JobSpec, PreemptionModel, Prices]:
     """Merge manifest values (`base`) with the options given (which win) into simulator
     inputs. An option not given is None here (none of these has a click default), so it
     never hides a manifest value."""
@@ -330,7 +332,9 @@ def simulate_cmd(name: str, **opts: Any) -> None:
     many runs finished (a run still going at 20x the ideal time is stopped and credited
     only with the steps it trained). docs/simulators.md describes the model.
     """
-    job, model, prices = _build({"name": name}, {k: v for k, v in opts.items() if k in _JOB_KEYS})
+    job, model, prices = build_inputs(
+        {"name": name}, {k: v for k, v in opts.items() if k in _JOB_KEYS}
+    )
     _run(job, model, prices, opts)
 
 
@@ -353,7 +357,7 @@ _JOB_KEYS = {
 }
 
 
-def _manifest_fields(path: Path) -> dict[str, Any]:
+def manifest_fields(path: Path) -> dict[str, Any]:
     """The simulator inputs a job manifest gives, read through the typed Manifest (the
     same parser and schema the API uses at submit)."""
     try:
@@ -415,8 +419,8 @@ def estimate(manifest: Path, **opts: Any) -> None:
     spot}); an option given overrides the manifest, an option not given leaves it be.
     Give --trace FILE, --mttp or --preemption-probability.
     """
-    base = _manifest_fields(manifest)
-    job, model, prices = _build(base, {k: v for k, v in opts.items() if k in _JOB_KEYS})
+    base = manifest_fields(manifest)
+    job, model, prices = build_inputs(base, {k: v for k, v in opts.items() if k in _JOB_KEYS})
     _run(job, model, prices, opts)
 
 

@@ -311,7 +311,10 @@ def test_the_spot_estimate_page_charts_every_strategy_and_names_a_missing_field(
     expect(page.locator("#est-title")).to_contain_text("gpt2-small on 4 nodes")
     tab.screenshot("estimate")
     # Without the estimate: section the simulator's inputs are missing, and the page says which.
-    page.fill("#est-manifest", "name: no-estimate\ninstance_type: p3.2xlarge\n")
+    page.fill(
+        "#est-manifest",
+        "name: no-estimate\ninstance_type: p3.2xlarge\nframework: {command: python t.py}\n",
+    )
     page.click("#est-run")
     expect(page.locator("#est-error")).to_contain_text("estimate.steps")
     tab.assert_no_console_errors(lambda e: "400" in e)

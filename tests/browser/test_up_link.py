@@ -6,8 +6,10 @@ stopped by `rhizome down`, by pid."""
 from __future__ import annotations
 
 import re
+import ssl
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -25,7 +27,17 @@ def test_up_prints_a_one_time_login_link_that_signs_the_admin_in(
     try:
         found = re.search(r"dashboard (\S+)/ — sign in once with (\S+/login/once/\S+)", up.stderr)
         assert found, f"no dashboard link in the output of `rhizome up`:\n{up.stderr}"
-        page = tab.page
+        # `up` serves TLS by default with its own CA: the gateway proves it holds a
+        # certificate of that CA, then the browser (which does not know the CA) is told
+        # to accept it, as a user importing ca.pem would.
+        assert found.group(1).startswith("https://")
+        ca = data_dir / "tls" / "ca.pem"
+        assert str(ca) in up.stderr, "up must say which CA to import into the browser"
+        httpx.get(found.group(1) + "/healthz", verify=ssl.create_default_context(cafile=ca))
+        context = tab.page.context.browser.new_context(ignore_https_errors=True)
+        page = context.new_page()
+        page.on("console", lambda msg: msg.type == "error" and tab.errors.append(msg.text))
+        tab.page = page
         page.goto(found.group(2))
         page.get_by_role("button", name="Continue to the dashboard").click()
         expect(page.locator("h1")).to_have_text("All jobs")
