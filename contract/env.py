@@ -216,6 +216,8 @@ class RuntimeEnv:
     # None: not set by the launcher, so a value in the launcher's own environment (or the
     # worker's default) stands.
     threads: int | None = None
+    # a replacement's admission token: it joins a running job (learner/runtime/reconfigure.py)
+    join_token: str | None = None
 
     # field -> variable suffix (the names predate this record; keep them)
     _NAMES = {
@@ -234,6 +236,7 @@ class RuntimeEnv:
         "redundancy": "REDUNDANCY",
         "microbatches": "MICROBATCHES",
         "threads": "THREADS",
+        "join_token": "JOIN_TOKEN",
     }
 
     @classmethod
@@ -313,6 +316,7 @@ class RuntimeEnv:
             threads=None
             if _raw(environ, v("threads")) is None
             else _int(environ, v("threads"), 1, minimum=1),
+            join_token=_str(environ, v("join_token")),
         )
 
 

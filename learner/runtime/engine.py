@@ -137,7 +137,7 @@ class Worker:
         if self.job.balance == "params":
             return balanced_boundaries(param_costs(layers), P)
         # profiled times differ between processes: one worker decides for everybody
-        if self.state.me == 0:
+        if self.state.me == 0 and self.opts.join_token is None:  # a joiner reads it
             x, _ = self.job.batch(0, 0, 0)
             costs = profile_costs(layers, x.to(dtype=self.job.dtype))
             bounds = balanced_boundaries(costs, P)
@@ -151,7 +151,8 @@ class Worker:
             time.sleep(self.opts.poll_s)
         raise RuntimeFailure("worker 0 never published the partition")
 
-    def _start(self) -> None:
+    def _start(self) -> int:
+        """Register, build, link; returns the step to start at (0, or a joiner's)."""
         st = self.state
         self.cluster.register(st.me, self.opts.lease_ttl_s)
         # keep the lease from the first moment: the first torch calls of a fresh process
@@ -159,10 +160,13 @@ class Worker:
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
         self._watcher.start()
         state = initial_state(self.cluster, st.P, st.D)
+        if self.opts.join_token is not None:
+            return self._join_running()
         if state.generation != 0:
             raise ConfigError(
-                f"job already at generation {state.generation}: a worker cannot join a running "
-                "job before reconfiguration is supported; use a fresh job id"
+                f"job already at generation {state.generation}: a worker joins a running job "
+                "only as a replacement with a ticket (RHIZOME_RUNTIME_JOIN_TOKEN, "
+                "learner/runtime/reconfigure.py); else use a fresh job id"
             )
         deadline = time.monotonic() + self.opts.startup_timeout_s
         while len(self.cluster.alive_members()) < st.P * st.D:
@@ -185,6 +189,22 @@ class Worker:
             f"built in {t1 - t0:.2f} s, "
             f"links in {time.monotonic() - t1:.2f} s"
         )
+        return 0
+
+    def _join_running(self) -> int:
+        """A replacement admitted into a lost slot (reconfigure.py): build the model from
+        the seed like everyone, then join the running generation, where the keepers hand
+        over this slot's blocks; returns the step to start, from its start."""
+        st = self.state
+        self._members_complete.set()
+        self._build()
+        st.generation = -1
+        st.changed.set()
+        step, rest = self.failover.recover()
+        if rest is not None:
+            raise RuntimeFailure("a joiner's first generation must restart the step")
+        self._t_last = time.monotonic()
+        return step
 
     # ---------------------------------------------------------------- watcher
 
@@ -227,10 +247,9 @@ class Worker:
         """Train ``job.steps`` steps; returns the parameters of the blocks this worker owns."""
         st = self.state
         try:
-            self._start()
+            step = self._start()
             # None: a fresh step; else what a failover left of the step, per owned block
             rest: dict[int, list[Instr]] | None = None
-            step = 0
             while True:
                 st.step = step
                 try:

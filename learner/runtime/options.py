@@ -50,3 +50,5 @@ class WorkerOptions:
     kill: list[KillPoint] = field(default_factory=list)
     verbose: bool = True
     startup_timeout_s: float = 120.0
+    # set for a replacement admitted into a running job (reconfigure.py)
+    join_token: str | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -62,16 +64,53 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     p.add_argument("--redundancy", default=RedundancyMode.EAGER_FRC_LAZY_BRC.value)
-    a = p.parse_args(argv)
-    train(
-        toy_job(
-            steps=a.steps,
-            microbatches=a.microbatches,
-            redundancy=a.redundancy,
-            depth=a.depth,
-            optimizer=a.optimizer,
-        )
+    p.add_argument(
+        "--gate",
+        default="",
+        help="testing: STEP:GEN[,...] — step STEP's batches wait until the runtime's "
+        "generation is >= GEN (a replacement has joined), so a test orders events",
     )
+    a = p.parse_args(argv)
+    job = toy_job(
+        steps=a.steps,
+        microbatches=a.microbatches,
+        redundancy=a.redundancy,
+        depth=a.depth,
+        optimizer=a.optimizer,
+    )
+    if a.gate:
+        job.batch = gated(job.batch, a.gate)
+    train(job)
+
+
+def gated(batch: Callable[[int, int, int], Batch], spec: str) -> Callable[[int, int, int], Batch]:
+    """``batch`` that holds the steps named in ``spec`` until the runtime's generation
+    reaches the one named (at most 120 s): tests of reconfiguration use it so that a
+    replacement, which needs seconds to start, joins before the step they name."""
+    import os
+    import time
+
+    from contract.env import RuntimeEnv
+    from learner.runtime.cluster_state import EtcdClusterStateStore
+
+    gates = {int(a): int(b) for a, b in (part.split(":") for part in spec.split(","))}
+    env = RuntimeEnv.from_environ(os.environ)
+
+    def wait(step: int, pipeline: int, microbatch: int) -> Batch:
+        if step in gates:
+            store = EtcdClusterStateStore(env.etcd, env.job_id)
+            try:
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    state, _ = store.get_state()
+                    if state is not None and state.generation >= gates[step]:
+                        break
+                    time.sleep(0.05)
+            finally:
+                store.close()
+        return batch(step, pipeline, microbatch)
+
+    return wait
 
 
 if __name__ == "__main__":
