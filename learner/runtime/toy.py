@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> None:
         help="testing: STEP:GEN[,...] — step STEP's batches wait until the runtime's "
         "generation is >= GEN (a replacement has joined), so a test orders events",
     )
+    p.add_argument(
+        "--die",
+        default="",
+        help="testing: W:S — worker W SIGKILLs itself in step S (on the platform, where the "
+        "runtime's kill points are not passed); --die-replacement: only a replacement does",
+    )
+    p.add_argument("--die-replacement", default="")
     a = p.parse_args(argv)
     job = toy_job(
         steps=a.steps,
@@ -78,25 +85,37 @@ def main(argv: list[str] | None = None) -> None:
         depth=a.depth,
         optimizer=a.optimizer,
     )
-    if a.gate:
-        job.batch = gated(job.batch, a.gate)
+    if a.gate or a.die or a.die_replacement:
+        job.batch = gated(job.batch, a.gate, a.die, a.die_replacement)
     train(job)
 
 
-def gated(batch: Callable[[int, int, int], Batch], spec: str) -> Callable[[int, int, int], Batch]:
-    """``batch`` that holds the steps named in ``spec`` until the runtime's generation
-    reaches the one named (at most 120 s): tests of reconfiguration use it so that a
-    replacement, which needs seconds to start, joins before the step they name."""
+def _pairs(spec: str) -> dict[int, int]:
+    return {int(a): int(b) for a, b in (part.split(":") for part in spec.split(",") if part)}
+
+
+def gated(
+    batch: Callable[[int, int, int], Batch], spec: str, die: str = "", die_replacement: str = ""
+) -> Callable[[int, int, int], Batch]:
+    """``batch`` for tests of reconfiguration: it holds the steps named in ``spec`` until
+    the runtime's generation reaches the one named (at most 120 s), so that a
+    replacement, which needs seconds to start, joins before them; and it SIGKILLs this
+    worker in the step ``die`` (or ``die_replacement``, for a replacement) names for it."""
     import os
+    import signal
     import time
 
     from contract.env import RuntimeEnv
     from learner.runtime.cluster_state import EtcdClusterStateStore
 
-    gates = {int(a): int(b) for a, b in (part.split(":") for part in spec.split(","))}
+    gates = _pairs(spec)
     env = RuntimeEnv.from_environ(os.environ)
+    dies = _pairs(die_replacement if env.join_token else die)
 
     def wait(step: int, pipeline: int, microbatch: int) -> Batch:
+        if dies.get(env.worker) == step:
+            print(f"toy: worker {env.worker} SIGKILLs itself in step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         if step in gates:
             store = EtcdClusterStateStore(env.etcd, env.job_id)
             try:

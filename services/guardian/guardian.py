@@ -30,6 +30,7 @@ safe to restart at any point.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import etcd_keys, procs
+from contract.env import JOIN_TOKEN
 from contract.etcd import EtcdClient, Lease
 from contract.procs import free_port
 from contract.status import (
@@ -48,7 +50,7 @@ from contract.status import (
     ExitCode,
     LearnerStatus,
 )
-from services.backends.api import Backend, JobSpec
+from services.backends.api import Backend, BackendError, JobSpec
 from services.manifest import Manifest
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
@@ -69,6 +71,9 @@ RESTARTS = "restarts"
 # A pipeline job's lost learners: rank -> {"code", "reported"} (kept in etcd so that a
 # restarted guardian neither records a preemption twice nor repeats a history entry).
 LOST = "lost"
+# A pipeline job's replaced learners: rank -> {"count", "joined"} (replacements started,
+# the generation whose admission of the last one the history already shows).
+REPLACED = "replaced"
 # Exit codes of a pipeline learner the runtime fails over without (the worker was
 # preempted, or its peers declared it dead and it left).
 PIPELINE_LOSS_CODES = PREEMPTION_EXIT_CODES | {int(ExitCode.EVICTED)}
@@ -567,9 +572,88 @@ class Guardian:
             job = self.jobs.note(self.job_id, self.failover_message(int(rank_s), state))
             info["reported"] = True
             changed = True
+        job = self.replace_lost(job, spec, lost, state, statuses)
         if changed:
             self.etcd.put(key, lost)
         return job, lost
+
+    def replace_lost(
+        self,
+        job: JobRecord,
+        spec: JobSpec,
+        lost: dict[str, dict[str, Any]],
+        state: dict[str, Any],
+        statuses: dict[int, LearnerStatus],
+    ) -> JobRecord:
+        """Reconfiguration (docs/lifecycle.md): a lost learner whose failover the history
+        shows gets a replacement, at most `max_learner_restarts` times per rank. The
+        replacement is a new incarnation of the rank on the lost learner's allocation; it
+        carries a fresh admission ticket (`runtime/tickets/<rank>`, its token in the
+        learner's environment), joins the runtime as a standby and takes its stage back
+        at the next step boundary. Its admission (`joined_at` in the runtime's state) is
+        written into the history once."""
+        key = etcd_keys.deploy_step(self.job_id, REPLACED)
+        entry = self.etcd.get(key)
+        replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        changed = False
+        joined_at = {str(k): int(v) for k, v in (state.get("joined_at") or {}).items()}
+        for rank_s, info in sorted(replaced.items()):
+            gen = joined_at.get(rank_s)
+            if gen is not None and gen > int(info.get("joined", -1)):
+                job = self.jobs.note(
+                    self.job_id,
+                    f"learner {rank_s} replaced: stage {int(rank_s) % int(state['stages'])} "
+                    f"served by its own learner again, every block has a replica "
+                    f"(generation {gen})",
+                )
+                info["joined"] = gen
+                changed = True
+        for rank_s, info in sorted(lost.items()):
+            rank = int(rank_s)
+            done = int(replaced.get(rank_s, {}).get("count", 0))
+            if not info.get("reported") or done >= spec.manifest.max_learner_restarts:
+                continue
+            token = os.urandom(16).hex()
+            self.etcd.put(
+                etcd_keys.runtime_ticket(self.job_id, rank),
+                {"token": token, "generation": int(state.get("generation") or 0)},
+            )
+            status_key = etcd_keys.learner_status(self.job_id, rank)
+            final = self.etcd.get(status_key)  # the lost incarnation's FAILED status
+            self.etcd.delete(status_key)  # the new controller creates its own
+            join = {JOIN_TOKEN: token}
+            try:
+                self.handles[rank] = self.backend.start_learner(
+                    dataclasses.replace(spec, platform_env={**spec.platform_env, **join}),
+                    rank,
+                    done + 1,
+                )
+            except BackendError as exc:
+                # the job goes on without redundancy there; the history says why
+                if final is not None:
+                    self.etcd.put(status_key, final.value)
+                replaced[rank_s] = {**replaced.get(rank_s, {}), "count": done + 1}
+                self.etcd.put(key, replaced)
+                return self.jobs.note(
+                    self.job_id, f"learner {rank} lost: its replacement could not start: {exc}"
+                )
+            self.started_at[rank] = time.monotonic()
+            statuses[rank] = LearnerStatus.STARTING
+            replaced[rank_s] = {**replaced.get(rank_s, {}), "count": done + 1}
+            del lost[rank_s]
+            self.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), lost)
+            changed = True
+            log.info(
+                "job %s: started replacement %d of pipeline learner %d", self.job_id, done + 1, rank
+            )
+            job = self.jobs.note(
+                self.job_id,
+                f"learner {rank} lost: a replacement joins as a standby "
+                f"(replacement {done + 1} of at most {spec.manifest.max_learner_restarts})",
+            )
+        if changed:
+            self.etcd.put(key, replaced)
+        return job
 
     @staticmethod
     def failover_message(rank: int, state: dict[str, Any]) -> str:

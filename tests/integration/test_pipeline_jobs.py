@@ -195,3 +195,53 @@ def test_losing_a_stage_and_its_shadow_fails_the_job_with_the_runtimes_reason(
     assert message.startswith("pipeline runtime: fatal: pipeline 0 lost consecutive stages 1 and 2")
     assert "restart from the latest checkpoint" in message
     assert [h["status"] for h in job["history"]].count("DEPLOYING") == 1
+
+
+def test_lost_learners_are_replaced_redundancy_returns_and_a_second_loss_is_survived(
+    platform: Path, tmp_path: Path
+) -> None:
+    """Reconfiguration on the platform: learner 1 dies mid-step (step 2) → failover →
+    the guardian starts a replacement with a ticket → it joins, takes stage 1 back and
+    every block has a replica again → the replacement dies mid-step too (step 40) → the
+    same failover, a second replacement joins → COMPLETED, parameters equal to the
+    uninterrupted run of the same seed. The toy's gates hold steps 30 and 60 until each
+    replacement has joined (a learner needs seconds to start)."""
+    steps = 80
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    (code / "manifest.yml").write_text(
+        manifest(2, steps, "pipe-reconf").replace(
+            f"--steps {steps}", f"--steps {steps} --die 1:2 --die-replacement 1:40 --gate 30:2,60:4"
+        )
+    )
+    job_id = str(
+        json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
+    )
+    job = wait_end(platform, job_id, timeout_s=240)
+    assert job["status"] == "COMPLETED", job
+    messages = [h["message"] for h in job["history"]]
+    expected = [
+        "learner 1 preempted; stage 1 now served by learner 0 (generation 1)",
+        "learner 1 lost: a replacement joins as a standby (replacement 1 of at most 2)",
+        "learner 1 replaced: stage 1 served by its own learner again, every block has a "
+        "replica (generation 2)",
+        "learner 1 preempted; stage 1 now served by learner 0 (generation 3)",
+        "learner 1 lost: a replacement joins as a standby (replacement 2 of at most 2)",
+        "learner 1 replaced: stage 1 served by its own learner again, every block has a "
+        "replica (generation 4)",
+    ]
+    assert [m for m in messages if m in expected] == expected, messages
+    statuses = [h["status"] for h in job["history"]]
+    assert statuses.count("DEPLOYING") == 1 and "FAILED" not in statuses, statuses
+    err0 = learner_file(platform, job_id, 0, "stderr.log")
+    assert err0.count("demoted block 1 to replica") == 2, err0
+    err1 = learner_file(platform, job_id, 1, "stderr.log")
+    assert err1.count("received block 1 at version") == 2, err1
+    assert err1.count("received block 0 (replica)") == 2, err1
+    assert "[worker 1] finished: 80 steps, blocks [1] of pipeline 0, generation 4" in err1, err1
+    assert gather_params(platform, job_id, tmp_path / "params") == [
+        "0/worker0.pt",
+        "1/worker1.pt",
+    ]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
