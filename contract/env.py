@@ -220,6 +220,9 @@ class RuntimeEnv:
     threads: int | None = None
     # a replacement's admission token: it joins a running job (learner/runtime/reconfigure.py)
     join_token: str | None = None
+    # block checkpoints (learner/runtime/block_checkpoint.py): where, and every how many steps
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
 
     # field -> variable suffix (the names predate this record; keep them)
     _NAMES = {
@@ -239,6 +242,8 @@ class RuntimeEnv:
         "microbatches": "MICROBATCHES",
         "threads": "THREADS",
         "join_token": "JOIN_TOKEN",
+        "checkpoint_dir": "CHECKPOINT_DIR",
+        "checkpoint_every": "CHECKPOINT_EVERY",
     }
 
     @classmethod
@@ -284,6 +289,10 @@ class RuntimeEnv:
             redundancy=env.pipeline_redundancy,
             microbatches=env.pipeline_microbatches,
             join_token=env.join_token,
+            # a job restarted after a fatal loss starts from these (the job's checkpoints)
+            checkpoint_dir=None
+            if env.checkpoint_dir is None
+            else str(Path(env.checkpoint_dir) / "pipeline"),
         )
 
     @classmethod
@@ -320,6 +329,8 @@ class RuntimeEnv:
             if _raw(environ, v("threads")) is None
             else _int(environ, v("threads"), 1, minimum=1),
             join_token=_str(environ, v("join_token")),
+            checkpoint_dir=_str(environ, v("checkpoint_dir")),
+            checkpoint_every=_int(environ, v("checkpoint_every"), 10, minimum=0),
         )
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from learner.runtime import block_checkpoint
 from learner.runtime import schedule as sched
 from learner.runtime.api import (
     ConfigError,
@@ -154,6 +155,10 @@ class Worker:
     def _start(self) -> int:
         """Register, build, link; returns the step to start at (0, or a joiner's)."""
         st = self.state
+        # The first optimizer of a process imports torch._dynamo: seconds of CPU, much of
+        # it in C without a GIL switch, during which a loaded machine let the lease lapse
+        # (peers declared the worker dead at start-up). Paid before the lease exists.
+        self.job.optimizer([nn.Parameter(torch.zeros(1))])
         self.cluster.register(st.me, self.opts.lease_ttl_s)
         # keep the lease from the first moment: the first torch calls of a fresh process
         # can take longer than a short lease
@@ -179,6 +184,7 @@ class Worker:
         self._members_complete.set()
         t0 = time.monotonic()
         self._build()
+        first_step = self._restore_checkpoint()
         t1 = time.monotonic()
         st.transport = Transport(st.me, 0, self.opts.backend, self.store, st.timeout, st.device)
         st.transport.connect(st.topo.peers(st.me), st.changed)
@@ -189,7 +195,27 @@ class Worker:
             f"built in {t1 - t0:.2f} s, "
             f"links in {time.monotonic() - t1:.2f} s"
         )
-        return 0
+        return first_step
+
+    def _restore_checkpoint(self) -> int:
+        """A job restarted after a fatal loss starts from its latest complete block
+        checkpoint (block_checkpoint.py); returns the step to start at (0 without one)."""
+        st = self.state
+        step = block_checkpoint.latest_complete(self.opts.checkpoint_dir, st.P)
+        if step is None or self.opts.checkpoint_dir is None:
+            return 0
+        for blk in [*st.owned.values(), *([st.replica] if st.replica else [])]:
+            block_checkpoint.load(self.opts.checkpoint_dir, blk, step)
+        st.log(
+            f"restored blocks {sorted(st.owned)} and the replica from the checkpoint of step {step}"
+        )
+        return step
+
+    def _save_checkpoint(self, step: int) -> None:
+        """At the boundary before ``step``, every ``checkpoint_every`` steps."""
+        every, directory = self.opts.checkpoint_every, self.opts.checkpoint_dir
+        if directory and every > 0 and step % every == 0 and step < self.job.steps:
+            block_checkpoint.save(directory, list(self.state.owned.values()), step)
 
     def _join_running(self) -> int:
         """A replacement admitted into a lost slot (reconfigure.py): build the model from
@@ -260,6 +286,7 @@ class Worker:
                     self._sync(step)
                     step += 1
                     rest = None
+                    self._save_checkpoint(step)
                 except (Interrupted, LinkError) as exc:
                     st.log(f"step {step}: {exc}")
                     if isinstance(exc, LinkError):

@@ -109,6 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--standbys", type=int, default=0, help="extra workers that wait for a lost slot"
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="block checkpoints go here; a run finding some starts from the latest complete one",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=int, default=10, help="steps between block checkpoints"
+    )
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -127,6 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.microbatches is not None and args.microbatches < 1:
         p.error(f"--microbatches {args.microbatches}: must be >= 1")
+    if args.checkpoint_every < 0:
+        p.error(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: never)")
     if not 0 <= args.standbys <= 64:
         p.error(f"--standbys {args.standbys}: must be within 0..64")
     if args.stages < 1 or args.pipelines < 1:
@@ -194,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
             kill=args.kill,
             redundancy=args.redundancy or None,
             microbatches=args.microbatches,
+            checkpoint_dir=str(Path(args.checkpoint_dir).resolve())
+            if args.checkpoint_dir
+            else None,
+            checkpoint_every=args.checkpoint_every,
         )
         env = dict(os.environ)
         # Keep freed memory in the heap: eager FRC holds each step's replica graphs until

@@ -54,6 +54,8 @@ def options_from_env(env: RuntimeEnv) -> WorkerOptions:
         out_dir=env.out_dir,
         kill=kill,
         join_token=env.join_token,
+        checkpoint_dir=env.checkpoint_dir,
+        checkpoint_every=env.checkpoint_every,
     )
 
 
