@@ -98,7 +98,7 @@ def gated(
     batch: Callable[[int, int, int], Batch], spec: str, die: str = "", die_replacement: str = ""
 ) -> Callable[[int, int, int], Batch]:
     """``batch`` for tests of reconfiguration: it holds the steps named in ``spec`` until
-    the runtime's generation reaches the one named (at most 120 s), so that a
+    the runtime's generation reaches the one named (at most 300 s: a loaded machine), so that a
     replacement, which needs seconds to start, joins before them; and it SIGKILLs this
     worker in the step ``die`` (or ``die_replacement``, for a replacement) names for it."""
     import os
@@ -119,7 +119,7 @@ def gated(
         if step in gates:
             store = EtcdClusterStateStore(env.etcd, env.job_id)
             try:
-                deadline = time.monotonic() + 120
+                deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:
                     state, _ = store.get_state()
                     if state is not None and state.generation >= gates[step]:

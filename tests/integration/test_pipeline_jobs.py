@@ -253,7 +253,7 @@ def test_lost_learners_are_replaced_redundancy_returns_and_a_second_loss_is_surv
     job_id = str(
         json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
     )
-    job = wait_end(platform, job_id, timeout_s=240)
+    job = wait_end(platform, job_id, timeout_s=600)
     assert job["status"] == "COMPLETED", job
     messages = [h["message"] for h in job["history"]]
     expected = [

@@ -165,7 +165,7 @@ def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survi
             f"t-{uuid.uuid4().hex[:10]}",
             # the gates hold the first stage's batches while a replacement starts
             "--detection-timeout",
-            "60",
+            "300",
             "--out-dir",
             str(out),
             "--replace",
@@ -181,7 +181,7 @@ def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survi
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     err = proc.stderr
     assert proc.returncode == 0, err[-4000:]
@@ -198,5 +198,6 @@ def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survi
     assert "SIGKILL self at step 6" in err
     assert re.search(r"\[worker 0\] joined generation 3 .*owns blocks \[0, 1\]", err)
     assert re.search(r"\[worker 1\] joined generation 4 .*owns blocks \[1\], replica 2", err)
-    assert "generation 4" in proc.stdout.splitlines()[-1]
+    # (the second replacement may join at the end: everyone then restarts "step 12")
+    assert f"[worker 1] finished: {steps} steps, blocks [1] of pipeline 0, generation 4" in err
     assert_equals_reference(out, pipelines=1, steps=steps)
