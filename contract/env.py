@@ -19,6 +19,7 @@ Written by the platform (the local backend, from the guardian's job spec):
 | `RHIZOME_SECRETS` | `secrets` | file of data-store credentials | unset |
 | `RHIZOME_MTTP_S` | `mttp_s` | platform's mean time to preemption (instance type + zone) | `3600` |
 | `RHIZOME_RESTART_S` | `restart_s` | platform's mean restart time R (allocation + preparation) | `300` |
+| `RHIZOME_JOIN_TOKEN` | `join_token` | a pipeline learner started as a replacement: its admission token (the runtime gets it as `RHIZOME_RUNTIME_JOIN_TOKEN`) | unset |
 
 Checkpointing knobs (a manifest's `env` may set them; the backend passes them on):
 
@@ -83,6 +84,7 @@ RESULT_DIR = "RHIZOME_RESULT_DIR"
 SECRETS = "RHIZOME_SECRETS"
 MTTP_S = "RHIZOME_MTTP_S"
 RESTART_S = "RHIZOME_RESTART_S"
+JOIN_TOKEN = "RHIZOME_JOIN_TOKEN"
 GRACE_S = "RHIZOME_GRACE_S"
 BACKUP_URL = "RHIZOME_BACKUP_URL"
 S3_ENDPOINT_URL = "RHIZOME_S3_ENDPOINT_URL"
@@ -216,6 +218,11 @@ class RuntimeEnv:
     # None: not set by the launcher, so a value in the launcher's own environment (or the
     # worker's default) stands.
     threads: int | None = None
+    # a replacement's admission token: it joins a running job (learner/runtime/reconfigure.py)
+    join_token: str | None = None
+    # block checkpoints (learner/runtime/block_checkpoint.py): where, and every how many steps
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
 
     # field -> variable suffix (the names predate this record; keep them)
     _NAMES = {
@@ -234,6 +241,9 @@ class RuntimeEnv:
         "redundancy": "REDUNDANCY",
         "microbatches": "MICROBATCHES",
         "threads": "THREADS",
+        "join_token": "JOIN_TOKEN",
+        "checkpoint_dir": "CHECKPOINT_DIR",
+        "checkpoint_every": "CHECKPOINT_EVERY",
     }
 
     @classmethod
@@ -278,6 +288,11 @@ class RuntimeEnv:
             out_dir=env.result_dir,
             redundancy=env.pipeline_redundancy,
             microbatches=env.pipeline_microbatches,
+            join_token=env.join_token,
+            # a job restarted after a fatal loss starts from these (the job's checkpoints)
+            checkpoint_dir=None
+            if env.checkpoint_dir is None
+            else str(Path(env.checkpoint_dir) / "pipeline"),
         )
 
     @classmethod
@@ -313,6 +328,9 @@ class RuntimeEnv:
             threads=None
             if _raw(environ, v("threads")) is None
             else _int(environ, v("threads"), 1, minimum=1),
+            join_token=_str(environ, v("join_token")),
+            checkpoint_dir=_str(environ, v("checkpoint_dir")),
+            checkpoint_every=_int(environ, v("checkpoint_every"), 10, minimum=0),
         )
 
 
@@ -328,6 +346,7 @@ _LEARNER_VARS = {
     "secrets": SECRETS,
     "mttp_s": MTTP_S,
     "restart_s": RESTART_S,
+    "join_token": JOIN_TOKEN,
     "grace_s": GRACE_S,
     "backup_url": BACKUP_URL,
     "s3_endpoint_url": S3_ENDPOINT_URL,
@@ -364,6 +383,7 @@ class LearnerEnv:
     secrets: str | None = None
     mttp_s: float = 3600.0
     restart_s: float = 300.0
+    join_token: str | None = None
     # checkpointing knobs
     grace_s: float = 30.0
     backup_url: str | None = None
@@ -466,6 +486,7 @@ class LearnerEnv:
             secrets=_str(env, SECRETS),
             mttp_s=_float(env, MTTP_S, 3600.0),
             restart_s=_float(env, RESTART_S, 300.0, positive=False),
+            join_token=_str(env, JOIN_TOKEN),
             grace_s=_float(env, GRACE_S, 30.0, positive=False),
             backup_url=_str(env, BACKUP_URL),
             s3_endpoint_url=_str(env, S3_ENDPOINT_URL),

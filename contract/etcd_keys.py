@@ -77,3 +77,10 @@ def job_of(key: str) -> str | None:
         return None
     job_id = key[len(jobs_prefix()) :].split("/", 1)[0]
     return job_id or None
+
+
+def runtime_ticket(job_id: str, worker: int) -> str:
+    """A replacement's admission ticket (`{"token", "generation"}`), written by the
+    guardian when it starts a replacement for a lost pipeline learner; the runtime admits
+    the joiner presenting that token (learner/runtime/reconfigure.py)."""
+    return f"{runtime_prefix(job_id)}tickets/{worker}"

@@ -8,6 +8,10 @@ every value is small JSON, < 1 KB):
 ``failures/<rep>-<sus>``   what a worker saw when a peer failed (reporter, suspect, reason)
 ``rendezvous/<gen>/<w>``   a survivor's report when it joins generation ``gen``
 ``partition``              the layer boundaries every worker uses
+``tickets/<w>``            a replacement's admission ticket: token and the generation it was
+                           issued at (written by whoever starts the replacement: the launcher,
+                           or on the platform the guardian; learner/runtime/reconfigure.py)
+``standbys/<w>``           present while a standby waits for a slot (under its lease)
 
 ``state`` changes only by compare-and-set on its etcd ``mod_revision`` (the fencing
 token), exactly like torch.distributed.elastic's rendezvous ``get_state()`` /
@@ -22,6 +26,10 @@ Status of a configuration as read from ``state``:
   that is still running (it was only slow) finds itself there and exits (evicted).
 - ``fatal`` set: some block has no live holder; every worker stops and the job
   restarts from its latest checkpoint.
+- ``lost_at[w]``: the generation at which worker slot ``w`` was last declared dead;
+  ``joined_at[w]``: the generation its last replacement was admitted at — a ticket for
+  slot ``w`` issued before that is stale. A generation that removes a slot from
+  ``dead`` is a reconfiguration (learner/runtime/reconfigure.py).
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ class ClusterState:
     # (pipeline, stages) of the fatal loss, for the restart hook
     fatal_pipeline: int = -1
     fatal_stages: tuple[int, ...] = field(default_factory=tuple)
+    # worker slot (as a string: JSON keys) -> generation it was last declared dead in
+    lost_at: dict[str, int] = field(default_factory=dict)
+    # worker slot -> generation its last replacement was admitted at
+    joined_at: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +76,8 @@ class ClusterState:
         data = dict(raw)
         data["dead"] = tuple(data.get("dead", ()))
         data["fatal_stages"] = tuple(data.get("fatal_stages", ()))
+        data["lost_at"] = {str(k): int(v) for k, v in data.get("lost_at", {}).items()}
+        data["joined_at"] = {str(k): int(v) for k, v in data.get("joined_at", {}).items()}
         return cls(**data)
 
     def bump(self, **changes: Any) -> ClusterState:
@@ -87,6 +101,15 @@ class ClusterStateStore(abc.ABC):
     @abc.abstractmethod
     def register(self, worker: int, ttl_s: float) -> None:
         """Mark ``worker`` alive under a lease of ``ttl_s`` seconds."""
+
+    @abc.abstractmethod
+    def hold(self, key: str, value: dict[str, Any], ttl_s: float = 2.0) -> None:
+        """Put ``key`` under this process's lease (granted with ``ttl_s`` if there is none
+        yet; ``register`` then reuses it): the record vanishes with the process."""
+
+    @abc.abstractmethod
+    def release(self, key: str) -> None:
+        """Delete ``key`` (a record this process holds)."""
 
     @abc.abstractmethod
     def keepalive(self) -> None:
@@ -176,6 +199,14 @@ class InMemoryClusterStateStore(ClusterStateStore):
             with self._shared.lock:
                 self._shared.leases[self._worker] = time.monotonic() + self._ttl
 
+    def hold(self, key: str, value: dict[str, Any], ttl_s: float = 2.0) -> None:
+        # leases are per worker here; a held record lives as long as the data
+        self.put(key, value)
+
+    def release(self, key: str) -> None:
+        with self._shared.lock:
+            self._shared.data.pop(key, None)
+
     def expire(self, worker: int) -> None:
         """Test hook: the worker's lease runs out now."""
         with self._shared.lock:
@@ -236,8 +267,20 @@ class EtcdClusterStateStore(ClusterStateStore):
         return self._client.cas(self._key("state"), value, token)
 
     def register(self, worker: int, ttl_s: float) -> None:
-        self._lease = self._client.grant(max(1, round(ttl_s)))
+        # one lease per process: a standby admitted into a slot keeps the lease it waited
+        # under, so its `members/<slot>` (put before the admission) stays valid
+        if self._lease is None:
+            self._lease = self._client.grant(max(1, round(ttl_s)))
         self._client.put(self._key(f"members/{worker}"), worker, lease=self._lease)
+
+    def hold(self, key: str, value: dict[str, Any], ttl_s: float = 2.0) -> None:
+        if self._lease is None:
+            self._lease = self._client.grant(max(1, round(ttl_s)))
+        _check_small(key, encode(value).decode())
+        self._client.put(self._key(key), value, lease=self._lease)
+
+    def release(self, key: str) -> None:
+        self._client.delete(self._key(key))
 
     def keepalive(self) -> None:
         if self._lease is not None:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from learner.runtime import block_checkpoint
 from learner.runtime import schedule as sched
 from learner.runtime.api import (
     ConfigError,
@@ -137,7 +138,7 @@ class Worker:
         if self.job.balance == "params":
             return balanced_boundaries(param_costs(layers), P)
         # profiled times differ between processes: one worker decides for everybody
-        if self.state.me == 0:
+        if self.state.me == 0 and self.opts.join_token is None:  # a joiner reads it
             x, _ = self.job.batch(0, 0, 0)
             costs = profile_costs(layers, x.to(dtype=self.job.dtype))
             bounds = balanced_boundaries(costs, P)
@@ -151,18 +152,26 @@ class Worker:
             time.sleep(self.opts.poll_s)
         raise RuntimeFailure("worker 0 never published the partition")
 
-    def _start(self) -> None:
+    def _start(self) -> int:
+        """Register, build, link; returns the step to start at (0, or a joiner's)."""
         st = self.state
+        # The first optimizer of a process imports torch._dynamo: seconds of CPU, much of
+        # it in C without a GIL switch, during which a loaded machine let the lease lapse
+        # (peers declared the worker dead at start-up). Paid before the lease exists.
+        self.job.optimizer([nn.Parameter(torch.zeros(1))])
         self.cluster.register(st.me, self.opts.lease_ttl_s)
         # keep the lease from the first moment: the first torch calls of a fresh process
         # can take longer than a short lease
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
         self._watcher.start()
         state = initial_state(self.cluster, st.P, st.D)
+        if self.opts.join_token is not None:
+            return self._join_running()
         if state.generation != 0:
             raise ConfigError(
-                f"job already at generation {state.generation}: a worker cannot join a running "
-                "job before reconfiguration is supported; use a fresh job id"
+                f"job already at generation {state.generation}: a worker joins a running job "
+                "only as a replacement with a ticket (RHIZOME_RUNTIME_JOIN_TOKEN, "
+                "learner/runtime/reconfigure.py); else use a fresh job id"
             )
         deadline = time.monotonic() + self.opts.startup_timeout_s
         while len(self.cluster.alive_members()) < st.P * st.D:
@@ -175,6 +184,7 @@ class Worker:
         self._members_complete.set()
         t0 = time.monotonic()
         self._build()
+        first_step = self._restore_checkpoint()
         t1 = time.monotonic()
         st.transport = Transport(
             st.me, 0, self.opts.backend, self.store, st.timeout, st.device, self.opts.address
@@ -189,6 +199,42 @@ class Worker:
             f"built in {t1 - t0:.2f} s, "
             f"links in {time.monotonic() - t1:.2f} s"
         )
+        return first_step
+
+    def _restore_checkpoint(self) -> int:
+        """A job restarted after a fatal loss starts from its latest complete block
+        checkpoint (block_checkpoint.py); returns the step to start at (0 without one)."""
+        st = self.state
+        step = block_checkpoint.latest_complete(self.opts.checkpoint_dir, st.P)
+        if step is None or self.opts.checkpoint_dir is None:
+            return 0
+        for blk in [*st.owned.values(), *([st.replica] if st.replica else [])]:
+            block_checkpoint.load(self.opts.checkpoint_dir, blk, step)
+        st.log(
+            f"restored blocks {sorted(st.owned)} and the replica from the checkpoint of step {step}"
+        )
+        return step
+
+    def _save_checkpoint(self, step: int) -> None:
+        """At the boundary before ``step``, every ``checkpoint_every`` steps."""
+        every, directory = self.opts.checkpoint_every, self.opts.checkpoint_dir
+        if directory and every > 0 and step % every == 0 and step < self.job.steps:
+            block_checkpoint.save(directory, list(self.state.owned.values()), step)
+
+    def _join_running(self) -> int:
+        """A replacement admitted into a lost slot (reconfigure.py): build the model from
+        the seed like everyone, then join the running generation, where the keepers hand
+        over this slot's blocks; returns the step to start, from its start."""
+        st = self.state
+        self._members_complete.set()
+        self._build()
+        st.generation = -1
+        st.changed.set()
+        step, rest = self.failover.recover()
+        if rest is not None:
+            raise RuntimeFailure("a joiner's first generation must restart the step")
+        self._t_last = time.monotonic()
+        return step
 
     # ---------------------------------------------------------------- watcher
 
@@ -231,10 +277,9 @@ class Worker:
         """Train ``job.steps`` steps; returns the parameters of the blocks this worker owns."""
         st = self.state
         try:
-            self._start()
+            step = self._start()
             # None: a fresh step; else what a failover left of the step, per owned block
             rest: dict[int, list[Instr]] | None = None
-            step = 0
             while True:
                 st.step = step
                 try:
@@ -245,6 +290,7 @@ class Worker:
                     self._sync(step)
                     step += 1
                     rest = None
+                    self._save_checkpoint(step)
                 except (Interrupted, LinkError) as exc:
                     st.log(f"step {step}: {exc}")
                     if isinstance(exc, LinkError):

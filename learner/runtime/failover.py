@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from learner.runtime import reconfigure
 from learner.runtime.api import Evicted, FatalFailure, Interrupted, LinkError, RuntimeFailure
 from learner.runtime.cluster_state import ClusterState, ClusterStateStore
 from learner.runtime.comm import Groups, Transport, interruptible
@@ -46,6 +47,8 @@ class Failover:
         # links and groups of past generations: never destroyed, since closing their
         # sockets would look like a failure to a peer still blocked on them (see comm)
         self._graveyard: list[Any] = []
+        # a replacement admitted into a running job: its first join receives its blocks
+        self.joining = state.opts.join_token is not None
 
     # ---------------------------------------------------------------- detection
 
@@ -61,6 +64,7 @@ class Failover:
             fatal, fpipe, fstages = topo.fatal_info()
             new = state.bump(
                 dead=tuple(sorted(topo.dead)),
+                lost_at={**state.lost_at, str(suspect): state.generation + 1},
                 fatal=fatal,
                 fatal_pipeline=fpipe,
                 fatal_stages=fstages,
@@ -90,8 +94,9 @@ class Failover:
 
     # ----------------------------------------------------------------- recovery
 
-    def recover(self) -> tuple[int, dict[int, list[Instr]]]:
-        """Join the new generation: the step to resume and what is left of it, per owned block."""
+    def recover(self) -> tuple[int, dict[int, list[Instr]] | None]:
+        """Join the new generation: the step to resume and what is left of it, per owned
+        block; None when the step restarts from its start (a reconfiguration)."""
         st = self.state
         opts = st.opts
         t0 = time.monotonic()
@@ -103,6 +108,13 @@ class Failover:
         while True:
             try:
                 step, rest = self._join()
+                if rest is None:
+                    st.log(
+                        f"joined generation {st.generation} in {time.monotonic() - t0:.3f} s "
+                        f"(reconfiguration): owns blocks {sorted(st.owned)}, replica "
+                        f"{st.replica.index if st.replica else None}, step {step} from its start"
+                    )
+                    return step, None
                 mine = {b: rest.programs[b] for b in st.owned}
                 st.log(
                     f"joined generation {st.generation} in {time.monotonic() - t0:.3f} s: "
@@ -120,7 +132,7 @@ class Failover:
                         f"joining failed and no failure was declared: {exc}"
                     ) from exc
 
-    def _join(self) -> tuple[int, RecoveryPlan]:
+    def _join(self) -> tuple[int, RecoveryPlan | None]:
         st = self.state
         st.apply_replica_update()
         state = self.read_state()
@@ -145,6 +157,8 @@ class Failover:
                     raise RuntimeFailure(f"worker {st.me} must own block {b} but holds no replica")
                 self._promote(st.replica)
                 st.log(f"promoted replica of block {b} (lost worker's layers) to owned")
+        # a slot that came back (reconfiguration) takes its block back from its shadow
+        fresh = reconfigure.demote(st, topo) or self.joining
         report: dict[str, Any] = {
             "v": {str(b): blk.version for b, blk in st.owned.items()},
             "s": {str(b): blk.stash_step for b, blk in st.owned.items()},
@@ -153,17 +167,31 @@ class Failover:
         }
         if st.replica is not None:
             report["v"][f"r{st.replica.index}"] = st.replica.version
+        if self.joining:  # holds nothing yet: its versions come from the keepers
+            report = {"v": {}, "s": {}, "p": -1, "g": {}, "j": True}
+        report["f"] = fresh
         self.cluster.put(f"rendezvous/{st.generation}/{st.me}", report)
         reports = self._await_reports(topo)
-        resume = min(int(v) for rep in reports.values() for v in rep["v"].values())
-        top = max(int(v) for rep in reports.values() for v in rep["v"].values())
+        joiners = sorted(w for w, rep in reports.items() if rep.get("j"))
+        fresh = any(rep.get("f") for rep in reports.values())
+        versions = [int(v) for rep in reports.values() for v in rep["v"].values()]
+        resume, top = min(versions), max(versions)
         if top > resume + 1:
             raise RuntimeFailure(f"block versions {resume}..{top} differ by more than one step")
         for blk in [*st.owned.values(), *([st.replica] if st.replica else [])]:
-            if blk.version == resume + 1:
+            if blk.version == resume + 1 and not self.joining:
                 assert blk.snapshot is not None
                 blk.snapshot.restore(blk.params, blk.optimizer)
                 blk.version = resume
+        if fresh:
+            reconfigure.restart_step(st, resume)
+            tr = Transport(st.me, st.generation, st.opts.backend, self.store, st.timeout, st.device)
+            tr.connect(topo.peers(st.me), st.changed)
+            st.transport = tr
+            st.groups = Groups(st.me, st.generation, st.opts.backend, self.store, st.group_timeout)
+            reconfigure.transfer(st, topo, joiners, tr, resume)
+            self.joining = False
+            return resume, None
         if st.progress.step != resume:
             # what this worker holds is of another step: only stashed gradients still count
             st.progress = StepProgress(resume)

@@ -7,7 +7,11 @@ The launcher hosts the ``TCPStore`` the workers build their process groups from 
 must outlive any worker, ARCHITECTURE §5), passes everything else through environment
 variables (``RHIZOME_RUNTIME_*``, ``contract.env.RuntimeEnv``), and watches its children:
 
-- a worker killed by a signal is a preemption: logged, the others carry on;
+- a worker killed by a signal is a preemption: logged, the others carry on; with
+  ``--replace`` a replacement is started for its slot with a fresh admission ticket
+  (learner/runtime/reconfigure.py): it joins, and every block has a replica again;
+- ``--standbys K`` starts K more workers (numbered P x D ...) that queue until a slot
+  is lost and take it (stopped with the run if none was lost);
 - a worker that exits with 3 reports a fatal loss: the launcher stops the others and
   exits 3 with one line ``rhizome-runtime: fatal: <reason>`` on stderr;
 - any other non-zero exit stops the run with exit code 1;
@@ -98,6 +102,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="testing: worker:step:op[:microbatch][,...] SIGKILLs that worker at that instruction",
     )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="start a replacement for each preempted worker; it rejoins (reconfiguration)",
+    )
+    p.add_argument(
+        "--standbys", type=int, default=0, help="extra workers that wait for a lost slot"
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="block checkpoints go here; a run finding some starts from the latest complete one",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=int, default=10, help="steps between block checkpoints"
+    )
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -116,6 +136,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.microbatches is not None and args.microbatches < 1:
         p.error(f"--microbatches {args.microbatches}: must be >= 1")
+    if args.checkpoint_every < 0:
+        p.error(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: never)")
+    if not 0 <= args.standbys <= 64:
+        p.error(f"--standbys {args.standbys}: must be within 0..64")
     if args.stages < 1 or args.pipelines < 1:
         p.error(f"--stages {args.stages} --pipelines {args.pipelines}: both must be >= 1")
     if args.redundancy is not None:
@@ -144,6 +168,17 @@ def _read_fatal(etcd: str, job_id: str) -> str | None:
     except Exception:
         return None
     return None if state is None else state.fatal
+
+
+def _issue_ticket(etcd: str, job_id: str, worker: int) -> str:
+    from learner.runtime.cluster_state import EtcdClusterStateStore
+    from learner.runtime.reconfigure import issue_ticket
+
+    store = EtcdClusterStateStore(etcd, job_id)
+    try:
+        return issue_ticket(store, worker, uuid.uuid4().hex).token
+    finally:
+        store.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
             kill=args.kill,
             redundancy=args.redundancy or None,
             microbatches=args.microbatches,
+            checkpoint_dir=str(Path(args.checkpoint_dir).resolve())
+            if args.checkpoint_dir
+            else None,
+            checkpoint_every=args.checkpoint_every,
         )
         env = dict(os.environ)
         # Keep freed memory in the heap: eager FRC holds each step's replica graphs until
@@ -189,12 +228,34 @@ def run(args: argparse.Namespace) -> int:
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 20))
         env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
         procs: dict[int, subprocess.Popen[bytes]] = {}
-        for w in range(n):
+        kills = {w: [k for k in KillPoint.parse(args.kill) if k.worker == w] for w in range(n)}
+
+        def start(w: int, joiner: bool = False) -> None:
+            worker_env = dataclasses.replace(runtime, worker=w)
+            if joiner:
+                # A replacement carries the kill points its slot has not reached yet: the
+                # earliest one is what preempted its predecessor.
+                kills[w] = kills.get(w, [])[1:]
+                worker_env = dataclasses.replace(
+                    worker_env,
+                    kill=",".join(f"{k.worker}:{k.step}:{k.op}:{k.microbatch}" for k in kills[w]),
+                    join_token=_issue_ticket(etcd, job_id, w),
+                )
             procs[w] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
-                env={**env, **dataclasses.replace(runtime, worker=w).to_environ()},
+                env={**env, **worker_env.to_environ()},
             )
-            print(f"rhizome-runtime: worker {w} pid {procs[w].pid}", file=sys.stderr, flush=True)
+            role = "replacement" if w < n else "standby"
+            print(
+                f"rhizome-runtime: {role if joiner else 'worker'} {w} pid {procs[w].pid}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        for w in range(n):
+            start(w)
+        for w in range(n, n + args.standbys):
+            start(w, joiner=True)
         print(
             f"rhizome-runtime: job {job_id}: {n} workers ({args.stages} stages x "
             f"{args.pipelines} pipelines), etcd {etcd}",
@@ -204,8 +265,8 @@ def run(args: argparse.Namespace) -> int:
         exited: dict[int, int] = {}
         code = 0
         try:
-            while len(exited) < n:
-                for w, proc in procs.items():
+            while len([w for w in exited if w < n]) < n:
+                for w, proc in list(procs.items()):
                     if w in exited or proc.poll() is None:
                         continue
                     rc = exited[w] = int(proc.returncode)
@@ -216,6 +277,9 @@ def run(args: argparse.Namespace) -> int:
                             file=sys.stderr,
                             flush=True,
                         )
+                        if args.replace and w < n and _read_fatal(etcd, job_id) is None:
+                            del exited[w]
+                            start(w, joiner=True)
                     elif rc == EXIT_FATAL:
                         reason = _read_fatal(etcd, job_id) or "a stage and its shadow were lost"
                         print(f"rhizome-runtime: fatal: {reason}", file=sys.stderr, flush=True)

@@ -53,3 +53,8 @@ class WorkerOptions:
     kill: list[KillPoint] = field(default_factory=list)
     verbose: bool = True
     startup_timeout_s: float = 120.0
+    # set for a replacement admitted into a running job (reconfigure.py)
+    join_token: str | None = None
+    # block checkpoints every `checkpoint_every` steps (block_checkpoint.py); None: off
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -62,16 +64,72 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     p.add_argument("--redundancy", default=RedundancyMode.EAGER_FRC_LAZY_BRC.value)
-    a = p.parse_args(argv)
-    train(
-        toy_job(
-            steps=a.steps,
-            microbatches=a.microbatches,
-            redundancy=a.redundancy,
-            depth=a.depth,
-            optimizer=a.optimizer,
-        )
+    p.add_argument(
+        "--gate",
+        default="",
+        help="testing: STEP:GEN[,...] — step STEP's batches wait until the runtime's "
+        "generation is >= GEN (a replacement has joined), so a test orders events",
     )
+    p.add_argument(
+        "--die",
+        default="",
+        help="testing: W:S — worker W SIGKILLs itself in step S (on the platform, where the "
+        "runtime's kill points are not passed); --die-replacement: only a replacement does",
+    )
+    p.add_argument("--die-replacement", default="")
+    a = p.parse_args(argv)
+    job = toy_job(
+        steps=a.steps,
+        microbatches=a.microbatches,
+        redundancy=a.redundancy,
+        depth=a.depth,
+        optimizer=a.optimizer,
+    )
+    if a.gate or a.die or a.die_replacement:
+        job.batch = gated(job.batch, a.gate, a.die, a.die_replacement)
+    train(job)
+
+
+def _pairs(spec: str) -> dict[int, int]:
+    return {int(a): int(b) for a, b in (part.split(":") for part in spec.split(",") if part)}
+
+
+def gated(
+    batch: Callable[[int, int, int], Batch], spec: str, die: str = "", die_replacement: str = ""
+) -> Callable[[int, int, int], Batch]:
+    """``batch`` for tests of reconfiguration: it holds the steps named in ``spec`` until
+    the runtime's generation reaches the one named (at most 300 s: a loaded machine), so that a
+    replacement, which needs seconds to start, joins before them; and it SIGKILLs this
+    worker in the step ``die`` (or ``die_replacement``, for a replacement) names for it."""
+    import os
+    import signal
+    import time
+
+    from contract.env import RuntimeEnv
+    from learner.runtime.cluster_state import EtcdClusterStateStore
+
+    gates = _pairs(spec)
+    env = RuntimeEnv.from_environ(os.environ)
+    dies = _pairs(die_replacement if env.join_token else die)
+
+    def wait(step: int, pipeline: int, microbatch: int) -> Batch:
+        if dies.get(env.worker) == step:
+            print(f"toy: worker {env.worker} SIGKILLs itself in step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step in gates:
+            store = EtcdClusterStateStore(env.etcd, env.job_id)
+            try:
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    state, _ = store.get_state()
+                    if state is not None and state.generation >= gates[step]:
+                        break
+                    time.sleep(0.05)
+            finally:
+                store.close()
+        return batch(step, pipeline, microbatch)
+
+    return wait
 
 
 if __name__ == "__main__":

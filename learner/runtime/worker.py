@@ -5,7 +5,8 @@ launcher, or on the platform by the learner controller of a pipeline job), conne
 etcd and the rendezvous store (the launcher's TCPStore, or with ``STORE=etcd`` the
 platform's etcd, learner/runtime/etcd_store.py), and runs one ``Worker``. It never returns
 normally: the process exits with 0 on success, ``ExitCode.FATAL`` (3) on a fatal loss
-(one ``FATAL:`` line on stderr), ``ExitCode.EVICTED`` (4) when evicted, and
+(one ``FATAL:`` line on stderr), ``ExitCode.EVICTED`` (4) when evicted or, as a
+replacement (``JOIN_TOKEN`` set), refused admission (one ``REFUSED:`` line), and
 ``ExitCode.CONFIG_ERROR`` (one line naming the variable) when a variable is missing or
 malformed. It exits with ``os._exit`` because a survivor may still hold abandoned gloo
 waits in daemon threads, which would otherwise abort the interpreter at shutdown.
@@ -36,6 +37,7 @@ from learner.runtime.cluster_state import EtcdClusterStateStore
 from learner.runtime.comm import route_address
 from learner.runtime.engine import KillPoint, Worker, WorkerOptions
 from learner.runtime.etcd_store import EtcdStore
+from learner.runtime.reconfigure import Refused, admit
 
 
 def options_from_env(env: RuntimeEnv) -> WorkerOptions:
@@ -54,6 +56,9 @@ def options_from_env(env: RuntimeEnv) -> WorkerOptions:
         lease_ttl_s=env.lease_ttl_s,
         out_dir=env.out_dir,
         kill=kill,
+        join_token=env.join_token,
+        checkpoint_dir=env.checkpoint_dir,
+        checkpoint_every=env.checkpoint_every,
     )
 
 
@@ -104,7 +109,22 @@ def train(job: PipelineJob) -> None:
     cluster = EtcdClusterStateStore(env.etcd, env.job_id)
     code = 0
     try:
+        if opts.join_token is not None:
+            # The first optimizer of a process imports torch._dynamo (seconds): paid here,
+            # before admission, not while the running workers wait for this one.
+            job.optimizer([torch.nn.Parameter(torch.zeros(1))])
+            # a replacement: wait for (or take) a lost slot, then run as that worker
+            opts.worker = admit(
+                cluster,
+                opts.worker,
+                opts.join_token,
+                opts.lease_ttl_s,
+                log=lambda m: print(f"[worker {env.worker}] {m}", file=sys.stderr, flush=True),
+            )
         Worker(job, opts, cluster, store).run()
+    except Refused as exc:
+        print(f"REFUSED: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_EVICTED
     except FatalFailure as exc:
         print(f"FATAL: {exc}", file=sys.stderr, flush=True)
         code = EXIT_FATAL

@@ -21,7 +21,19 @@ def test_the_flags_decide_the_shape_and_microbatches(script: str) -> None:
     assert (args.stages, args.pipelines, args.microbatches) == (3, 1, 8)
 
 
-@pytest.mark.parametrize("flags", [["--microbatches", "0"], ["--stages", "0"]])
-def test_out_of_range_flags_are_refused(script: str, flags: list[str]) -> None:
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--microbatches", "0"],
+        ["--stages", "0"],
+        ["--standbys", "-1"],
+        ["--standbys", "65"],
+        ["--checkpoint-every", "-1"],
+    ],
+)
+def test_out_of_range_flags_are_refused(
+    script: str, flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         parse_args([*(["--stages", "2"] if "--stages" not in flags else []), *flags, script])
+    assert flags[0] in capsys.readouterr().err  # the error names the flag

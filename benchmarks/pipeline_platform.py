@@ -1,0 +1,242 @@
+"""Pipeline jobs on the platform vs the bare launcher, failover and reconfiguration pauses.
+
+    .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
+
+One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
+pipeline, 4 microbatches):
+
+1. **bare**: `python -m learner.runtime.launch` (a private etcd, the launcher's TCPStore);
+2. **platform**: `rhizome up --embedded` + `rhizome train` (each learner one worker, the
+   rendezvous store in the platform's etcd);
+
+throughput = steps per second over the steady steps (the last stage's `step ... time T`
+lines, the first 5 steps left out: start-up is not throughput), and the ratio
+platform / bare (goal ≥ 0.97).
+
+3. **failover and reconfiguration** (launcher, `--replace`, a private etcd): worker 1 is
+   SIGKILLed from outside at step 30; a replacement starts and joins. From the step
+   lines: the pause of the step the failover happened in and of the step the
+   reconfiguration happened in, in iterations ((step time − median) / median; goals < 1
+   and < 2), and from the launcher's stderr, read line by line as it comes, the seconds
+   from the kill to the survivors' new generation and to redundancy restored (the
+   replacement's "joined generation ... (reconfiguration)": it includes the
+   replacement's process start, torch import and model build).
+
+The simulator comparison under the p3 trace asked for in issue #16 is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = ROOT / "examples" / "pipeline-gpt"
+RHIZOME = [sys.executable, "-m", "services.client.cli"]
+STEP = re.compile(r"^step (\d+) loss \S+ generation (\d+) time (\S+)")
+
+
+def steady_throughput(stdout: str, skip: int = 5) -> tuple[float, list[float]]:
+    """Steps per second over the steady steps, and every step's time (by step)."""
+    times: dict[int, float] = {}
+    for line in stdout.splitlines():
+        m = STEP.match(line.strip())
+        if m:
+            times[int(m.group(1))] = float(m.group(3))
+    ordered = [times[s] for s in sorted(times)]
+    steady = ordered[skip:]
+    return len(steady) / sum(steady), ordered
+
+
+def script_args(a: argparse.Namespace) -> list[str]:
+    return ["--steps", str(a.steps), "--layers", str(a.layers), "--dim", str(a.dim)]
+
+
+def bare(a: argparse.Namespace) -> float:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "learner.runtime.launch",
+            "--stages",
+            "2",
+            "--etcd",
+            "auto",
+            str(GPT / "train.py"),
+            *script_args(a),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"bare run failed:\n{proc.stderr[-3000:]}")
+    return steady_throughput(proc.stdout)[0]
+
+
+def rz(data_dir: Path, *args: str) -> str:
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("RHIZOME_TOKEN", None)
+    proc = subprocess.run(
+        [*RHIZOME, "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"rhizome {' '.join(args)} failed: {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def platform(a: argparse.Namespace) -> float:
+    data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-pipe-"))
+    code = data_dir / "code"
+    shutil.copytree(GPT, code)
+    manifest = (code / "manifest.yaml").read_text()
+    manifest = re.sub(
+        r"command: python train.py.*",
+        f"command: python train.py {' '.join(script_args(a))}",
+        manifest,
+    )
+    (code / "manifest.yaml").write_text(manifest)
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        job_id = json.loads(rz(data_dir, "train", str(code / "manifest.yaml"), "--json"))["job_id"]
+        deadline = time.monotonic() + 900
+        while True:
+            job = json.loads(rz(data_dir, "show", job_id, "--json"))
+            if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
+                break
+            if time.monotonic() > deadline:
+                sys.exit(f"platform job did not end: {job}")
+            time.sleep(1)
+        if job["status"] != "COMPLETED":
+            sys.exit(f"platform job ended {job['status']}: {job['status_message']}")
+        out = (data_dir / "jobs" / job_id / "learners" / "1" / "stdout.log").read_text()
+        return steady_throughput(out)[0]
+    finally:
+        rz(data_dir, "down")
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def failover_and_reconfiguration(a: argparse.Namespace) -> dict[str, float]:
+    kill_at = 30
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "learner.runtime.launch",
+            "--stages",
+            "2",
+            "--etcd",
+            "auto",
+            "--replace",
+            str(GPT / "train.py"),
+            *script_args(a),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    events: list[tuple[float, str]] = []
+    err_lines: list[str] = []
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            events.append((time.monotonic(), line))
+            err_lines.append(line)
+
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
+    out_lines: list[str] = []
+    arrivals: list[tuple[float, int, int]] = []  # (when the line came, step, generation)
+    t_kill = None
+    for line in proc.stdout:
+        out_lines.append(line)
+        got = STEP.match(line.strip())
+        if got:
+            arrivals.append((time.monotonic(), int(got.group(1)), int(got.group(2))))
+        m = STEP.match(line.strip())
+        if t_kill is None and m and int(m.group(1)) >= kill_at:
+            pid = next(
+                int(e[1].split()[-1])
+                for e in events
+                if e[1].startswith("rhizome-runtime: worker 1 pid")
+            )
+            os.kill(pid, signal.SIGKILL)
+            t_kill = time.monotonic()
+    proc.wait()
+    reader.join(timeout=10)
+    if proc.returncode != 0 or t_kill is None:
+        sys.exit(f"failover run failed:\n{''.join(err_lines)[-3000:]}")
+    # Wall-clock gaps between consecutive step lines as they arrive: the step lines come
+    # from whichever worker holds the last stage (the survivor after the failover, the
+    # replacement after the reconfiguration), whose own step timer would miss what the
+    # others lost. A pause is the gap before the first line of a generation, less one
+    # median gap, in iterations.
+    gaps = [(b[0] - a[0], b[2]) for a, b in itertools.pairwise(arrivals)]
+    median = statistics.median(g for g, _ in gaps[5:])
+
+    def pause(generation: int) -> float:
+        gap = next((g for g, gen in gaps if gen == generation), None)
+        return float("nan") if gap is None else (gap - median) / median
+
+    def seconds_to(pattern: str) -> float:
+        hit = next((t for t, line in events if re.search(pattern, line) and t >= t_kill), None)
+        return float("nan") if hit is None else hit - t_kill
+
+    return {
+        "median_step_s": median,
+        "failover_pause_iterations": pause(1),
+        "reconfiguration_pause_iterations": pause(2),
+        "kill_to_failover_s": seconds_to(r"\[worker 0\] joined generation 1 "),
+        "kill_to_redundancy_restored_s": seconds_to(
+            r"\[worker 1\] joined generation 2 .*reconfiguration"
+        ),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=64)
+    a = p.parse_args()
+    bare_tp = bare(a)
+    platform_tp = platform(a)
+    print(f"bare launcher:   {bare_tp:.2f} steps/s (steady steps, 2 stages x 1 pipeline)")
+    print(f"through platform: {platform_tp:.2f} steps/s")
+    print(f"ratio platform/bare: {platform_tp / bare_tp:.3f} (goal >= 0.97)")
+    fr = failover_and_reconfiguration(a)
+    print(f"median step: {fr['median_step_s'] * 1000:.1f} ms")
+    print(
+        f"failover pause: {fr['failover_pause_iterations']:.2f} iterations (goal < 1); "
+        f"reconfiguration pause: {fr['reconfiguration_pause_iterations']:.2f} iterations "
+        "(goal < 2)"
+    )
+    print(
+        f"kill -> survivors in the new generation: {fr['kill_to_failover_s']:.2f} s; "
+        f"kill -> redundancy restored (replacement joined): "
+        f"{fr['kill_to_redundancy_restored_s']:.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

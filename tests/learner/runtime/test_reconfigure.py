@@ -1,0 +1,203 @@
+"""Reconfiguration (Bamboo §4.3): replacements join, redundancy comes back, refusals.
+
+The admission rules run against the real etcd (the cluster state the workers use); the
+end-to-end test runs the launcher's worker processes with real SIGKILLs: a stage is
+killed, its shadow fails over, a replacement joins and takes its block back (every block
+has a replica again), the same block is killed a second time and survived the same way,
+and the final parameters equal the uninterrupted single-process reference.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from learner.runtime.cluster_state import ClusterState, EtcdClusterStateStore
+from learner.runtime.reconfigure import Refused, admit, issue_ticket
+from services.embedded.process import ManagedServer
+from tests.learner.runtime.test_failover import REPO, TOY, assert_equals_reference
+
+pytestmark = pytest.mark.integration
+
+
+def _store(etcd: ManagedServer) -> EtcdClusterStateStore:
+    return EtcdClusterStateStore(etcd.url, f"t-{uuid.uuid4().hex[:10]}")
+
+
+def _lose(store: EtcdClusterStateStore, worker: int) -> ClusterState:
+    """Declare ``worker`` dead the way a survivor does (compare-and-set, lost_at)."""
+    state, token = store.get_state()
+    assert state is not None
+    new = state.bump(
+        dead=tuple(sorted({*state.dead, worker})),
+        lost_at={**state.lost_at, str(worker): state.generation + 1},
+    )
+    assert store.set_state(new, token)
+    return new
+
+
+def _fresh(etcd: ManagedServer, stages: int = 3) -> EtcdClusterStateStore:
+    store = _store(etcd)
+    assert store.set_state(ClusterState(generation=0, stages=stages, pipelines=1), 0)
+    return store
+
+
+def test_a_replacement_with_a_valid_ticket_takes_its_lost_slot(etcd_server: ManagedServer) -> None:
+    store = _fresh(etcd_server)
+    _lose(store, 1)
+    ticket = issue_ticket(store, 1, "tok-a")
+    joiner = EtcdClusterStateStore(etcd_server.url, store.prefix.rstrip("/").split("/")[-2])
+    try:
+        assert admit(joiner, 1, ticket.token, ttl_s=2, log=lambda _m: None) == 1
+        state, _ = store.get_state()
+        assert state is not None
+        assert state.dead == () and state.generation == 2 and state.joined_at == {"1": 2}
+        # the new member is alive before the running workers see the new generation
+        assert 1 in store.alive_members()
+    finally:
+        joiner.close()
+        store.delete_all()
+        store.close()
+
+
+def test_unknown_or_reused_tokens_are_refused(etcd_server: ManagedServer) -> None:
+    store = _fresh(etcd_server)
+    try:
+        _lose(store, 2)
+        issue_ticket(store, 2, "right")
+        with pytest.raises(Refused, match="stale or unknown"):
+            admit(store, 2, "wrong", ttl_s=2, log=lambda _m: None)
+        assert admit(store, 2, "right", ttl_s=2, log=lambda _m: None) == 2
+        _lose(store, 2)
+        with pytest.raises(Refused, match="joins once"):
+            admit(store, 2, "right", ttl_s=2, log=lambda _m: None)
+    finally:
+        store.delete_all()
+        store.close()
+
+
+def test_a_ticket_of_an_earlier_loss_is_refused_as_stale(etcd_server: ManagedServer) -> None:
+    store = _fresh(etcd_server)
+    try:
+        _lose(store, 1)
+        old = issue_ticket(store, 1, "first-loss")  # never used: a standby took the slot
+        issue_ticket(store, 7, "standby")
+        assert admit(store, 7, "standby", ttl_s=2, log=lambda _m: None) == 1
+        _lose(store, 1)  # the slot is lost again, after the standby joined
+        # the replacement started for the first loss arrives only now
+        store.put("tickets/1", {"token": old.token, "generation": old.generation})
+        with pytest.raises(Refused, match="stale generation"):
+            admit(store, 1, "first-loss", ttl_s=2, log=lambda _m: None)
+        state, _ = store.get_state()
+        assert state is not None and 1 in state.dead  # refused, not merged
+    finally:
+        store.delete_all()
+        store.close()
+
+
+def test_a_joiner_of_a_fatally_lost_job_is_refused(etcd_server: ManagedServer) -> None:
+    store = _fresh(etcd_server)
+    try:
+        state, token = store.get_state()
+        assert state is not None
+        assert store.set_state(state.bump(dead=(0, 1), fatal="lost stages 0 and 1"), token)
+        issue_ticket(store, 0, "late")
+        with pytest.raises(Refused, match="shadow"):
+            admit(store, 0, "late", ttl_s=2, log=lambda _m: None)
+    finally:
+        store.delete_all()
+        store.close()
+
+
+def test_a_standby_queues_while_nothing_is_lost_and_takes_the_next_lost_slot(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    store = _fresh(etcd_server)
+    job = store.prefix.rstrip("/").split("/")[-2]
+    issue_ticket(store, 5, "stand")
+    script = (
+        "import sys; from learner.runtime.cluster_state import EtcdClusterStateStore as S;"
+        "from learner.runtime.reconfigure import admit;"
+        f"s = S({etcd_server.url!r}, {job!r});"
+        "print('slot', admit(s, 5, 'stand', ttl_s=2), flush=True)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "queued" in line, line
+        assert store.get_prefix("standbys/"), "a queued standby is visible under standbys/"
+        _lose(store, 2)
+        out, _ = proc.communicate(timeout=60)
+        assert "slot 2" in out, out
+        state, _ = store.get_state()
+        assert state is not None and state.dead == ()
+        assert not store.get_prefix("standbys/")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        store.delete_all()
+        store.close()
+
+
+def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survived(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    out, steps = tmp_path / "params", 12
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "learner.runtime.launch",
+            "--stages",
+            "3",
+            "--etcd",
+            etcd_server.url,
+            "--job-id",
+            f"t-{uuid.uuid4().hex[:10]}",
+            # the gates hold the first stage's batches while a replacement starts
+            "--detection-timeout",
+            "300",
+            "--out-dir",
+            str(out),
+            "--replace",
+            "--kill",
+            "1:2:forward:1,1:6:backward:0",
+            str(TOY),
+            "--steps",
+            str(steps),
+            # step 4 waits for the first replacement (generation 2), step 8 for the second
+            "--gate",
+            "4:2,8:4",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    err = proc.stderr
+    assert proc.returncode == 0, err[-4000:]
+    # first loss: failover (the shadow, worker 0, owns blocks 0 and 1)
+    assert "[worker 0] joined generation 1" in err and "owns blocks [0, 1]" in err, err[-4000:]
+    # the replacement joins: block 1 back to its slot, every block has a replica again
+    assert "[worker 0] demoted block 1 to replica" in err
+    assert re.search(r"\[worker 1\] received block 1 at version \d+ from worker 0", err)
+    assert re.search(r"\[worker 1\] received block 2 \(replica\) at version \d+ from worker 2", err)
+    assert re.search(r"\[worker 0\] joined generation 2 .*owns blocks \[0\], replica 1", err)
+    assert re.search(r"\[worker 1\] joined generation 2 .*owns blocks \[1\], replica 2", err)
+    assert re.search(r"\[worker 2\] joined generation 2 .*owns blocks \[2\], replica 0", err)
+    # the same block lost again after the reconfiguration: survived, and restored again
+    assert "SIGKILL self at step 6" in err
+    assert re.search(r"\[worker 0\] joined generation 3 .*owns blocks \[0, 1\]", err)
+    assert re.search(r"\[worker 1\] joined generation 4 .*owns blocks \[1\], replica 2", err)
+    # (the second replacement may join at the end: everyone then restarts "step 12")
+    assert f"[worker 1] finished: {steps} steps, blocks [1] of pipeline 0, generation 4" in err
+    assert_equals_reference(out, pipelines=1, steps=steps)
