@@ -83,6 +83,10 @@ class Worker:
         self.loss_history: list[tuple[int, float]] = []
         # (step, seconds since the previous step ended): failover pauses land in here
         self.step_times: list[tuple[int, float]] = []
+        # time.monotonic() and time.process_time() at the end of each step, in step_times'
+        # order: benchmarks take the steady-state wall and CPU time of a window of steps
+        self.step_ends: list[float] = []
+        self.step_cpu: list[float] = []
         self._t_last = time.monotonic()
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
@@ -388,6 +392,8 @@ class Worker:
                 interruptible(work.wait, st.changed, "replica update send")
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
+        self.step_ends.append(now)
+        self.step_cpu.append(time.process_time())
         self._t_last = now
         if loss is not None:
             self.loss_history.append((step, loss))
