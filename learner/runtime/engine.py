@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from learner.runtime.api import (
     RuntimeFailure,
 )
 from learner.runtime.cluster_state import ClusterStateStore, initial_state
+from learner.runtime.cluster_watch import ClusterView
 from learner.runtime.comm import SYNC, Groups, Transport, interruptible, tag
 from learner.runtime.failover import Failover
 from learner.runtime.interpreter import Interpreter
@@ -80,6 +82,8 @@ class Worker:
         self.failover = Failover(self.state, cluster, store)
         self._stopped = threading.Event()
         self._members_complete = threading.Event()
+        self._view = ClusterView()
+        self._cancel_watch: Callable[[], None] | None = None
         self.loss_history: list[tuple[int, float]] = []
         # (step, seconds since the previous step ended): failover pauses land in here
         self.step_times: list[tuple[int, float]] = []
@@ -162,6 +166,9 @@ class Worker:
         # can take longer than a short lease
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
         self._watcher.start()
+        # not from the watcher thread: creating the watch can take a while on a busy
+        # machine, and the lease must be refreshed meanwhile
+        self._cancel_watch = self.cluster.watch(self._view.apply)
         state = initial_state(self.cluster, st.P, st.D)
         if state.generation != 0:
             raise ConfigError(
@@ -177,6 +184,7 @@ class Worker:
                 )
             time.sleep(self.opts.poll_s)
         self._members_complete.set()
+        self._view.changed.set()  # the watcher may now look for missing members
         t0 = time.monotonic()
         self._build()
         t1 = time.monotonic()
@@ -193,37 +201,45 @@ class Worker:
     # ---------------------------------------------------------------- watcher
 
     def _watch(self) -> None:
-        """Keep the lease; flag a new generation; declare dead a peer whose lease expired."""
+        """Keep the lease; flag a new generation; declare dead a peer whose lease expired.
+
+        Event-driven (``cluster_watch``): it wakes on a change under the job's prefix and,
+        every quarter of the lease TTL, to refresh this worker's lease; nothing else.
+        """
         st = self.state
-        last_keepalive = 0.0
+        view = self._view
+        next_keepalive = 0.0
         while not self._stopped.is_set():
-            try:
-                now = time.monotonic()
-                if now - last_keepalive > self.opts.lease_ttl_s / 4:
+            now = time.monotonic()
+            if now >= next_keepalive:
+                try:
                     self.cluster.keepalive()
-                    last_keepalive = now
-                state, _ = self.cluster.get_state()
-                if state is not None and self._members_complete.is_set():
-                    if state.generation != st.generation or state.fatal or st.me in state.dead:
-                        st.changed.set()
-                    alive = self.cluster.alive_members()
-                    missing = [
-                        w
-                        for w in Topology(st.P, st.D, frozenset(state.dead)).alive
-                        if w not in alive and w != st.me
-                    ]
-                    if missing:
-                        # a worker that finished the job lets its lease go: not a failure
-                        done = {
-                            int(k.rsplit("/", 1)[1])
-                            for k in self.cluster.get_prefix(f"done/{state.generation}/")
-                        }
-                        for w in missing:
-                            if w not in done:
-                                self.failover.declare_dead(w, "etcd lease expired")
-            except Exception as exc:  # a flaky etcd read must not kill the watcher
-                st.log(f"watcher: {exc!r}")
-            self._stopped.wait(self.opts.poll_s)
+                except Exception as exc:  # etcd away for a moment: the lease outlives it
+                    st.log(f"watcher: lease refresh: {exc!r}")
+                next_keepalive = now + self.opts.lease_ttl_s / 4
+            if view.changed.wait(max(0.0, next_keepalive - time.monotonic())):
+                view.changed.clear()
+                try:
+                    self._on_cluster_change()
+                except Exception as exc:  # a flaky etcd write must not kill the watcher
+                    st.log(f"watcher: {exc!r}")
+                    view.changed.set()  # look again
+                    self._stopped.wait(self.opts.poll_s)
+
+    def _on_cluster_change(self) -> None:
+        st = self.state
+        seen = self._view.snapshot()
+        state = seen.state
+        if state is None or not self._members_complete.is_set():
+            return
+        # only a newer generation: the view can lag behind a transition this worker made
+        if state.generation > st.generation or state.fatal or st.me in state.dead:
+            st.changed.set()
+        # a worker that finished the job lets its lease go: not a failure
+        done = seen.done.get(state.generation, frozenset())
+        for w in Topology(st.P, st.D, frozenset(state.dead)).alive:
+            if w != st.me and w in seen.seen and w not in seen.members and w not in done:
+                self.failover.declare_dead(w, "etcd lease expired")
 
     # ------------------------------------------------------------- main loop
 
@@ -256,6 +272,10 @@ class Worker:
             raise
         finally:
             self._stopped.set()
+            self._view.changed.set()  # wake the watcher to stop its watch
+            if self._cancel_watch is not None:
+                # before the caller closes the store's client
+                self._cancel_watch()
             if st.transport is not None:
                 st.transport.close()
 
