@@ -17,7 +17,6 @@ is left of an interrupted step).
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,15 @@ from learner.runtime.api import (
 )
 from learner.runtime.cluster_state import ClusterStateStore, initial_state
 from learner.runtime.cluster_watch import ClusterView
-from learner.runtime.comm import SYNC, Groups, Transport, interruptible, tag
+from learner.runtime.comm import (
+    SYNC,
+    BackgroundCall,
+    Groups,
+    Transport,
+    interruptible,
+    tag,
+    wait_any,
+)
 from learner.runtime.failover import Failover
 from learner.runtime.interpreter import Interpreter
 from learner.runtime.options import KillPoint, WorkerOptions
@@ -304,40 +311,24 @@ class Worker:
                     blk.acc = [torch.zeros_like(p) for p in blk.params]
                 rest = {b: self._program(b) for b in st.owned}
         programs = {b: prog for b, prog in rest.items() if prog}
-        results: queue.Queue[tuple[int, BaseException | None]] = queue.Queue()
-        for b in sorted(programs):
-            threading.Thread(
-                target=self._run_block_thread,
-                args=(b, step, epoch, programs[b], recovering, results),
-                name=f"block{b}-step{step}",
-                daemon=True,
-            ).start()
-        pending = set(programs)
+        # each block's program on a kept pool thread (comm.POOL), not a thread per step
+        calls = [
+            BackgroundCall(
+                lambda b=b: self.interpreter.run_block(  # type: ignore[misc]
+                    b, step, epoch, programs[b], recovering
+                ),
+                f"block{b}",
+            )
+            for b in sorted(programs)
+        ]
+        pending = list(calls)
         while pending:
-            try:
-                b, err = results.get(timeout=0.02)
-            except queue.Empty:
-                if st.changed.is_set():
-                    raise Interrupted(f"generation changed during step {step}") from None
-                continue
-            pending.discard(b)
-            if err is not None:
-                raise err
-
-    def _run_block_thread(
-        self,
-        b: int,
-        step: int,
-        epoch: int,
-        program: list[Instr],
-        recovering: bool,
-        results: queue.Queue[tuple[int, BaseException | None]],
-    ) -> None:
-        try:
-            self.interpreter.run_block(b, step, epoch, program, recovering)
-            results.put((b, None))
-        except BaseException as exc:
-            results.put((b, exc))
+            wait_any(pending, st.changed)  # wakes on a block's end or a new generation
+            for call in [c for c in pending if c.done.is_set()]:
+                pending.remove(call)
+                call.result()  # a block's error ends the step at once
+            if pending and st.changed.is_set():
+                raise Interrupted(f"generation changed during step {step}")
 
     def _program(self, b: int) -> list[Instr]:
         st = self.state
