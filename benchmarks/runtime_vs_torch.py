@@ -170,6 +170,11 @@ def run_rhizome(job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any)
             "sync_s": totals[IN_SYNC],
             "brc_s": totals[FOR_BRC],
         },
+        # per step: seconds of FRC in bubbles / in the sync phase / before an eager BRC
+        "frc_steps": {
+            str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC]]
+            for step, row in sorted(worker.interpreter.frc_profile.per_step.items())
+        },
     }
 
 
@@ -446,6 +451,26 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"goal: etcd CPU < 1 % of a core during {mode}: {etcd * 100:.2f} % -> {verdict}")
 
 
+def profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
+    for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
+        print(f"\n# --profile {mode}: FRC ms per step, in bubbles / in the sync phase")
+        runs = [r for r in recs if r["mode"] == mode and r.get("frc_steps")]
+        steps = sorted({int(k) for r in runs for k in r["frc_steps"]})
+        print("| worker (stage) | rep | " + " | ".join(f"step {k}" for k in steps) + " |")
+        print("| --- | ---: |" + " ---: |" * len(steps))
+        for r in sorted(runs, key=lambda r: (r["worker"], r["rep"])):
+            cells = []
+            for k in steps:
+                bubble, sync, _ = r["frc_steps"].get(str(k), [0.0, 0.0, 0.0])
+                cells.append(f"{bubble * 1000:.0f} / {sync * 1000:.0f}")
+            print(
+                f"| {r['worker']} ({r['worker'] % stages}) | {r['rep']} | "
+                + " | ".join(cells)
+                + " |"
+            )
+
+
 def driver(args: argparse.Namespace) -> None:
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in ALL_MODES]
@@ -466,6 +491,8 @@ def driver(args: argparse.Namespace) -> None:
         print(json.dumps(summary, indent=2))
     else:
         report(summary, args)
+        if args.profile:
+            profile(recs, args.stages)
 
 
 def main() -> None:
@@ -483,6 +510,11 @@ def main() -> None:
         help="gpt: the char GPT of examples/pipeline-gpt (the figures); tiny: the tests' MLP",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print, per stage and step, ms of eager FRC in bubbles and in the sync phase",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
