@@ -324,9 +324,11 @@ class Groups:
     def allreduce(
         self, block: int, members: list[int], flat: torch.Tensor, stop: threading.Event
     ) -> torch.Tensor:
-        """Sum of ``flat`` over ``members`` (a copy; ``flat`` itself is left untouched)."""
+        """Sum of ``flat`` over ``members``; ``flat`` itself is left untouched (the stash a
+        failover may all-reduce again). With one member that is ``flat`` itself: callers
+        only read the result."""
         if len(members) == 1:
-            return flat.clone()
+            return flat
         if block not in self.groups:
             prefix = dist.PrefixStore(f"gen{self.generation}/block{block}", self.store)
             rank = members.index(self.me)

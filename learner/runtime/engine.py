@@ -99,6 +99,8 @@ class Worker:
         self.step_ends: list[float] = []
         self.step_cpu: list[float] = []
         self._t_last = time.monotonic()
+        # flat gradients (+ the loss on the last stage) per owned block, reused every step
+        self._stash_bufs: dict[int, torch.Tensor] = {}
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
     @property
@@ -368,7 +370,17 @@ class Worker:
                             [self._step_loss(step)], dtype=self.job.dtype, device=st.device
                         )
                     )
-                blk.stash = torch.cat(parts) if parts else torch.zeros(0, device=st.device)
+                # into a buffer kept per block, not a new one each step; the previous
+                # step's stash is no longer needed once this step's is written
+                numel = sum(t.numel() for t in parts)
+                buf = self._stash_bufs.get(b)
+                if buf is None or buf.numel() != numel:
+                    buf = self._stash_bufs[b] = torch.empty(
+                        numel, dtype=self.job.dtype, device=st.device
+                    )
+                if parts:
+                    torch.cat(parts, out=buf)
+                blk.stash = buf
                 blk.stash_step = step
             st.check_kill(Op.ALLREDUCE)
             assert blk.stash is not None
