@@ -445,10 +445,16 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
             ratio = modes[mode]["iter_ms"] / modes[base]["iter_ms"]
             verdict = "met" if ratio <= goal else "NOT met"
             print(f"goal: {mode} <= {goal:.2f}x {base}: {ratio:.3f} -> {verdict}")
+    # etcd's own floor (its timers, the driver's sampling) is what it uses while torch
+    # trains: torch never talks to it
+    idle = modes["torch-1f1b"]["etcd_cpu_cores"] if "torch-1f1b" in modes else 0.0
     for mode in (m for m in modes if m.startswith("rz-")):
         etcd = modes[mode]["etcd_cpu_cores"]
         verdict = "met" if etcd < ETCD_GOAL else "NOT met"
-        print(f"goal: etcd CPU < 1 % of a core during {mode}: {etcd * 100:.2f} % -> {verdict}")
+        print(
+            f"goal: etcd CPU < 1 % of a core during {mode}: {etcd * 100:.2f} % "
+            f"({(etcd - idle) * 100:+.2f} % over its level while torch trains) -> {verdict}"
+        )
 
 
 def profile(recs: list[dict[str, Any]], stages: int) -> None:

@@ -1,12 +1,14 @@
 """One pipeline worker: its lifecycle and the step loop (compute phase, sync phase, finish).
 
 A worker starts (lease, partition, blocks, links), then runs steps: the compute phase
-starts one thread per owned block, each running its instruction list through the
-``Interpreter``; then the sync phase: per owned block, in block order, the local
+runs each owned block's instruction list through the ``Interpreter`` on a kept pool
+thread (``comm.POOL``: no thread is started per step); then the sync phase: per owned block, in block order, the local
 gradients are stashed, all-reduced across pipelines (on a copy), a snapshot of parameters
 and optimizer state is taken and the optimizer steps; the reduced gradients go to the
 block's replica holder, which applies the same update, so replica and original stay
-bit-identical. A watcher thread keeps the etcd lease and watches the cluster state. An
+bit-identical. A watcher thread keeps the etcd lease and acts on the cluster state's
+changes, which an etcd watch delivers (``cluster_watch``; nothing polls etcd in steady
+training). An
 interrupted step (a link error, a new generation) goes to ``Failover``, which returns
 the step to resume and what is left of it.
 

@@ -1,7 +1,7 @@
 """The instruction interpreter: runs one block's program of a step, with eager FRC/BRC.
 
-Each block the worker owns runs its instruction list (``schedule``) in its own thread
-(started by the step loop, ``engine``); blocks on the same worker (after a failover) hand
+Each block the worker owns runs its instruction list (``schedule``) on its own pool
+thread (submitted by the step loop, ``engine``; ``comm.POOL`` keeps the threads); blocks on the same worker (after a failover) hand
 each other activations and gradients through the transport's local mailbox instead of
 the network. Gradients are computed with ``torch.autograd.grad`` and added to a per-block
 accumulator under the worker lock with an epoch check, so a thread abandoned by a
