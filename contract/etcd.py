@@ -13,7 +13,9 @@ What the two sides need from etcd, and nothing more:
 - leases (`grant`; `Lease.keep_alive` in a background thread for the platform and the
   controller, `Lease.refresh` from the pipeline runtime's own loop, so a hung worker
   loses its lease; `revoke`);
-- watches of one key or a prefix that call back on every change (`watch`, `watch_prefix`).
+- watches of one key or a prefix that call back on every change (`watch`, `watch_prefix`);
+  `PrefixWatch` delivers the changes themselves, in order, across disconnects (resumed
+  from the last revision it delivered; a compacted revision gives one full re-read).
 
 Every call that cannot reach etcd raises `StoreUnavailable` naming the URL and what to do.
 """
@@ -33,6 +35,7 @@ from urllib.parse import parse_qs, urlparse
 
 import grpc
 import pyetcd
+import pyetcd.events
 import pyetcd.exceptions
 
 from contract.procs import venv_bin
@@ -155,6 +158,12 @@ class EtcdClient:
         host, port = parse_url(url)
         ca = tls_ca_file(url)
         self.raw = pyetcd.client(host=host, port=port, timeout=timeout_s, ca_cert=ca or None)
+        # The library marks an endpoint that answered UNAVAILABLE as failed and refuses
+        # every call to it for 300 s, a rule for switching between several endpoints. With
+        # one endpoint that turns an etcd restart of a second into five minutes without
+        # etcd; gRPC reconnects the channel by itself, so let the next call try.
+        for endpoint in self.raw.endpoints.values():
+            endpoint.time_retry = 0.0
 
     @classmethod
     def connect(cls, url: str, timeout_s: float = 5.0) -> EtcdClient:
@@ -287,6 +296,148 @@ class EtcdClient:
                 self.raw.cancel_watch(watch_id)
 
         return cancel
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key's change under a watched prefix: its new JSON value, or its deletion."""
+
+    key: str
+    value: Any  # None when deleted
+    mod_revision: int
+    deleted: bool = False
+
+
+class PrefixWatch:
+    """Every change under `prefix`, delivered in order to `on_change(changes, full)`.
+
+    `start()` reads the prefix once (`full=True`: `changes` is every key there, as puts)
+    at revision R and watches from R+1; then each watch response calls `on_change` with
+    its changes (`full=False`). When the stream breaks (etcd restarted, the connection
+    cut), a thread of this watch re-watches from the last delivered revision + 1, so a
+    change made while it was away still arrives, once; when that revision has been
+    compacted, it reads the prefix again (`full=True`) and watches from there. Changes to
+    keys outside `prefix` are dropped. `on_change` runs in the client's watch thread: it
+    must be quick (set an event, update a dict).
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        on_change: Callable[[list[Change], bool], None],
+        retry_s: float = 0.2,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.on_change = on_change
+        self.retry_s = retry_s
+        self.revision = 0  # the last revision delivered
+        self.reconnects = 0  # how often the stream was re-established (tests, logs)
+        self.full_reads = 0
+        self._lock = threading.Lock()
+        self._watch_id: int | None = None
+        self._broken = threading.Event()
+        self._compacted = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PrefixWatch:
+        """Read the prefix and watch it; raises `StoreUnavailable` if etcd is unreachable."""
+        self._full_read()
+        self._subscribe()
+        self._thread = threading.Thread(target=self._keep, name=f"watch-{self.prefix}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._broken.set()
+        with self._lock:
+            watch_id, self._watch_id = self._watch_id, None
+        if watch_id is not None:
+            with contextlib.suppress(Exception):
+                self.client.raw.cancel_watch(watch_id)
+
+    def _full_read(self) -> None:
+        with self.client._errors(f"get {self.prefix}*"):
+            resp = self.client.raw.get_prefix_response(self.prefix)
+        changes = [
+            Change(kv.key.decode(), _decode(kv.value), int(kv.mod_revision)) for kv in resp.kvs
+        ]
+        with self._lock:
+            self.revision = int(resp.header.revision)
+            self.full_reads += 1
+        self.on_change(changes, True)
+
+    def _subscribe(self) -> None:
+        with self._lock:
+            since = self.revision
+        self._check_not_compacted(since)
+        with self.client._errors(f"watch {self.prefix}*"):
+            watch_id = self.client.raw.add_watch_prefix_callback(
+                self.prefix, self._on_response, start_revision=since + 1
+            )
+        with self._lock:
+            self._watch_id = int(watch_id)
+
+    def _check_not_compacted(self, revision: int) -> None:
+        """Raise `RevisionCompactedError` if `revision` is gone.
+
+        Asked with a read at that revision, because the client library answers a watch
+        created on a compacted revision only after its whole timeout.
+        """
+        try:
+            self.client.raw.get_response(self.prefix, revision=revision)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:  # "required revision has been compacted"
+                raise pyetcd.exceptions.RevisionCompactedError(revision) from exc
+            raise
+
+    def _on_response(self, resp: Any) -> None:
+        if resp is None or isinstance(resp, BaseException):
+            # the stream ended (None or an RpcError) or its revision was compacted
+            self._compacted = isinstance(resp, pyetcd.exceptions.RevisionCompactedError)
+            self._broken.set()
+            return
+        changes: list[Change] = []
+        with self._lock:
+            delivered = self.revision
+            for event in resp.events:
+                rev = int(event.mod_revision)
+                if rev <= delivered:
+                    continue  # delivered before the stream broke
+                self.revision = max(self.revision, rev)
+                key = event.key.decode()
+                if not key.startswith(self.prefix):
+                    continue
+                deleted = isinstance(event, pyetcd.events.DeleteEvent)
+                changes.append(Change(key, None if deleted else _decode(event.value), rev, deleted))
+        if changes:
+            self.on_change(changes, False)
+
+    def _keep(self) -> None:
+        """Re-establish the watch whenever the stream breaks, until `stop`."""
+        while not self._stop.is_set():
+            self._broken.wait()
+            if self._stop.is_set():
+                return
+            self._broken.clear()
+            with self._lock:
+                self._watch_id = None
+            while not self._stop.is_set():
+                try:
+                    if self._compacted:
+                        self._full_read()
+                        self._compacted = False
+                    self._subscribe()
+                    self.reconnects += 1
+                    break
+                except pyetcd.exceptions.RevisionCompactedError:
+                    self._compacted = True
+                except Exception:  # etcd still away: try again shortly
+                    log.debug("re-watching %s failed", self.prefix, exc_info=True)
+                    self._stop.wait(self.retry_s)
 
 
 def _lease_id(lease: Lease | int | None) -> int | None:

@@ -68,3 +68,38 @@ class BubblePredictor:
 
     def _expected(self, key: Hashable, cost: float, floor_frcs: int) -> float:
         return max(self.predicted_wait(key), floor_frcs * cost)
+
+
+# where an eager FRC ran: filling a receive wait, in the sync phase (no bubble found), or
+# on demand before an eager BRC that needed its graph
+IN_BUBBLE, IN_SYNC, FOR_BRC = "bubble", "sync", "brc"
+
+
+class FrcProfile:
+    """Seconds of eager FRC per step and per place it ran (``IN_BUBBLE``, ``IN_SYNC``, ``FOR_BRC``).
+
+    The claim "the redundant forward runs in the bubbles" is this record: the share of FRC
+    time that ran while a receive was in flight, against what landed in the sync phase.
+    """
+
+    def __init__(self) -> None:
+        self.per_step: dict[int, dict[str, float]] = {}
+
+    def record(self, step: int, where: str, seconds: float) -> None:
+        row = self.per_step.setdefault(step, {IN_BUBBLE: 0.0, IN_SYNC: 0.0, FOR_BRC: 0.0})
+        row[where] += seconds
+
+    def totals(self, first_step: int = 0) -> dict[str, float]:
+        """Seconds per place over the steps from ``first_step`` on."""
+        out = {IN_BUBBLE: 0.0, IN_SYNC: 0.0, FOR_BRC: 0.0}
+        for step, row in self.per_step.items():
+            if step >= first_step:
+                for where, seconds in row.items():
+                    out[where] += seconds
+        return out
+
+    def bubble_share(self, first_step: int = 0) -> float | None:
+        """Fraction of FRC time that ran inside bubbles; None when no FRC ran."""
+        t = self.totals(first_step)
+        total = sum(t.values())
+        return None if total == 0 else t[IN_BUBBLE] / total

@@ -38,11 +38,12 @@ import abc
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from contract import etcd_keys
-from contract.etcd import EtcdClient, Lease, encode
+from contract.etcd import Change, EtcdClient, Lease, PrefixWatch, encode
 from learner.runtime.api import ConfigError
 
 
@@ -85,6 +86,7 @@ class ClusterState:
 
 
 Token = int
+OnChange = Callable[[list[Change], bool], None]
 
 
 class ClusterStateStore(abc.ABC):
@@ -133,6 +135,15 @@ class ClusterStateStore(abc.ABC):
     def close(self) -> None:
         """Stop keeping the lease (the key expires) and release the client."""
 
+    @abc.abstractmethod
+    def watch(self, on_change: OnChange) -> Callable[[], None]:
+        """Deliver every change of this job's runtime keys to ``on_change(changes, full)``.
+
+        Keys are relative to the runtime prefix (``state``, ``members/3``); a membership
+        ends as a deletion of ``members/<w>``. First call: ``full=True`` with every key.
+        Returns a function that stops the watch. (The step loop's watcher, issue #24.)
+        """
+
     def record_failure(self, reporter: int, suspect: int, reason: str, step: int) -> None:
         self.put(
             f"failures/{reporter}-{suspect}",
@@ -163,6 +174,13 @@ class InMemoryClusterStateStore(ClusterStateStore):
             self.revision = 0
             self.data: dict[str, tuple[str, int]] = {}
             self.leases: dict[int, float] = {}  # worker -> expiry (monotonic)
+            self.watchers: list[OnChange] = []
+
+        def notify(self, key: str, value: Any, deleted: bool = False) -> None:
+            """Called under ``lock`` after a change (revision already bumped)."""
+            change = Change(key, value, self.revision, deleted)
+            for watcher in list(self.watchers):
+                watcher([change], False)
 
     def __init__(self, shared: Shared | None = None) -> None:
         self._shared = shared or InMemoryClusterStateStore.Shared()
@@ -188,11 +206,15 @@ class InMemoryClusterStateStore(ClusterStateStore):
                 return False
             self._shared.revision += 1
             self._shared.data["state"] = (raw, self._shared.revision)
+            self._shared.notify("state", state.to_dict())
             return True
 
     def register(self, worker: int, ttl_s: float) -> None:
         self._worker, self._ttl = worker, ttl_s
         self.keepalive()
+        with self._shared.lock:
+            self._shared.revision += 1
+            self._shared.notify(f"members/{worker}", worker)
 
     def keepalive(self) -> None:
         if self._worker is not None:
@@ -210,7 +232,9 @@ class InMemoryClusterStateStore(ClusterStateStore):
     def expire(self, worker: int) -> None:
         """Test hook: the worker's lease runs out now."""
         with self._shared.lock:
-            self._shared.leases.pop(worker, None)
+            if self._shared.leases.pop(worker, None) is not None:
+                self._shared.revision += 1
+                self._shared.notify(f"members/{worker}", None, deleted=True)
 
     def alive_members(self) -> set[int]:
         now = time.monotonic()
@@ -223,6 +247,7 @@ class InMemoryClusterStateStore(ClusterStateStore):
         with self._shared.lock:
             self._shared.revision += 1
             self._shared.data[key] = (raw, self._shared.revision)
+            self._shared.notify(key, value)
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._shared.lock:
@@ -237,6 +262,28 @@ class InMemoryClusterStateStore(ClusterStateStore):
     def close(self) -> None:
         if self._worker is not None:
             self.expire(self._worker)
+
+    def watch(self, on_change: OnChange) -> Callable[[], None]:
+        # a lease that runs out by time sends nothing here (only ``expire`` does): in-process
+        # runs cannot lose a worker anyway (see inprocess)
+        shared = self._shared
+        with shared.lock:
+            now = time.monotonic()
+            full = [Change(k, json.loads(v), rev) for k, (v, rev) in shared.data.items()]
+            full += [
+                Change(f"members/{w}", w, shared.revision)
+                for w, exp in shared.leases.items()
+                if exp > now
+            ]
+            on_change(full, True)
+            shared.watchers.append(on_change)
+
+        def cancel() -> None:
+            with shared.lock:
+                if on_change in shared.watchers:
+                    shared.watchers.remove(on_change)
+
+        return cancel
 
 
 class EtcdClusterStateStore(ClusterStateStore):
@@ -306,6 +353,14 @@ class EtcdClusterStateStore(ClusterStateStore):
 
     def delete_all(self) -> None:
         self._client.delete_prefix(self.prefix)
+
+    def watch(self, on_change: OnChange) -> Callable[[], None]:
+        cut = len(self.prefix)
+
+        def relative(changes: list[Change], full: bool) -> None:
+            on_change([replace(c, key=c.key[cut:]) for c in changes], full)
+
+        return PrefixWatch(self._client, self.prefix, relative).start().stop
 
     def close(self) -> None:
         if self._lease is not None:

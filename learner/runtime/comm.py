@@ -20,6 +20,7 @@ torch.distributed.elastic's rendezvous handlers.
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 import time
@@ -86,15 +87,91 @@ def route_address(host: str) -> str:
 T = TypeVar("T")
 
 
-class BackgroundCall(Generic[T]):
-    """``fn()`` running in a daemon thread; ``done`` is set when it returned or raised."""
+class WakeableEvent(threading.Event):
+    """A ``threading.Event`` that also calls its subscribers when set.
 
-    def __init__(self, fn: Callable[[], T], name: str) -> None:
+    What lets a wait end on "the call returned, or the configuration changed" without a
+    timed poll: the waiter subscribes its wake-up to the event (``interruptible``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._subscribers: list[Callable[[], None]] = []
+        self._sub_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._sub_lock:
+            subscribers = list(self._subscribers)
+        for wake in subscribers:
+            wake()
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` whenever the event is set; returns the unsubscribe function."""
+        with self._sub_lock:
+            self._subscribers.append(wake)
+
+        def unsubscribe() -> None:
+            with self._sub_lock:
+                if wake in self._subscribers:
+                    self._subscribers.remove(wake)
+
+        return unsubscribe
+
+
+class _Pool:
+    """Long-lived daemon threads that run the runtime's blocking calls.
+
+    A step used to start a thread per block, per filled receive and per sync-phase wait;
+    these run here instead, on threads that are kept. A thread is added only when all are
+    busy — which in steady state never happens after the first steps, and after a
+    failover happens once per call abandoned on a dead configuration (it stays blocked
+    in gloo, see the module docstring).
+    """
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self.started = 0  # threads started so far (tests: constant over steps)
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            self._tasks.put(task)
+            if self._idle > 0:
+                self._idle -= 1  # that idle thread takes it
+                return
+            self.started += 1
+            n = self.started
+        threading.Thread(target=self._serve, name=f"runtime-pool-{n}", daemon=True).start()
+
+    def idle(self) -> None:
+        """Called by a task as its last act, before it signals completion: a caller woken
+        by that signal then finds this thread free instead of starting another."""
+        with self._lock:
+            self._idle += 1
+
+    def _serve(self) -> None:
+        while True:
+            self._tasks.get()()
+
+
+POOL = _Pool()
+
+
+class BackgroundCall(Generic[T]):
+    """``fn()`` running on a pool thread; ``done`` is set when it returned or raised."""
+
+    def __init__(
+        self, fn: Callable[[], T], name: str, on_done: Callable[[], None] | None = None
+    ) -> None:
+        self.name = name
         self.done = threading.Event()
         self.finished_at = 0.0  # time.monotonic() when fn returned or raised
         self._value: T | None = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+        self._on_done = on_done
+        POOL.submit(lambda: self._run(fn))
 
     def _run(self, fn: Callable[[], T]) -> None:
         try:
@@ -103,7 +180,10 @@ class BackgroundCall(Generic[T]):
             self._error = exc
         finally:
             self.finished_at = time.monotonic()
+            POOL.idle()
             self.done.set()
+            if self._on_done is not None:
+                self._on_done()
 
     def result(self) -> T:
         """Wait for ``fn`` and return its value (or raise its error)."""
@@ -113,15 +193,43 @@ class BackgroundCall(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-def interruptible(fn: Callable[[], T], stop: threading.Event, what: str) -> T:
-    """Run ``fn`` in a daemon thread; raise ``Interrupted`` as soon as ``stop`` is set.
+def wait_any(calls: list[BackgroundCall[Any]], stop: threading.Event) -> None:
+    """Block until one of ``calls`` is done or ``stop`` is set, whichever comes first.
 
-    The thread is abandoned, not killed: it must only touch private copies.
+    No timer when ``stop`` is a ``WakeableEvent`` (the worker's ``changed`` is one); a
+    plain ``Event`` is looked at every 20 ms.
+    """
+    wake = threading.Event()
+    for call in calls:
+        call._on_done = _chain(call._on_done, wake.set)
+    unsubscribe = stop.subscribe(wake.set) if isinstance(stop, WakeableEvent) else None
+    try:
+        while not (stop.is_set() or any(c.done.is_set() for c in calls)):
+            wake.wait(None if unsubscribe is not None else 0.02)
+            wake.clear()
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
+
+
+def _chain(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        if first is not None:
+            first()
+        then()
+
+    return both
+
+
+def interruptible(fn: Callable[[], T], stop: threading.Event, what: str) -> T:
+    """Run ``fn`` on a pool thread; raise ``Interrupted`` as soon as ``stop`` is set.
+
+    The call is abandoned, not killed: it must only touch private copies.
     """
     call = BackgroundCall(fn, f"wait-{what}")
-    while not call.done.wait(0.02):
-        if stop.is_set():
-            raise Interrupted(f"configuration changed while waiting for {what}")
+    wait_any([call], stop)
+    if not call.done.is_set():
+        raise Interrupted(f"configuration changed while waiting for {what}")
     return call.result()
 
 
@@ -250,9 +358,11 @@ class Groups:
     def allreduce(
         self, block: int, members: list[int], flat: torch.Tensor, stop: threading.Event
     ) -> torch.Tensor:
-        """Sum of ``flat`` over ``members`` (a copy; ``flat`` itself is left untouched)."""
+        """Sum of ``flat`` over ``members``; ``flat`` itself is left untouched (the stash a
+        failover may all-reduce again). With one member that is ``flat`` itself: callers
+        only read the result."""
         if len(members) == 1:
-            return flat.clone()
+            return flat
         if block not in self.groups:
             prefix = dist.PrefixStore(f"gen{self.generation}/block{block}", self.store)
             rank = members.index(self.me)

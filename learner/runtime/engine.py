@@ -1,12 +1,14 @@
 """One pipeline worker: its lifecycle and the step loop (compute phase, sync phase, finish).
 
 A worker starts (lease, partition, blocks, links), then runs steps: the compute phase
-starts one thread per owned block, each running its instruction list through the
-``Interpreter``; then the sync phase: per owned block, in block order, the local
+runs each owned block's instruction list through the ``Interpreter`` on a kept pool
+thread (``comm.POOL``: no thread is started per step); then the sync phase: per owned block, in block order, the local
 gradients are stashed, all-reduced across pipelines (on a copy), a snapshot of parameters
 and optimizer state is taken and the optimizer steps; the reduced gradients go to the
 block's replica holder, which applies the same update, so replica and original stay
-bit-identical. A watcher thread keeps the etcd lease and watches the cluster state. An
+bit-identical. A watcher thread keeps the etcd lease and acts on the cluster state's
+changes, which an etcd watch delivers (``cluster_watch``; nothing polls etcd in steady
+training). An
 interrupted step (a link error, a new generation) goes to ``Failover``, which returns
 the step to resume and what is left of it.
 
@@ -17,9 +19,9 @@ is left of an interrupted step).
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,16 @@ from learner.runtime.api import (
     RuntimeFailure,
 )
 from learner.runtime.cluster_state import ClusterStateStore, initial_state
-from learner.runtime.comm import SYNC, Groups, Transport, interruptible, tag
+from learner.runtime.cluster_watch import ClusterView
+from learner.runtime.comm import (
+    SYNC,
+    BackgroundCall,
+    Groups,
+    Transport,
+    interruptible,
+    tag,
+    wait_any,
+)
 from learner.runtime.failover import Failover
 from learner.runtime.interpreter import Interpreter
 from learner.runtime.options import KillPoint, WorkerOptions
@@ -81,10 +92,18 @@ class Worker:
         self.failover = Failover(self.state, cluster, store)
         self._stopped = threading.Event()
         self._members_complete = threading.Event()
+        self._view = ClusterView()
+        self._cancel_watch: Callable[[], None] | None = None
         self.loss_history: list[tuple[int, float]] = []
         # (step, seconds since the previous step ended): failover pauses land in here
         self.step_times: list[tuple[int, float]] = []
+        # time.monotonic() and time.process_time() at the end of each step, in step_times'
+        # order: benchmarks take the steady-state wall and CPU time of a window of steps
+        self.step_ends: list[float] = []
+        self.step_cpu: list[float] = []
         self._t_last = time.monotonic()
+        # flat gradients (+ the loss on the last stage) per owned block, reused every step
+        self._stash_bufs: dict[int, torch.Tensor] = {}
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
     @property
@@ -164,6 +183,9 @@ class Worker:
         # can take longer than a short lease
         self._watcher = threading.Thread(target=self._watch, name="watcher", daemon=True)
         self._watcher.start()
+        # not from the watcher thread: creating the watch can take a while on a busy
+        # machine, and the lease must be refreshed meanwhile
+        self._cancel_watch = self.cluster.watch(self._view.apply)
         state = initial_state(self.cluster, st.P, st.D)
         if self.opts.join_token is not None:
             return self._join_running()
@@ -182,6 +204,7 @@ class Worker:
                 )
             time.sleep(self.opts.poll_s)
         self._members_complete.set()
+        self._view.changed.set()  # the watcher may now look for missing members
         t0 = time.monotonic()
         self._build()
         first_step = self._restore_checkpoint()
@@ -239,37 +262,45 @@ class Worker:
     # ---------------------------------------------------------------- watcher
 
     def _watch(self) -> None:
-        """Keep the lease; flag a new generation; declare dead a peer whose lease expired."""
+        """Keep the lease; flag a new generation; declare dead a peer whose lease expired.
+
+        Event-driven (``cluster_watch``): it wakes on a change under the job's prefix and,
+        every quarter of the lease TTL, to refresh this worker's lease; nothing else.
+        """
         st = self.state
-        last_keepalive = 0.0
+        view = self._view
+        next_keepalive = 0.0
         while not self._stopped.is_set():
-            try:
-                now = time.monotonic()
-                if now - last_keepalive > self.opts.lease_ttl_s / 4:
+            now = time.monotonic()
+            if now >= next_keepalive:
+                try:
                     self.cluster.keepalive()
-                    last_keepalive = now
-                state, _ = self.cluster.get_state()
-                if state is not None and self._members_complete.is_set():
-                    if state.generation != st.generation or state.fatal or st.me in state.dead:
-                        st.changed.set()
-                    alive = self.cluster.alive_members()
-                    missing = [
-                        w
-                        for w in Topology(st.P, st.D, frozenset(state.dead)).alive
-                        if w not in alive and w != st.me
-                    ]
-                    if missing:
-                        # a worker that finished the job lets its lease go: not a failure
-                        done = {
-                            int(k.rsplit("/", 1)[1])
-                            for k in self.cluster.get_prefix(f"done/{state.generation}/")
-                        }
-                        for w in missing:
-                            if w not in done:
-                                self.failover.declare_dead(w, "etcd lease expired")
-            except Exception as exc:  # a flaky etcd read must not kill the watcher
-                st.log(f"watcher: {exc!r}")
-            self._stopped.wait(self.opts.poll_s)
+                except Exception as exc:  # etcd away for a moment: the lease outlives it
+                    st.log(f"watcher: lease refresh: {exc!r}")
+                next_keepalive = now + self.opts.lease_ttl_s / 4
+            if view.changed.wait(max(0.0, next_keepalive - time.monotonic())):
+                view.changed.clear()
+                try:
+                    self._on_cluster_change()
+                except Exception as exc:  # a flaky etcd write must not kill the watcher
+                    st.log(f"watcher: {exc!r}")
+                    view.changed.set()  # look again
+                    self._stopped.wait(self.opts.poll_s)
+
+    def _on_cluster_change(self) -> None:
+        st = self.state
+        seen = self._view.snapshot()
+        state = seen.state
+        if state is None or not self._members_complete.is_set():
+            return
+        # only a newer generation: the view can lag behind a transition this worker made
+        if state.generation > st.generation or state.fatal or st.me in state.dead:
+            st.changed.set()
+        # a worker that finished the job lets its lease go: not a failure
+        done = seen.done.get(state.generation, frozenset())
+        for w in Topology(st.P, st.D, frozenset(state.dead)).alive:
+            if w != st.me and w in seen.seen and w not in seen.members and w not in done:
+                self.failover.declare_dead(w, "etcd lease expired")
 
     # ------------------------------------------------------------- main loop
 
@@ -302,6 +333,10 @@ class Worker:
             raise
         finally:
             self._stopped.set()
+            self._view.changed.set()  # wake the watcher to stop its watch
+            if self._cancel_watch is not None:
+                # before the caller closes the store's client
+                self._cancel_watch()
             if st.transport is not None:
                 st.transport.close()
 
@@ -330,40 +365,24 @@ class Worker:
                     blk.acc = [torch.zeros_like(p) for p in blk.params]
                 rest = {b: self._program(b) for b in st.owned}
         programs = {b: prog for b, prog in rest.items() if prog}
-        results: queue.Queue[tuple[int, BaseException | None]] = queue.Queue()
-        for b in sorted(programs):
-            threading.Thread(
-                target=self._run_block_thread,
-                args=(b, step, epoch, programs[b], recovering, results),
-                name=f"block{b}-step{step}",
-                daemon=True,
-            ).start()
-        pending = set(programs)
+        # each block's program on a kept pool thread (comm.POOL), not a thread per step
+        calls = [
+            BackgroundCall(
+                lambda b=b: self.interpreter.run_block(  # type: ignore[misc]
+                    b, step, epoch, programs[b], recovering
+                ),
+                f"block{b}",
+            )
+            for b in sorted(programs)
+        ]
+        pending = list(calls)
         while pending:
-            try:
-                b, err = results.get(timeout=0.02)
-            except queue.Empty:
-                if st.changed.is_set():
-                    raise Interrupted(f"generation changed during step {step}") from None
-                continue
-            pending.discard(b)
-            if err is not None:
-                raise err
-
-    def _run_block_thread(
-        self,
-        b: int,
-        step: int,
-        epoch: int,
-        program: list[Instr],
-        recovering: bool,
-        results: queue.Queue[tuple[int, BaseException | None]],
-    ) -> None:
-        try:
-            self.interpreter.run_block(b, step, epoch, program, recovering)
-            results.put((b, None))
-        except BaseException as exc:
-            results.put((b, exc))
+            wait_any(pending, st.changed)  # wakes on a block's end or a new generation
+            for call in [c for c in pending if c.done.is_set()]:
+                pending.remove(call)
+                call.result()  # a block's error ends the step at once
+            if pending and st.changed.is_set():
+                raise Interrupted(f"generation changed during step {step}")
 
     def _program(self, b: int) -> list[Instr]:
         st = self.state
@@ -403,7 +422,17 @@ class Worker:
                             [self._step_loss(step)], dtype=self.job.dtype, device=st.device
                         )
                     )
-                blk.stash = torch.cat(parts) if parts else torch.zeros(0, device=st.device)
+                # into a buffer kept per block, not a new one each step; the previous
+                # step's stash is no longer needed once this step's is written
+                numel = sum(t.numel() for t in parts)
+                buf = self._stash_bufs.get(b)
+                if buf is None or buf.numel() != numel:
+                    buf = self._stash_bufs[b] = torch.empty(
+                        numel, dtype=self.job.dtype, device=st.device
+                    )
+                if parts:
+                    torch.cat(parts, out=buf)
+                blk.stash = buf
                 blk.stash_step = step
             st.check_kill(Op.ALLREDUCE)
             assert blk.stash is not None
@@ -438,6 +467,8 @@ class Worker:
                 interruptible(work.wait, st.changed, "replica update send")
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
+        self.step_ends.append(now)
+        self.step_cpu.append(time.process_time())
         self._t_last = now
         if loss is not None:
             self.loss_history.append((step, loss))

@@ -1,7 +1,7 @@
 """The instruction interpreter: runs one block's program of a step, with eager FRC/BRC.
 
-Each block the worker owns runs its instruction list (``schedule``) in its own thread
-(started by the step loop, ``engine``); blocks on the same worker (after a failover) hand
+Each block the worker owns runs its instruction list (``schedule``) on its own pool
+thread (submitted by the step loop, ``engine``; ``comm.POOL`` keeps the threads); blocks on the same worker (after a failover) hand
 each other activations and gradients through the transport's local mailbox instead of
 the network. Gradients are computed with ``torch.autograd.grad`` and added to a per-block
 accumulator under the worker lock with an epoch check, so a thread abandoned by a
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from learner.runtime.api import LinkError, RuntimeFailure
-from learner.runtime.bubbles import BubblePredictor
+from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC, BubblePredictor, FrcProfile
 from learner.runtime.comm import ACT, BRC_GRAD, GRAD, BackgroundCall, tag
 from learner.runtime.schedule import Instr, Op
 from learner.runtime.worker_state import FrcRecord, WorkerState
@@ -35,6 +35,7 @@ class Interpreter:
         self.state = state
         # a leftover FRC is free only on the last stage (see bubbles)
         self._bubbles = BubblePredictor(overrun=0.1 if state.me % state.P == state.P - 1 else 0.5)
+        self.frc_profile = FrcProfile()
 
     def run_block(
         self, b: int, step: int, epoch: int, program: list[Instr], recovering: bool
@@ -148,7 +149,7 @@ class Interpreter:
         """Eager FRC that found no bubble in the pipeline part (run by the sync phase)."""
         epoch = self.state.epoch
         while (m := self._next_frc(step)) is not None:
-            self._ensure_frc(step, m, epoch)
+            self._ensure_frc(step, m, epoch, IN_SYNC)
 
     def _recv(
         self,
@@ -173,7 +174,7 @@ class Interpreter:
             m = self._next_frc(step)
             if m is None or not bubbles.fits(key, time.monotonic() - t0, floor_frcs):
                 break
-            self._ensure_frc(step, m, epoch)
+            self._ensure_frc(step, m, epoch, IN_BUBBLE)
         call.done.wait()
         # arrival measured in the receiving thread: filling does not shrink the prediction
         bubbles.record_wait(key, call.finished_at - t0)
@@ -202,7 +203,7 @@ class Interpreter:
             return torch.autograd.graph.save_on_cpu(pin_memory=True)
         return contextlib.nullcontext()
 
-    def _ensure_frc(self, step: int, m: int, epoch: int) -> None:
+    def _ensure_frc(self, step: int, m: int, epoch: int, where: str) -> None:
         """The replica's forward of microbatch ``m`` (eager FRC), unless it already ran."""
         st = self.state
         rep = st.replica
@@ -227,7 +228,9 @@ class Interpreter:
         with st.lock:
             st.guard(epoch)
             st.frc[(k, m)] = FrcRecord(step, rep.version, inp, out)
-        self._bubbles.record_frc(time.monotonic() - t0)
+        spent = time.monotonic() - t0
+        self._bubbles.record_frc(spent)
+        self.frc_profile.record(step, where, spent)
 
     def _brc_backward(self, step: int, m: int, epoch: int) -> None:
         st = self.state
@@ -235,7 +238,7 @@ class Interpreter:
         tr = st.transport
         assert rep is not None and tr is not None
         k = rep.index
-        self._ensure_frc(step, m, epoch)
+        self._ensure_frc(step, m, epoch, FOR_BRC)
         with st.lock:
             st.guard(epoch)
             rec = st.frc[(k, m)]

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from learner.runtime.api import Batch, Interrupted, PipelineJob, RuntimeFailure
-from learner.runtime.comm import Groups, Transport
+from learner.runtime.comm import Groups, Transport, WakeableEvent
 from learner.runtime.options import WorkerOptions
 from learner.runtime.recovery import BlockProgress
 from learner.runtime.schedule import Op
@@ -127,8 +127,9 @@ class WorkerState:
         self.lock = threading.RLock()
         # bumped by every failover: a thread that saw an older epoch was abandoned
         self.epoch = 0
-        # set when the cluster state moved (a new generation, fatal, this worker evicted)
-        self.changed = threading.Event()
+        # set when the cluster state moved (a new generation, fatal, this worker evicted);
+        # waits subscribe to it instead of polling it (comm.wait_any)
+        self.changed = WakeableEvent()
         self.generation = 0
         self.topo = Topology(self.P, self.D, frozenset(), self.mode.has_replica)
         self.owned: dict[int, BlockState] = {}

@@ -1,0 +1,536 @@
+"""The pipeline runtime against torch.distributed.pipelining, in the same processes (issue #24).
+
+    .venv/bin/python benchmarks/runtime_vs_torch.py [--steps 12] [--reps 3] [--json]
+
+Two stages (``--stages``) on CPU, gloo, one torch thread per process, launched by
+``learner.runtime.launch`` with this script as the training script. Inside the same worker
+processes, one after the other, modes interleaved and repeated (``--reps``):
+
+- ``torch-1f1b`` / ``torch-gpipe``: ``torch.distributed.pipelining`` ``PipelineStage`` with
+  ``Schedule1F1B`` / ``ScheduleGPipe``, then the optimizer step;
+- ``rz-none`` / ``rz-lazy-frc-lazy-brc`` / ``rz-eager-frc-lazy-brc``: the Rhizome runtime
+  (``learner.runtime.engine.Worker``) in that redundancy mode, 1F1B order.
+
+All of them train the same model (the char GPT of examples/pipeline-gpt: embedding + 4
+pre-norm blocks of width 128, context 64) split where the runtime's ``balance="params"``
+splits it, from the same seed, on the same 4 microbatches of 8 sequences per step, with
+AdamW. Prints, per mode: the last stage's iteration time (median of the per-repetition
+medians, and the best repetition), the ratios to torch 1F1B and to Rhizome none (same run),
+the largest per-step loss difference to torch 1F1B, the CPU of each worker and of etcd in
+steady state (fraction of one core), and for eager FRC the share of its time that ran
+inside bubbles. ``--json`` prints one JSON object instead:
+``{"modes": {"torch-1f1b": {"iter_ms": ...}, ...}, "losses_match": true|false, ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from learner.runtime.api import PipelineJob  # noqa: E402
+
+TORCH_MODES = {"torch-1f1b": "1f1b", "torch-gpipe": "gpipe"}
+RZ_MODES = {
+    "rz-none": "none",
+    "rz-lazy-frc-lazy-brc": "lazy-frc-lazy-brc",
+    "rz-eager-frc-lazy-brc": "eager-frc-lazy-brc",
+}
+ALL_MODES = [*TORCH_MODES, *RZ_MODES]
+WARM = 3  # steps dropped at the start of every run (allocator, bubble history)
+LOSS_TOL = 1e-4
+# issue #24's goals, each a ratio measured in the same run
+GOALS = {
+    "rz-none": ("torch-1f1b", 1.02),
+    "rz-lazy-frc-lazy-brc": ("rz-none", 1.03),
+    "rz-eager-frc-lazy-brc": ("rz-none", 1.10),
+}
+ETCD_GOAL = 0.01  # of one core, steady state
+
+
+def tiny_job(steps: int, redundancy: str) -> PipelineJob:
+    """The runtime tests' float64 MLP: the losses must match to rounding, not just 1e-4."""
+    from learner.runtime.toy import toy_job
+
+    return toy_job(steps=steps, microbatches=4, redundancy=redundancy, depth=4)
+
+
+def gpt_job(steps: int, redundancy: str) -> PipelineJob:
+    spec = importlib.util.spec_from_file_location(
+        "pipeline_gpt", REPO / "examples/pipeline-gpt/train.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    job: PipelineJob = mod.gpt_job(
+        steps=steps,
+        microbatches=4,
+        dim=128,
+        layers=4,
+        heads=4,
+        context=64,
+        batch=8,
+        redundancy=redundancy,
+    )
+    return job
+
+
+MODELS = {"gpt": gpt_job, "tiny": tiny_job}
+
+
+# ----------------------------------------------------------------- worker side
+
+
+def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> dict[str, Any]:
+    """``job`` under torch.distributed.pipelining, with the runtime's split and data."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from learner.runtime.partition import balanced_boundaries, param_costs
+
+    torch.manual_seed(job.seed)
+    layers = [layer.to(dtype=job.dtype) for layer in job.build_layers()]
+    bounds = balanced_boundaries(param_costs(layers), stages)
+    module = nn.Sequential(*layers[bounds[me] : bounds[me + 1]])
+    scale = 1.0 / job.microbatches  # as the runtime scales each microbatch's loss
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return job.loss_fn(out, target) * scale
+
+    stage = PipelineStage(module, me, stages, torch.device("cpu"), group=group)
+    schedule_cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
+    schedule = schedule_cls(stage, job.microbatches, loss_fn=loss_fn, scale_grads=False)
+    optimizer = job.optimizer(module.parameters())
+    first, last = me == 0, me == stages - 1
+    times: list[float] = []
+    ends: list[float] = []
+    cpu: list[float] = []
+    losses: list[float] = []
+    t_last = time.monotonic()
+    for step in range(job.steps):
+        mbs = [job.batch(step, 0, m) for m in range(job.microbatches)]
+        x = torch.cat([b[0] for b in mbs]) if first else None
+        y = torch.cat([b[1] for b in mbs]) if last else None
+        if first:
+            schedule.step(x)
+        elif last:
+            got: list[torch.Tensor] = []
+            schedule.step(target=y, losses=got)
+            losses.append(float(sum(float(v.item()) for v in got)))
+        else:
+            schedule.step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        now = time.monotonic()
+        times.append(now - t_last)
+        ends.append(now)
+        cpu.append(time.process_time())
+        t_last = now
+    return {"times": times, "ends": ends, "cpu": cpu, "losses": losses, "frc": None}
+
+
+def run_rhizome(job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any) -> dict[str, Any]:
+    from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC
+    from learner.runtime.cluster_state import EtcdClusterStateStore
+    from learner.runtime.engine import Worker
+
+    cluster = EtcdClusterStateStore(etcd, job_id)
+    try:
+        worker = Worker(job, opts, cluster, store)
+        worker.run()
+    finally:
+        cluster.close()
+    totals = worker.interpreter.frc_profile.totals(WARM)
+    return {
+        "times": [t for _, t in worker.step_times],
+        "ends": worker.step_ends,
+        "cpu": worker.step_cpu,
+        "losses": [loss for _, loss in worker.loss_history],
+        "frc": {
+            "bubble_s": totals[IN_BUBBLE],
+            "sync_s": totals[IN_SYNC],
+            "brc_s": totals[FOR_BRC],
+        },
+        # per step: seconds of FRC in bubbles / in the sync phase / before an eager BRC
+        "frc_steps": {
+            str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC]]
+            for step, row in sorted(worker.interpreter.frc_profile.per_step.items())
+        },
+    }
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    """Runs inside each launched worker process: every mode, interleaved, repeated."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from contract.env import RuntimeEnv
+    from learner.runtime.worker import options_from_env
+
+    torch.set_num_threads(1)
+    env = RuntimeEnv.from_environ(os.environ)
+    opts = options_from_env(env)
+    opts.verbose = False
+    host, _, port = env.store.rpartition(":")
+    store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=120))
+    # torch.distributed.pipelining sends through a process group of its own; the runtime
+    # never uses the default group, so the two do not meet
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("torch-pipelining", store),
+        rank=env.worker,
+        world_size=env.stages,
+    )
+    results = Path(args.results)
+    code = 0
+    i = 0
+    for rep in range(args.reps):
+        for mode in args.modes.split(","):
+            try:
+                if mode in TORCH_MODES:
+                    job = MODELS[args.model](args.steps, "none")
+                    out = run_torch(job, TORCH_MODES[mode], env.worker, env.stages, None)
+                else:
+                    job = MODELS[args.model](args.steps, RZ_MODES[mode])
+                    out = run_rhizome(
+                        job,
+                        opts,
+                        env.etcd,
+                        f"{env.job_id}-{i}",
+                        dist.PrefixStore(f"run{i}", store),
+                    )
+            except Exception as exc:
+                print(f"ERROR in {mode}: {exc!r}", file=sys.stderr, flush=True)
+                code = 1
+                break
+            # the workers share stdout: results go to one file each
+            (results / f"w{env.worker}-run{i}.json").write_text(
+                json.dumps({"worker": env.worker, "mode": mode, "rep": rep, **out})
+            )
+            i += 1
+        if code:
+            break
+    sys.stdout.flush()
+    os._exit(code)
+
+
+# ------------------------------------------------------------------ driver side
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every live thread of ``pid`` (``schedstat``: nanoseconds, not ticks)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total
+
+
+class CpuSampler:
+    """``(time.monotonic(), CPU ns)`` of one process every 50 ms, in a thread.
+
+    etcd's threads live as long as etcd, so summing them misses nothing; the CPU used over
+    any window of the run is interpolated between the samples around it.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), _cpu_ns(self.pid)))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, t: float) -> float:
+        """CPU seconds at monotonic time ``t`` (linear between samples)."""
+        s = self.samples
+        for (t0, c0), (t1, c1) in itertools.pairwise(s):
+            if t0 <= t <= t1:
+                frac = 0.0 if t1 == t0 else (t - t0) / (t1 - t0)
+                return (c0 + frac * (c1 - c0)) / 1e9
+        return (s[-1][1] if t > s[-1][0] else s[0][1]) / 1e9
+
+
+@contextlib.contextmanager
+def etcd_server() -> Iterator[tuple[str, int]]:
+    """A private etcd as the launcher starts one, but with its pid (for its CPU)."""
+    from contract.etcd import etcd_argv, etcd_healthy
+    from contract.procs import free_port
+
+    data = Path(tempfile.mkdtemp(prefix="runtime-vs-torch-etcd-"))
+    port, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (data / "etcd.log").open("wb")
+    proc = subprocess.Popen(etcd_argv(data / "d", port, peer), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while not etcd_healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"etcd did not start; see {data / 'etcd.log'}")
+            time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
+    results = Path(tempfile.mkdtemp(prefix="runtime-vs-torch-"))
+    argv = [
+        sys.executable,
+        "-m",
+        "learner.runtime.launch",
+        "--stages",
+        str(args.stages),
+        "--etcd",
+        etcd,
+        "--job-id",
+        f"bench-{uuid.uuid4().hex[:8]}",
+        "--detection-timeout",
+        "10",
+        __file__,
+        "--worker",
+        "--steps",
+        str(args.steps),
+        "--reps",
+        str(args.reps),
+        "--modes",
+        args.modes,
+        "--model",
+        args.model,
+        "--results",
+        str(results),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not args.json:
+        print(f"# running {args.reps} x {len(args.modes.split(','))} runs ...", flush=True)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1800, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    out = [json.loads(f.read_text()) for f in sorted(results.glob("*.json"))]
+    shutil.rmtree(results, ignore_errors=True)
+    return out
+
+
+def args_steps(runs: list[dict[str, Any]]) -> int:
+    return len(runs[0]["times"]) if runs else 0
+
+
+def summarize(
+    recs: list[dict[str, Any]], modes: list[str], stages: int, etcd_cpu: CpuSampler
+) -> dict[str, Any]:
+    last = stages - 1
+    per_mode: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        runs = [r for r in recs if r["mode"] == mode]
+        lasts = [r for r in runs if r["worker"] == last]
+        medians = [statistics.median(r["times"][WARM:]) * 1000 for r in lasts]
+        row: dict[str, Any] = {
+            "iter_ms": statistics.median(medians),
+            "best_ms": min(medians),
+            "reps_ms": medians,
+        }
+        # CPU in steady state: from the end of the warm-up steps to the end of the run
+        cpu: dict[str, float] = {}
+        etcd_s = etcd_wall = 0.0
+        for w in range(stages):
+            used = wall = 0.0
+            for r in (r for r in runs if r["worker"] == w):
+                used += r["cpu"][-1] - r["cpu"][WARM - 1]
+                wall += r["ends"][-1] - r["ends"][WARM - 1]
+                if w == last:
+                    t0, t1 = r["ends"][WARM - 1], r["ends"][-1]
+                    etcd_s += etcd_cpu.at(t1) - etcd_cpu.at(t0)
+                    etcd_wall += t1 - t0
+            cpu[f"worker{w}"] = used / wall if wall else 0.0
+        row["cpu_cores"] = cpu
+        row["etcd_cpu_cores"] = etcd_s / etcd_wall if etcd_wall else 0.0
+        row["losses"] = lasts[0]["losses"] if lasts else []
+        frc = [r["frc"] for r in runs if r["frc"] is not None]
+        spent = {k: sum(f[k] for f in frc) for k in ("bubble_s", "sync_s", "brc_s")}
+        total = sum(spent.values())
+        row["frc_bubble_share"] = spent["bubble_s"] / total if total else None
+        # per worker that ran FRC and per measured step
+        per = max(1, len(frc)) * max(1, args_steps(lasts) - WARM)
+        row["frc_ms_per_step"] = (
+            {k.removesuffix("_s"): 1000 * v / per for k, v in spent.items()} if total else None
+        )
+        per_mode[mode] = row
+    ref = per_mode.get("torch-1f1b")
+    none = per_mode.get("rz-none")
+    matched = True
+    for row in per_mode.values():
+        if ref is not None:
+            row["vs_torch_1f1b"] = row["iter_ms"] / ref["iter_ms"]
+            row["best_vs_torch_1f1b"] = row["best_ms"] / ref["best_ms"]
+            diffs = [abs(a - b) for a, b in zip(row["losses"], ref["losses"], strict=False)]
+            equal_len = len(row["losses"]) == len(ref["losses"])
+            row["max_loss_diff"] = max(diffs) if diffs else None
+            matched = matched and equal_len and bool(diffs) and max(diffs) <= LOSS_TOL
+        if none is not None:
+            row["vs_rz_none"] = row["iter_ms"] / none["iter_ms"]
+    return {"modes": per_mode, "losses_match": matched}
+
+
+def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    modes = summary["modes"]
+    print(
+        f"# runtime_vs_torch: {args.stages} stages, gloo/CPU, 1 torch thread per process, "
+        f"{os.cpu_count()} cores (shared); model {args.model}, 4 microbatches; "
+        f"{args.steps} steps per run (first {WARM} dropped), {args.reps} interleaved repetitions"
+    )
+    print(
+        "| mode | iteration ms (median) | best | vs torch 1F1B | best vs best | vs rz none "
+        "| max loss diff | CPU per worker (cores) | etcd CPU | FRC in bubbles |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    for mode, row in modes.items():
+        cpu = " / ".join(f"{v:.2f}" for v in row["cpu_cores"].values())
+        share = row["frc_bubble_share"]
+        diff = row.get("max_loss_diff")
+        print(
+            f"| {mode} | {row['iter_ms']:.1f} | {row['best_ms']:.1f} "
+            f"| {row.get('vs_torch_1f1b', float('nan')):.3f} "
+            f"| {row.get('best_vs_torch_1f1b', float('nan')):.3f} "
+            f"| {row.get('vs_rz_none', float('nan')):.3f} "
+            f"| {'-' if diff is None else f'{diff:.1e}'} | {cpu} "
+            f"| {row['etcd_cpu_cores'] * 100:.2f} % "
+            f"| {'-' if share is None else f'{share * 100:.0f} %'} |"
+        )
+    for mode, row in modes.items():
+        if row.get("frc_ms_per_step"):
+            f = row["frc_ms_per_step"]
+            print(
+                f"# {mode}: FRC per step per worker: {f['bubble']:.1f} ms in bubbles, "
+                f"{f['sync']:.1f} ms in the sync phase, {f['brc']:.1f} ms before an eager BRC"
+            )
+    print(f"losses match torch 1F1B within {LOSS_TOL:g}: {summary['losses_match']}")
+    for mode, (base, goal) in GOALS.items():
+        if mode in modes and base in modes:
+            ratio = modes[mode]["iter_ms"] / modes[base]["iter_ms"]
+            verdict = "met" if ratio <= goal else "NOT met"
+            print(f"goal: {mode} <= {goal:.2f}x {base}: {ratio:.3f} -> {verdict}")
+    # etcd's own floor (its timers, the driver's sampling) is what it uses while torch
+    # trains: torch never talks to it
+    idle = modes["torch-1f1b"]["etcd_cpu_cores"] if "torch-1f1b" in modes else 0.0
+    for mode in (m for m in modes if m.startswith("rz-")):
+        etcd = modes[mode]["etcd_cpu_cores"]
+        verdict = "met" if etcd < ETCD_GOAL else "NOT met"
+        print(
+            f"goal: etcd CPU < 1 % of a core during {mode}: {etcd * 100:.2f} % "
+            f"({(etcd - idle) * 100:+.2f} % over its level while torch trains) -> {verdict}"
+        )
+
+
+def profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
+    for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
+        print(f"\n# --profile {mode}: FRC ms per step, in bubbles / in the sync phase")
+        runs = [r for r in recs if r["mode"] == mode and r.get("frc_steps")]
+        steps = sorted({int(k) for r in runs for k in r["frc_steps"]})
+        print("| worker (stage) | rep | " + " | ".join(f"step {k}" for k in steps) + " |")
+        print("| --- | ---: |" + " ---: |" * len(steps))
+        for r in sorted(runs, key=lambda r: (r["worker"], r["rep"])):
+            cells = []
+            for k in steps:
+                bubble, sync, _ = r["frc_steps"].get(str(k), [0.0, 0.0, 0.0])
+                cells.append(f"{bubble * 1000:.0f} / {sync * 1000:.0f}")
+            print(
+                f"| {r['worker']} ({r['worker'] % stages}) | {r['rep']} | "
+                + " | ".join(cells)
+                + " |"
+            )
+
+
+def driver(args: argparse.Namespace) -> None:
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; use some of {','.join(ALL_MODES)}")
+    if not 2 <= args.stages <= 4:
+        raise SystemExit(f"--stages {args.stages}: use 2, 3 or 4")
+    with etcd_server() as (url, pid):
+        sampler = CpuSampler(pid)
+        try:
+            recs = launch(args, url)
+        finally:
+            sampler.stop()
+    summary = summarize(recs, modes, args.stages, sampler)
+    if args.json:
+        for row in summary["modes"].values():
+            row.pop("losses", None)
+        print(json.dumps(summary, indent=2))
+    else:
+        report(summary, args)
+        if args.profile:
+            profile(recs, args.stages)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=12, help="steps per run (first 3 dropped)")
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of every mode")
+    p.add_argument("--stages", type=int, default=2, help="pipeline stages (2-4)")
+    p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated modes")
+    p.add_argument(
+        "--model",
+        default="gpt",
+        choices=sorted(MODELS),
+        help="gpt: the char GPT of examples/pipeline-gpt (the figures); tiny: the tests' MLP",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print, per stage and step, ms of eager FRC in bubbles and in the sync phase",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--results", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker_main(args)
+    else:
+        if args.steps <= WARM + 1:
+            raise SystemExit(f"--steps {args.steps}: need more than {WARM + 1}")
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
