@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -58,12 +59,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", default=None, help="directory for <worker>.json: final step, parameters"
     )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="resume from this file if it exists; save to it on leaving",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every re-form's plan")
     args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(message)s",
+    )
 
     # everything is built before joining, while the others keep training
     model = make_model()
     optimizer = make_optimizer(model)
     dataset = make_dataset(args.samples)
+    resume = None
+    if args.checkpoint and Path(args.checkpoint).exists():
+        resume = torch.load(args.checkpoint, weights_only=False)
     try:
         job = elastic.join(
             model,
@@ -77,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             min_workers=args.min_workers,
             sample_log=args.sample_log,
             straggler_window=args.straggler_window,
+            resume=resume,
         )
     except elastic.ElasticError as exc:
         print(f"train.py: {exc}", file=sys.stderr)
@@ -114,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         )
+    if (
+        args.checkpoint
+    ):  # stop-resume (benchmarks/elastic_scaling.py): the state continues the epoch
+        tmp = Path(f"{args.checkpoint}.{job.name}.tmp")
+        torch.save(job.state_dict(), tmp)
+        tmp.replace(args.checkpoint)
     job.close()
     return 0
 

@@ -98,6 +98,7 @@ class ElasticWorker(ElasticJob):
         sample_log: str | Path | None = None,
         straggler_window: int = 0,
         straggler_factor: float = 2.0,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ElasticConfigError(f"batch_size must be a positive integer, got {batch_size}")
@@ -132,6 +133,8 @@ class ElasticWorker(ElasticJob):
         self.client = EtcdClient.connect(etcd)
         self.rdzv = Rendezvous(self.client, job_id, self.me, lease_ttl_s=lease_ttl_s, host=host)
         self.stalls: list[dict[str, Any]] = []  # per re-form: kind, seconds (benchmarks read it)
+        if resume is not None:  # a checkpoint: the most steps, so the handover spreads it
+            self.load_state_dict(resume)
         self._join()
 
     # -- properties ---------------------------------------------------------------------------
@@ -231,11 +234,14 @@ class ElasticWorker(ElasticJob):
         members = self._membership.members
         rank = members.index(self.me)
         steps = torch.zeros(len(members), dtype=torch.float64)
-        steps[rank] = -1 if joining else self._step
+        # a joiner without a checkpoint has nothing to offer: it never wins a tie at 0
+        steps[rank] = -1 if joining and self._step == 0 else self._step
         self._group.allreduce([steps]).wait()
         by_worker = {w: int(steps[i]) for i, w in enumerate(members)}
         source = choose_source(by_worker)
-        if len(set(by_worker.values())) > 1:
+        # broadcast when someone is behind or has no state yet (a joiner; at the first
+        # generation every worker, so all start from the same initial parameters)
+        if len(set(by_worker.values())) > 1 or -1 in by_worker.values():
             root = members.index(source)
             payload = self._pack() if self.me == source else b""
             size = torch.tensor([len(payload)], dtype=torch.int64)
@@ -249,6 +255,7 @@ class ElasticWorker(ElasticJob):
             if self.me != source:
                 self._unpack(buf.numpy().tobytes())
         self._plan = self._plan.reassign(list(members))
+        log.debug("%s: plan after re-form: %s", self.me, self._plan.to_json())
         if self.rdzv.is_leader():
             self.client.put(
                 keys.elastic_plan(self.rdzv.job), {"step": self._step, "plan": self._plan.to_json()}
@@ -384,6 +391,7 @@ class ElasticWorker(ElasticJob):
         ids = self._sample_ids()
         self._record(
             {
+                "time": time.time(),
                 "epoch": self._plan.epoch,
                 "step": self._step,
                 "generation": self._membership.generation,

@@ -76,6 +76,7 @@ class Job:
             str(self.tmp / f"log-{worker}.jsonl"),
             "--out",
             str(self.tmp / "out"),
+            "--verbose",
             *extra,
         ]
         out = (self.tmp / f"{worker}.out").open("wb")

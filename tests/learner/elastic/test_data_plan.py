@@ -101,7 +101,7 @@ events = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     events=events,
     num_samples=st.integers(1, 60),
