@@ -38,6 +38,16 @@ def make_dataset(size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x[i], y[i]) for i in range(size)]
 
 
+def save_checkpoint(path: Path, job: elastic.ElasticJob) -> None:
+    """Save the job's state (which continues the epoch) unless a worker that left later,
+    with more steps, already saved: workers stopped together leave at nearby steps."""
+    if path.exists() and torch.load(path, weights_only=False)["step"] > job.step_count:
+        return
+    tmp = path.with_name(f"{path.name}.{job.name}.tmp")
+    torch.save(job.state_dict(), tmp)
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
@@ -129,12 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         )
-    if (
-        args.checkpoint
-    ):  # stop-resume (benchmarks/elastic_scaling.py): the state continues the epoch
-        tmp = Path(f"{args.checkpoint}.{job.name}.tmp")
-        torch.save(job.state_dict(), tmp)
-        tmp.replace(args.checkpoint)
+    if args.checkpoint:
+        save_checkpoint(Path(args.checkpoint), job)
     job.close()
     return 0
 

@@ -320,6 +320,27 @@ def test_a_straggler_is_scaled_in_and_reported(job: Job) -> None:
     check(job, ["w0", "w1", "slow"])
 
 
+def test_stop_resume_from_a_checkpoint_continues_the_epoch_and_the_step(job: Job) -> None:
+    ckpt = str(job.tmp / "ckpt.pt")
+    for w in ("w0", "w1"):
+        job.start(w, "--min-workers", "2", "--step-delay", "0.03", "--checkpoint", ckpt)
+    job.wait_for("10 steps", lambda: job.steps() >= 10)
+    assert job.stop() == {"w0": 0, "w1": 0}, job.outputs()
+    stopped_at = job.steps()
+    job.id = f"{job.id}-resumed"  # a new job, as after a stop-resume through the platform
+    job.start("r0", "--step-delay", "0.01", "--checkpoint", ckpt)
+    job.wait_for(
+        "epoch 1 after the resume",
+        lambda: (
+            job.steps() >= stopped_at + 10 and max(r.get("epoch", 0) for r in job.records()) >= 1
+        ),
+    )
+    assert job.stop()["r0"] == 0, job.outputs()
+    records = check(job, ["r0"])
+    resumed = [r["step"] for r in records if r.get("worker") == "r0" and "samples" in r]
+    assert resumed[0] == stopped_at, "the resumed job did not continue from the saved step"
+
+
 def test_a_joiner_with_a_stale_generation_is_refused(etcd_server: ManagedServer) -> None:
     job_id = f"el-{uuid.uuid4().hex[:8]}"
     client = EtcdClient.connect(etcd_server.url)
