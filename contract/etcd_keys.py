@@ -84,3 +84,68 @@ def runtime_ticket(job_id: str, worker: int) -> str:
     guardian when it starts a replacement for a lost pipeline learner; the runtime admits
     the joiner presenting that token (learner/runtime/reconfigure.py)."""
     return f"{runtime_prefix(job_id)}tickets/{worker}"
+
+
+# -- elastic data-parallel jobs (learner/elastic/, docs/elastic.md) ------------------------------
+def elastic_prefix(job_id: str) -> str:
+    """An elastic job's coordination keys: `state`, `leader`, `abort`, `plan`,
+    `workers/<w>`, `joins/<w>`, `acks/<w>`, `refused/<w>`, `leaves/<w>`."""
+    return f"{job_prefix(job_id)}elastic/"
+
+
+def elastic_state(job_id: str) -> str:
+    """The membership: generation, members in rank order, the generation's store address.
+    Only the leader writes it, each write a compare-and-set on its mod_revision."""
+    return f"{elastic_prefix(job_id)}state"
+
+
+def elastic_leader(job_id: str) -> str:
+    """Held (created, bound to its lease) by the job's leader; gone when it leaves or dies."""
+    return f"{elastic_prefix(job_id)}leader"
+
+
+def elastic_abort(job_id: str) -> str:
+    """The generation a worker saw fail (a peer lost mid-collective): everyone re-forms."""
+    return f"{elastic_prefix(job_id)}abort"
+
+
+def elastic_plan(job_id: str) -> str:
+    """The leader's copy of the data assignment (epoch, cursors, returned ranges) and step."""
+    return f"{elastic_prefix(job_id)}plan"
+
+
+def elastic_worker(job_id: str, worker: str) -> str:
+    """A worker's liveness, bound to its lease."""
+    return f"{elastic_prefix(job_id)}workers/{worker}"
+
+
+def elastic_workers_prefix(job_id: str) -> str:
+    return f"{elastic_prefix(job_id)}workers/"
+
+
+def elastic_join(job_id: str, worker: str) -> str:
+    """A ready joiner's request, naming the generation it read."""
+    return f"{elastic_prefix(job_id)}joins/{worker}"
+
+
+def elastic_joins_prefix(job_id: str) -> str:
+    return f"{elastic_prefix(job_id)}joins/"
+
+
+def elastic_ack(job_id: str, worker: str) -> str:
+    """A member's "I am at the boundary of generation g and alive" during a re-form."""
+    return f"{elastic_prefix(job_id)}acks/{worker}"
+
+
+def elastic_refusal(job_id: str, worker: str) -> str:
+    """Why the leader refused a join (a stale generation)."""
+    return f"{elastic_prefix(job_id)}refused/{worker}"
+
+
+def elastic_leave(job_id: str, worker: str) -> str:
+    """Why a member left (graceful, straggler), for the scheduler and the logs."""
+    return f"{elastic_prefix(job_id)}leaves/{worker}"
+
+
+def elastic_acks_prefix(job_id: str) -> str:
+    return f"{elastic_prefix(job_id)}acks/"
