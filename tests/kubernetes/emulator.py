@@ -100,22 +100,48 @@ class RhizomeEmulator(KubernetesEmulator):
                 },
             }
             return
-        # Streams end when the server is halted: aiohttp would otherwise wait for them.
-        stream = super()._serve_watch(request).__aiter__()
-        closing = asyncio.ensure_future(self.closing.wait())
+        # kmock's own watch subscribes to its event bus only after sending the snapshot,
+        # so a change in between is lost; a real API server has no such gap (it resumes
+        # from a resourceVersion). Subscribe first, then snapshot, under the same lock.
+        # Streams also end when the server is halted: aiohttp would otherwise wait.
+        assert request.resource is not None
+        yield b""
+        bus = self._buses[request.resource]
+        async with self._lock:
+            marker = await bus.mark()
+            objs = self._KubernetesEmulator__get_objs(request, strict=False)  # type: ignore[attr-defined]
+            events = [{"type": "ADDED", "object": o.raw} for o in objs if not o.deleted]
         try:
-            while True:
-                step = asyncio.ensure_future(stream.__anext__())
-                done, _ = await asyncio.wait({step, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if step not in done:
-                    step.cancel()
-                    return
-                try:
-                    yield step.result()
-                except StopAsyncIteration:
-                    return
+            for event in events:
+                yield event
+            stream = bus.stream(since=marker).__aiter__()
+            closing = asyncio.ensure_future(self.closing.wait())
+            try:
+                while True:
+                    step = asyncio.ensure_future(stream.__anext__())
+                    done, _ = await asyncio.wait(
+                        {step, closing}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if step not in done:
+                        step.cancel()
+                        return
+                    try:
+                        event = step.result()
+                    except StopAsyncIteration:
+                        return
+                    meta = (event.get("object") or {}).get("metadata") or {}
+                    if self._KubernetesEmulator__check(  # type: ignore[attr-defined]
+                        request,
+                        request.resource,
+                        meta.get("namespace"),
+                        meta.get("name"),
+                        strict=False,
+                    ):
+                        yield event
+            finally:
+                closing.cancel()
         finally:
-            closing.cancel()
+            await bus.unmark(marker)
 
 
 class Emulator:

@@ -33,6 +33,11 @@ LABEL_RANK = "rhizome.io/rank"
 LABEL_GENERATION = "rhizome.io/generation"
 LABEL_RESTART = "rhizome.io/restart"
 LABEL_ROLE = "rhizome.io/role"
+# What our scheduler reads from a pending pod: the gang's size, its GPU type (matched
+# against the nodes' label of the same name) and whether stages want distinct zones.
+LABEL_LEARNERS = "rhizome.io/learners"
+LABEL_GPU_TYPE = "rhizome.io/gpu-type"
+LABEL_ZONE_AWARE = "rhizome.io/zone-aware"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rhizome", "app.kubernetes.io/component": "learner"}
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER = "learner"
@@ -210,7 +215,12 @@ def pod_object(
         LABEL_GENERATION: str(job.generation),
         LABEL_RESTART: str(restart),
         LABEL_ROLE: Role.CONTROLLER.value,
+        LABEL_LEARNERS: str(job.learners),
     }
+    if int(job.gpus_per_learner) > 0 and job.manifest.resources.gpu_type:
+        labels[LABEL_GPU_TYPE] = job.manifest.resources.gpu_type
+    if job.manifest.pipeline is not None:
+        labels[LABEL_ZONE_AWARE] = "true"
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -241,11 +251,16 @@ def pod_object(
     res = resources(job)
     if res:
         container["resources"] = res
+    tolerations = []
+    if int(job.gpus_per_learner) > 0:
+        # GPU nodes are commonly tainted so that only pods asking for GPUs land there.
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(name, namespace, labels, owner),
         "spec": {
+            **({"tolerations": tolerations} if tolerations else {}),
             "schedulerName": SCHEDULER_NAME,
             "restartPolicy": "Never",  # the guardian restarts learners, counting them
             "terminationGracePeriodSeconds": max(1, int(job.grace_s + 0.999)),

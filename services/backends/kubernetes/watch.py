@@ -15,8 +15,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -116,38 +117,48 @@ class PodState:
         )
 
 
-class PodWatch:
+class ListWatch:
+    """List, then watch from the list's resourceVersion, in a thread; 410 or a broken
+    stream lists again. Subclasses say what to list (`list_call`) and keep the view
+    (`replace_all` after a list, `apply_object` per event)."""
+
     def __init__(
         self,
-        core: k8s.CoreV1Api,
         calls: Calls,
-        namespace: str,
-        job_id: str,
+        name: str,
+        list_call: Callable[..., Any],
+        list_args: tuple[Any, ...] = (),
+        label_selector: str = "",
         watch_timeout_s: int = 30,
         retry_s: float = 0.5,
     ) -> None:
-        self.core = core
         self.calls = calls
-        self.namespace = namespace
-        self.job_id = job_id
+        self.name = name
+        self.list_call = list_call
+        self.list_args = list_args
+        self.label_selector = label_selector
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
         self.synced = threading.Event()
         self.changed = threading.Event()
         self.relists = 0  # full lists made (the first, then one per 410 or broken stream)
         self.gone = 0  # 410s answered with a relist
-        self._states: dict[str, PodState] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread: threading.Thread | None = None
 
+    # -- what subclasses keep -----------------------------------------------------------
+    def replace_all(self, items: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def apply_object(self, kind: str, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     # -- life ---------------------------------------------------------------------------
-    def start(self) -> PodWatch:
+    def start(self) -> Self:
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name=f"k8s-pods-{self.job_id}", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
         return self
 
@@ -176,46 +187,36 @@ class PodWatch:
                         self._stop.wait(self.retry_s)
             except Gone:
                 self.gone += 1
-                log.info("job %s: pod watch expired (410 Gone); listing again", self.job_id)
+                log.info("%s: watch expired (410 Gone); listing again", self.name)
                 continue
             except Exception as exc:  # the server went away: list again when it is back
                 if not self._stop.is_set():
-                    log.info("job %s: pod watch broke (%s); listing again", self.job_id, exc)
+                    log.info("%s: watch broke (%s); listing again", self.name, exc)
             self.synced.clear()
             self._stop.wait(self.retry_s)
 
-    # -- the server -------------------------------------------------------------------------
+    def _selector(self) -> dict[str, Any]:
+        return {"label_selector": self.label_selector} if self.label_selector else {}
+
     def _relist(self) -> str:
         body = json_body(
             self.calls.call(
-                f"job {self.job_id}: listing pods",
-                self.core.list_namespaced_pod,
-                self.namespace,
-                label_selector=job_selector(self.job_id),
+                f"{self.name}: listing",
+                self.list_call,
+                *self.list_args,
+                **self._selector(),
                 _preload_content=False,
             )
         )
-        now = time.monotonic()
-        found: dict[str, PodState] = {}
-        for pod in body.get("items") or []:
-            if _job_of(pod) != self.job_id:
-                continue  # a server that ignores selectors: never adopt another job's pod
-            state = PodState.from_pod(pod, now)
-            found[state.name] = state
+        self.replace_all(list(body.get("items") or []))
         with self._lock:
-            for name, old in self._states.items():
-                if name in found:
-                    found[name] = replace(found[name], seen_at=old.seen_at)
-                else:  # removed while we were not listening
-                    found[name] = replace(old, deleted=True)
-            self._states = found
             self.relists += 1
         self.changed.set()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch_once(self, version: str) -> str:
         kwargs: dict[str, Any] = {
-            "label_selector": job_selector(self.job_id),
+            **self._selector(),
             "watch": True,
             "allow_watch_bookmarks": True,
             "timeout_seconds": self.watch_timeout_s,
@@ -226,7 +227,7 @@ class PodWatch:
         if version:
             kwargs["resource_version"] = version
         try:
-            resp: Any = self.core.list_namespaced_pod(self.namespace, **kwargs)
+            resp: Any = self.list_call(*self.list_args, **kwargs)
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone() from exc
@@ -238,8 +239,7 @@ class PodWatch:
                     break
                 if not line:
                     continue
-                event = json.loads(line)
-                version = self.apply(event, version)
+                version = self.apply(json.loads(line), version)
         except Exception as exc:
             if _is_read_timeout(exc):
                 return version  # a quiet stream ended by our own read timeout
@@ -251,7 +251,6 @@ class PodWatch:
                 resp.release_conn()
         return version
 
-    # -- the view ----------------------------------------------------------------------------
     def apply(self, event: dict[str, Any], version: str = "") -> str:
         """One watch event into the view; returns the resourceVersion to go on from."""
         kind = str(event.get("type") or "")
@@ -261,10 +260,46 @@ class PodWatch:
                 raise Gone()
             raise RuntimeError(f"watch error: {obj.get('reason')}: {obj.get('message')}")
         new_version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-        if kind == "BOOKMARK" or _job_of(obj) != self.job_id:
-            return new_version
+        if kind != "BOOKMARK":
+            self.apply_object(kind, obj)
+            self.changed.set()
+        return new_version
+
+
+class PodWatch(ListWatch):
+    """One job's pods."""
+
+    def __init__(self, core: k8s.CoreV1Api, calls: Calls, namespace: str, job_id: str) -> None:
+        super().__init__(
+            calls,
+            f"job {job_id}: pods",
+            core.list_namespaced_pod,
+            (namespace,),
+            label_selector=job_selector(job_id),
+        )
+        self.job_id = job_id
+        self._states: dict[str, PodState] = {}
+
+    def replace_all(self, items: list[dict[str, Any]]) -> None:
         now = time.monotonic()
-        state = PodState.from_pod(obj, now, deleted=kind == "DELETED")
+        found: dict[str, PodState] = {}
+        for pod in items:
+            if _job_of(pod) != self.job_id:
+                continue  # a server that ignores selectors: never adopt another job's pod
+            state = PodState.from_pod(pod, now)
+            found[state.name] = state
+        with self._lock:
+            for name, old in self._states.items():
+                if name in found:
+                    found[name] = replace(found[name], seen_at=old.seen_at)
+                else:  # removed while we were not listening
+                    found[name] = replace(old, deleted=True)
+            self._states = found
+
+    def apply_object(self, kind: str, obj: dict[str, Any]) -> None:
+        if _job_of(obj) != self.job_id:
+            return
+        state = PodState.from_pod(obj, time.monotonic(), deleted=kind == "DELETED")
         with self._lock:
             old = self._states.get(state.name)
             if old is not None:
@@ -276,8 +311,6 @@ class PodWatch:
                     exit_code=state.exit_code if state.exit_code is not None else old.exit_code,
                 )
             self._states[state.name] = state
-        self.changed.set()
-        return new_version
 
     def note(self, state: PodState) -> None:
         """A pod this process just created (unless the stream already told us more)."""
