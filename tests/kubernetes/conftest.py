@@ -69,6 +69,29 @@ class Cluster:
 
         return k8s.CoreV1Api(api_client(self.settings))
 
+    def objects(self, plural: str, job_id: str | None = None) -> list[dict[str, Any]]:
+        """What the server holds in the test namespace (Nodes: cluster-wide), filtered by
+        the job label here (the emulator ignores selectors)."""
+        if self.emulator is not None:
+            return self.emulator.objects(plural, job_id)
+        from services.backends.kubernetes.client import api_client, json_body
+
+        api = api_client(self.settings)
+        core, net = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
+        lister = {
+            "pods": core.list_namespaced_pod,
+            "secrets": core.list_namespaced_secret,
+            "configmaps": core.list_namespaced_config_map,
+            "networkpolicies": net.list_namespaced_network_policy,
+        }[plural]
+        selector: dict[str, Any] = {"label_selector": f"rhizome.io/job={job_id}"} if job_id else {}
+        body = json_body(lister(self.settings.namespace, _preload_content=False, **selector))
+        return [
+            o
+            for o in body.get("items") or []
+            if job_id is None or o["metadata"].get("labels", {}).get("rhizome.io/job") == job_id
+        ]
+
     def close(self) -> None:
         for backend in self.backends:
             backend.close()

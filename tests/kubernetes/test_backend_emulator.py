@@ -54,7 +54,7 @@ def test_backend_is_registered_as_kubernetes() -> None:
 
 
 def test_emulator_deploy_creates_valid_owned_labelled_objects(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job = make_job(
@@ -64,10 +64,10 @@ def test_emulator_deploy_creates_valid_owned_labelled_objects(
     )
     deploy(backend, job)
 
-    pods = emulator.objects("pods", job.job_id)
-    secrets = emulator.objects("secrets", job.job_id)
-    maps = emulator.objects("configmaps", job.job_id)
-    policies = emulator.objects("networkpolicies", job.job_id)
+    pods = cluster.objects("pods", job.job_id)
+    secrets = cluster.objects("secrets", job.job_id)
+    maps = cluster.objects("configmaps", job.job_id)
+    policies = cluster.objects("networkpolicies", job.job_id)
     assert sorted(p["metadata"]["name"] for p in pods) == [
         pod_name(job.job_id, r, 3, 0) for r in range(2)
     ]
@@ -84,14 +84,14 @@ def test_emulator_deploy_creates_valid_owned_labelled_objects(
 
 
 def test_emulator_pod_spec_is_unprivileged_limited_and_ours(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend(image="registry.example/rhizome-learner:1")
     job = make_job(tmp_path, "gpus: 2\ngpu_type: A100\n", gpus_per_learner=2.0)
     deploy(backend, job)
     pod = next(
         p
-        for p in emulator.objects("pods", job.job_id)
+        for p in cluster.objects("pods", job.job_id)
         if p["metadata"]["labels"]["rhizome.io/rank"] == "1"
     )
     labels = pod["metadata"]["labels"]
@@ -128,13 +128,13 @@ def test_emulator_pod_spec_is_unprivileged_limited_and_ours(
 
 
 def test_emulator_learner_spec_secret_carries_the_spec_with_pod_paths(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job = make_job(tmp_path, learners=1)
     deploy(backend, job)
     secret = next(
-        s for s in emulator.objects("secrets", job.job_id) if "spec.json" in s.get("data", {})
+        s for s in cluster.objects("secrets", job.job_id) if "spec.json" in s.get("data", {})
     )
     spec = LearnerSpec.from_json(base64.b64decode(secret["data"]["spec.json"]))
     assert (spec.job_id, spec.rank, spec.generation) == (job.job_id, 0, 3)
@@ -145,7 +145,7 @@ def test_emulator_learner_spec_secret_carries_the_spec_with_pod_paths(
 
 
 def test_emulator_secrets_never_in_pod_spec_and_base64_in_secret(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job = make_job(
@@ -155,23 +155,23 @@ def test_emulator_secrets_never_in_pod_spec_and_base64_in_secret(
         learners=1,
     )
     deploy(backend, job)
-    (pod,) = emulator.objects("pods", job.job_id)
+    (pod,) = cluster.objects("pods", job.job_id)
     assert "TOPSECRET" not in json.dumps(pod)
     creds = next(
         s
-        for s in emulator.objects("secrets", job.job_id)
+        for s in cluster.objects("secrets", job.job_id)
         if s["metadata"]["name"] == secrets_name(job.job_id)
     )
     assert base64.b64decode(creds["data"]["env"]).decode() == "S3_SECRET_KEY=TOPSECRET\n"
 
 
 def test_emulator_network_policy_admits_the_job_and_the_platform_only(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job = make_job(tmp_path)
     deploy(backend, job)
-    (policy,) = emulator.objects("networkpolicies", job.job_id)
+    (policy,) = cluster.objects("networkpolicies", job.job_id)
     spec = policy["spec"]
     mine = {"matchLabels": {LABEL_JOB: job.job_id}}
     assert spec["podSelector"] == mine
@@ -185,9 +185,7 @@ def test_emulator_network_policy_admits_the_job_and_the_platform_only(
     } in targets
 
 
-def test_emulator_status_changes_followed_through_watch(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
-) -> None:
+def test_emulator_status_changes_followed_through_watch(cluster: Cluster, tmp_path: Path) -> None:
     backend = cluster.backend()
     job = make_job(tmp_path)
     handles = deploy(backend, job)
@@ -205,7 +203,7 @@ def test_emulator_status_changes_followed_through_watch(
 
 
 def test_emulator_oom_kill_and_node_loss_become_exit_notes(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job = make_job(tmp_path)
@@ -224,9 +222,7 @@ def test_emulator_oom_kill_and_node_loss_become_exit_notes(
     assert "was lost (NodeLost)" in backend.exit_note(job.job_id, 1)
 
 
-def test_emulator_pod_deleted_under_us_reads_as_killed(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
-) -> None:
+def test_emulator_pod_deleted_under_us_reads_as_killed(cluster: Cluster, tmp_path: Path) -> None:
     backend = cluster.backend()
     job = make_job(tmp_path, learners=1)
     handles = deploy(backend, job)
@@ -284,9 +280,7 @@ def test_emulator_watch_survives_api_server_restart(
     assert watches() > before  # the stream was opened again on the restarted server
 
 
-def test_emulator_reconciles_after_backend_restart(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
-) -> None:
+def test_emulator_reconciles_after_backend_restart(cluster: Cluster, tmp_path: Path) -> None:
     """A new guardian (a new backend) finds the running pods of the job from the server."""
     first = cluster.backend()
     job = make_job(tmp_path)
@@ -300,7 +294,7 @@ def test_emulator_reconciles_after_backend_restart(
     assert wait_for(lambda: second.controller_alive(job.job_id, 0, {}), "adopted rank 0")
     # Starting the same learner again adopts the live pod instead of duplicating it.
     second.start_learner(job, 0, 0)
-    assert len(emulator.objects("pods", job.job_id)) == 2
+    assert len(cluster.objects("pods", job.job_id)) == 2
 
 
 def test_emulator_retries_429_and_500_without_duplicates(
@@ -311,19 +305,19 @@ def test_emulator_retries_429_and_500_without_duplicates(
     emulator.km.fail_next = [429, 500, 503, 500]
     deploy(backend, job)
     assert backend.calls.retries >= 4
-    assert len(emulator.objects("pods", job.job_id)) == 2
-    assert len(emulator.objects("configmaps", job.job_id)) == 1
+    assert len(cluster.objects("pods", job.job_id)) == 2
+    assert len(cluster.objects("configmaps", job.job_id)) == 1
 
 
 def test_emulator_create_answered_409_adopts_our_object_only(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job = make_job(tmp_path, learners=1)
     deploy(backend, job)
     # The same deploy again (a guardian whose answers were lost) changes nothing.
     deploy(cluster.backend(), job)
-    assert len(emulator.objects("pods", job.job_id)) == 1
+    assert len(cluster.objects("pods", job.job_id)) == 1
     # A pod of the name that is not the job's is a clash, named in the error.
     other = make_job(tmp_path, learners=1, job_id="job-other")
     api = cluster.api()
@@ -356,7 +350,7 @@ def test_emulator_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_emulator_pending_past_deadline_fails_with_reason_and_leaves_nothing(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend(pending_deadline_s=0.3)
     job = make_job(tmp_path)
@@ -370,12 +364,10 @@ def test_emulator_pending_past_deadline_fails_with_reason_and_leaves_nothing(
     assert backend.learner_exited(handles[1]) is None  # a running pod has no deadline
     backend.rollback(job.job_id, job.job_dir)
     for plural in ("pods", "secrets", "configmaps", "networkpolicies"):
-        assert emulator.objects(plural, job.job_id) == []
+        assert cluster.objects(plural, job.job_id) == []
 
 
-def test_emulator_invalid_image_fails_at_once(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
-) -> None:
+def test_emulator_invalid_image_fails_at_once(cluster: Cluster, tmp_path: Path) -> None:
     backend = cluster.backend()  # the default deadline: 300 s
     job = make_job(tmp_path, learners=1)
     handles = deploy(backend, job)
@@ -391,7 +383,7 @@ def test_emulator_invalid_image_fails_at_once(
 
 
 def test_emulator_rollback_removes_everything_of_the_job_only_and_is_idempotent(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     backend = cluster.backend()
     job, other = make_job(tmp_path), make_job(tmp_path)
@@ -400,14 +392,12 @@ def test_emulator_rollback_removes_everything_of_the_job_only_and_is_idempotent(
     backend.rollback(job.job_id, job.job_dir)
     backend.rollback(job.job_id, job.job_dir)  # again: nothing left, no error
     for plural in ("pods", "secrets", "configmaps", "networkpolicies"):
-        assert emulator.objects(plural, job.job_id) == [], plural
-    assert len(emulator.objects("pods", other.job_id)) == 2
+        assert cluster.objects(plural, job.job_id) == [], plural
+    assert len(cluster.objects("pods", other.job_id)) == 2
     assert backend.running(job.job_id) == []
 
 
-def test_emulator_rollback_mid_deploy_leaves_nothing(
-    cluster: Cluster, emulator: Emulator, tmp_path: Path
-) -> None:
+def test_emulator_rollback_mid_deploy_leaves_nothing(cluster: Cluster, tmp_path: Path) -> None:
     """The daemon killed between steps: the next guardian's rollback finds it all by label."""
     job = make_job(tmp_path)
     first = cluster.backend()
@@ -417,7 +407,7 @@ def test_emulator_rollback_mid_deploy_leaves_nothing(
     first.close()
     cluster.backend().rollback(job.job_id, job.job_dir)
     for plural in ("pods", "secrets", "configmaps", "networkpolicies"):
-        assert emulator.objects(plural, job.job_id) == [], plural
+        assert cluster.objects(plural, job.job_id) == [], plural
 
 
 def test_emulator_stop_learners_deletes_running_pods_with_the_grace(
@@ -427,7 +417,7 @@ def test_emulator_stop_learners_deletes_running_pods_with_the_grace(
     job = make_job(tmp_path)
     deploy(backend, job)
     backend.stop_learners(job.job_id, grace_s=2.5)
-    assert emulator.objects("pods", job.job_id) == []
+    assert cluster.objects("pods", job.job_id) == []
     deletes = [r for r in emulator.km._requests if str(r.method).upper().endswith("DELETE")]
     assert any(
         r.params.get("gracePeriodSeconds") == "3" or (r.data or {}).get("gracePeriodSeconds") == 3

@@ -53,7 +53,8 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = 10.0) -> o
 
 
 @pytest.fixture
-def scheduler(cluster: Cluster) -> Any:
+def scheduler(cluster: Cluster, emulator: Emulator) -> Any:
+    """Needs the emulator: the tests make up their own Nodes."""
     sched = GangScheduler(cluster.settings).start()
     yield sched
     sched.close()
@@ -90,7 +91,7 @@ def test_node_model_leaves_out_cordoned_tainted_and_not_ready_nodes() -> None:
 
 
 def test_emulator_nodes_added_cordoned_and_removed_update_the_model(
-    cluster: Cluster, emulator: Emulator, scheduler: GangScheduler
+    cluster: Cluster, scheduler: GangScheduler
 ) -> None:
     api = cluster.api()
     api.create_node(node("n1"))
@@ -114,7 +115,7 @@ def test_emulator_gang_placed_and_bound_whole_by_our_scheduler(
     deploy(backend, job)
     outcome = scheduler.schedule_once()
     assert sorted(outcome[job.job_id].split(",")) == ["n0", "n1", "n2"]
-    pods = emulator.objects("pods", job.job_id)
+    pods = cluster.objects("pods", job.job_id)
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["n0", "n1", "n2"]
     assert sorted(pod for pod, _ in emulator.km.bindings) == sorted(
         pod_name(job.job_id, r, 3, 0) for r in range(3)
@@ -133,14 +134,14 @@ def test_emulator_gang_too_big_binds_nothing_and_says_why(
     outcome = scheduler.schedule_once()
     assert "can never fit" in outcome[job.job_id]
     assert emulator.km.bindings == []
-    for pod in emulator.objects("pods", job.job_id):
+    for pod in cluster.objects("pods", job.job_id):
         assert "nodeName" not in pod["spec"]
         (cond,) = pod["status"]["conditions"]
         assert cond["reason"] == "Unschedulable" and "can never fit" in cond["message"]
 
 
 def test_emulator_unknown_gpu_type_is_explained(
-    cluster: Cluster, emulator: Emulator, scheduler: GangScheduler, tmp_path: Path
+    cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
 ) -> None:
     cluster.api().create_node(node("g0", gpus=8, labels={"rhizome.io/gpu-type": "V100"}))
     wait_for(lambda: len(scheduler.node_watch.nodes()) == 1, "1 node")
@@ -151,7 +152,7 @@ def test_emulator_unknown_gpu_type_is_explained(
 
 
 def test_emulator_incomplete_gang_waits(
-    cluster: Cluster, emulator: Emulator, scheduler: GangScheduler, tmp_path: Path
+    cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
 ) -> None:
     cluster.api().create_node(node("n0"))
     wait_for(lambda: len(scheduler.node_watch.nodes()) == 1, "1 node")
@@ -166,7 +167,7 @@ def test_emulator_incomplete_gang_waits(
 
 
 def test_emulator_gang_bind_is_all_or_none(
-    cluster: Cluster, emulator: Emulator, scheduler: GangScheduler, tmp_path: Path
+    cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
 ) -> None:
     api = cluster.api()
     api.create_node(node("n0"))
@@ -178,12 +179,12 @@ def test_emulator_gang_bind_is_all_or_none(
     scheduler.bind_gang(ns, {names[2]: "n0"})
     with pytest.raises(GangBindError, match="already bound were deleted"):
         scheduler.bind_gang(ns, {names[0]: "n0", names[1]: "n0", names[2]: "n0"})
-    left = {p["metadata"]["name"] for p in emulator.objects("pods", job.job_id)}
+    left = {p["metadata"]["name"] for p in cluster.objects("pods", job.job_id)}
     assert names[0] not in left and names[1] not in left  # none of this gang stays bound
 
 
 def test_emulator_bound_pods_take_room_from_the_model(
-    cluster: Cluster, emulator: Emulator, scheduler: GangScheduler, tmp_path: Path
+    cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
 ) -> None:
     api = cluster.api()
     api.create_node(node("n0", cpu="4", memory="8Gi"))
