@@ -374,6 +374,11 @@ class KubernetesBackend(Backend):
                     **options,
                 )
         self._owners.pop(job_id, None)
+        # Nothing of the job is left to follow; a later deploy starts a new watch.
+        with self._lock:
+            watch = self._watches.pop(job_id, None)
+        if watch is not None:
+            watch.stop()
         for key in [k for k in self._stuck if k[0] == job_id]:
             self._stuck.pop(key, None)
         if job_dir:
