@@ -198,3 +198,15 @@ def test_emulator_bound_pods_take_room_from_the_model(
     deploy(cluster.backend(), second)
     again = scheduler.schedule_once()[second.job_id].split(",")
     assert set(again).isdisjoint(placed)  # the first gang's node has 1 CPU left
+
+
+def test_scheduler_command_with_bad_input_prints_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.backends.kubernetes.scheduler import main
+
+    monkeypatch.setenv("RHIZOME_K8S_PENDING_DEADLINE_S", "soon")
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "RHIZOME_K8S_PENDING_DEADLINE_S='soon'" in err
