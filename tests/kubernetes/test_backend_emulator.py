@@ -443,3 +443,51 @@ def test_malformed_settings_name_the_variable() -> None:
         KubeSettings.from_environ({"RHIZOME_K8S_PENDING_DEADLINE_S": "soon"})
     with pytest.raises(KubeSettingsError, match="RHIZOME_K8S_PLATFORM_LABELS"):
         KubeSettings.from_environ({"RHIZOME_K8S_PLATFORM_LABELS": "novalue"})
+
+
+_DEPLOY_THEN_HANG = """
+import sys, time
+from pathlib import Path
+from services.backends.kubernetes.backend import KubernetesBackend
+from tests.kubernetes.conftest import make_job
+job = make_job(Path(sys.argv[1]), learners=3, job_id=sys.argv[2])
+backend = KubernetesBackend()
+backend.prepare_volume(job)
+backend.write_secrets(job)
+backend.start_learner(job, 0, 0)
+print("started", flush=True)
+time.sleep(600)  # SIGKILLed here, mid-deploy
+"""
+
+
+def test_emulator_process_killed_mid_deploy_leaves_no_orphan(
+    cluster: Cluster, emulator: Emulator, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "RHIZOME_K8S_SERVER": emulator.url,
+        "RHIZOME_K8S_NAMESPACE": cluster.settings.namespace,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DEPLOY_THEN_HANG, str(tmp_path), "job-killed"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "started"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert len(cluster.objects("pods", "job-killed")) == 1  # half a deploy was left
+    cluster.backend().rollback("job-killed", "")
+    for plural in ("pods", "secrets", "configmaps", "networkpolicies"):
+        assert cluster.objects(plural, "job-killed") == [], plural
