@@ -371,7 +371,8 @@ def _export_object_store(config: PlatformConfig) -> None:
     envvar="RHIZOME_BACKEND",
     default="local",
     show_default=True,
-    help="Where learners run: local (processes) or docker (containers; docs/backends.md).",
+    help="Where learners run: local (processes), docker (containers; docs/backends.md) or "
+    "kubernetes (pods placed by our gang scheduler; RHIZOME_K8S_* settings, docs/kubernetes.md).",
 )
 @click.option(
     "--docker-host",

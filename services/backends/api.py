@@ -114,6 +114,7 @@ BACKENDS: Registry[BackendFactory] = Registry("learner backend", error=UnknownBa
 # Registered lazily by module path so that importing the registry stays cheap.
 BACKENDS.register("local", "services.backends.local.backend:LocalBackend")
 BACKENDS.register("docker", "services.backends.docker.backend:DockerBackend")
+BACKENDS.register("kubernetes", "services.backends.kubernetes.backend:KubernetesBackend")
 
 
 def register_backend(name: str, factory: BackendFactory | str) -> None:

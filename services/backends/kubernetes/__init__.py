@@ -1,0 +1,1 @@
+"""The kubernetes backend: learners as pods, bound by our gang scheduler (docs/kubernetes.md)."""
