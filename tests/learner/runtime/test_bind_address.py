@@ -12,8 +12,9 @@ import torch.distributed as dist
 from learner.runtime.comm import make_group, route_address
 
 
-def listening_addresses() -> set[str]:
-    """Local addresses (hex, as /proc/net/tcp* writes them) of this process's listeners."""
+def listening_sockets() -> set[tuple[str, str]]:
+    """(socket inode, local address in hex as /proc/net/tcp* writes it) of this process's
+    listeners."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -28,7 +29,7 @@ def listening_addresses() -> set[str]:
             for row in fh.read().splitlines()[1:]:
                 cols = row.split()
                 if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                    found.add(cols[1].rsplit(":", 1)[0])
+                    found.add((cols[9], cols[1].rsplit(":", 1)[0]))
     return found
 
 
@@ -43,6 +44,9 @@ def test_route_address_is_loopback_for_a_local_rendezvous() -> None:
 
 
 def test_gloo_groups_listen_on_the_given_address_only() -> None:
+    # Other tests of the session may have left listeners in this process (servers hosted
+    # in-process): only the sockets the groups opened are the groups'.
+    before = listening_sockets()
     store = dist.HashStore()
     groups: dict[int, object] = {}
     errors: list[BaseException] = []
@@ -59,6 +63,6 @@ def test_gloo_groups_listen_on_the_given_address_only() -> None:
     for t in threads:
         t.join()
     assert not errors and len(groups) == 2
-    addresses = listening_addresses()
+    addresses = {address for _, address in listening_sockets() - before}
     assert addresses, "gloo opened no listening socket"
     assert addresses == {ASKED}, addresses
