@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 
 from contract.etcd import EtcdClient, StoreUnavailable
+from services.config import DEFAULT_DATA_DIR
+from services.embedded.platform import load_state
 from services.injector.injector import Injector, exponential_schedule, trace_schedule
 from services.injector.targets import InjectorError, JobTargets, PidTargets, Targets
 from services.sim.traces import TraceError
@@ -37,7 +39,16 @@ from services.sim.traces import TraceError
     "etcd_url",
     envvar="RHIZOME_ETCD",
     default="",
-    help="With --job: the platform's etcd client URL (the daemon's --etcd; env RHIZOME_ETCD).",
+    help="With --job: the platform's etcd client URL (the daemon's --etcd; env RHIZOME_ETCD; "
+    "default: the embedded platform's in --data-dir).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="RHIZOME_DATA_DIR",
+    default=str(DEFAULT_DATA_DIR),
+    show_default=True,
+    help="With --job and no --etcd: the embedded platform whose etcd to use.",
 )
 @click.option(
     "--trace",
@@ -101,6 +112,7 @@ def inject(
     pids: tuple[int, ...],
     job_id: str | None,
     etcd_url: str,
+    data_dir: Path,
     trace: str | None,
     mttp: float | None,
     count: int,
@@ -121,9 +133,13 @@ def inject(
     if bool(pids) == (job_id is not None):
         raise click.UsageError("give --pid PID (repeatable) or --job JOB_ID, not both or neither")
     if job_id is not None and not etcd_url:
-        raise click.UsageError(
-            "--job needs the platform's etcd: pass --etcd URL or set RHIZOME_ETCD"
-        )
+        state = load_state(data_dir)
+        etcd_url = state.urls.get("etcd", "") if state is not None else ""
+        if not etcd_url:
+            raise click.UsageError(
+                f"--job needs the platform's etcd: no embedded platform in {data_dir} "
+                "(`rhizome up`), so pass --etcd URL or set RHIZOME_ETCD"
+            )
     etcd: EtcdClient | None = None
     try:
         targets: Targets

@@ -152,5 +152,10 @@ def test_cli_errors_name_the_problem(etcd_server: ManagedServer, tmp_path: Path)
 
     both = runner.invoke(inject, ["--job", "j", "--pid", "1", "--mttp", "5"])
     assert both.exit_code == 2 and "not both or neither" in both.output
-    no_etcd = runner.invoke(inject, ["--job", "j", "--mttp", "5"], env={"RHIZOME_ETCD": ""})
+    no_etcd = runner.invoke(
+        inject,
+        ["--job", "j", "--mttp", "5", "--data-dir", str(tmp_path / "none")],
+        env={"RHIZOME_ETCD": ""},
+    )
     assert no_etcd.exit_code == 2 and "--etcd URL" in no_etcd.output
+    assert "no embedded platform in" in no_etcd.output
