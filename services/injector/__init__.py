@@ -7,5 +7,22 @@ the `rhizome` CLI registers as `rhizome inject`.
 """
 
 from services.injector.injector import Injection, Injector, exponential_schedule, trace_schedule
+from services.injector.targets import (
+    InjectorError,
+    JobNotRunningError,
+    JobTargets,
+    PidTargets,
+    UnknownJobError,
+)
 
-__all__ = ["Injection", "Injector", "exponential_schedule", "trace_schedule"]
+__all__ = [
+    "Injection",
+    "Injector",
+    "InjectorError",
+    "JobNotRunningError",
+    "JobTargets",
+    "PidTargets",
+    "UnknownJobError",
+    "exponential_schedule",
+    "trace_schedule",
+]

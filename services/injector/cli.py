@@ -1,4 +1,5 @@
-"""`rhizome inject` / `python -m services.injector`: preempt a running job's learners."""
+"""`rhizome inject` / `python -m services.injector`: preempt a running job's learners
+(`--job`, found through etcd) or given processes (`--pid`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from pathlib import Path
 
 import click
 
-from services.injector.injector import (
-    Injector,
-    InjectorError,
-    exponential_schedule,
-    trace_schedule,
-)
+from contract.etcd import EtcdClient, StoreUnavailable
+from services.config import DEFAULT_DATA_DIR
+from services.embedded.platform import load_state
+from services.injector.injector import Injector, exponential_schedule, trace_schedule
+from services.injector.targets import InjectorError, JobTargets, PidTargets, Targets
 from services.sim.traces import TraceError
 
 
@@ -23,8 +23,32 @@ from services.sim.traces import TraceError
     "pids",
     type=int,
     multiple=True,
-    required=True,
-    help="A learner process id to target; repeat for each learner.",
+    help="A learner process id to target; repeat for each learner (or give --job).",
+)
+@click.option(
+    "--job",
+    "job_id",
+    type=str,
+    default=None,
+    help="Instead of --pid: preempt this running job's current learners (a learner the "
+    "guardian restarts under a new pid is a target again). With --trace, a removal is the "
+    "job's with probability learners / nodes alive, as in the spot simulator.",
+)
+@click.option(
+    "--etcd",
+    "etcd_url",
+    envvar="RHIZOME_ETCD",
+    default="",
+    help="With --job: the platform's etcd client URL (the daemon's --etcd; env RHIZOME_ETCD; "
+    "default: the embedded platform's in --data-dir).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="RHIZOME_DATA_DIR",
+    default=str(DEFAULT_DATA_DIR),
+    show_default=True,
+    help="With --job and no --etcd: the embedded platform whose etcd to use.",
 )
 @click.option(
     "--trace",
@@ -86,6 +110,9 @@ from services.sim.traces import TraceError
 @click.option("--json", "as_json", is_flag=True, help="Print the injections as JSON.")
 def inject(
     pids: tuple[int, ...],
+    job_id: str | None,
+    etcd_url: str,
+    data_dir: Path,
     trace: str | None,
     mttp: float | None,
     count: int,
@@ -99,28 +126,61 @@ def inject(
 ) -> None:
     """Preempt learner processes: SIGTERM, then SIGKILL when the notice runs out.
 
-    Give exactly one of --trace or --mttp.
+    Give exactly one of --pid or --job, and one of --trace or --mttp.
     """
     if (trace is None) == (mttp is None):
         raise click.UsageError("give exactly one of --trace FILE or --mttp SECONDS")
+    if bool(pids) == (job_id is not None):
+        raise click.UsageError("give --pid PID (repeatable) or --job JOB_ID, not both or neither")
+    if job_id is not None and not etcd_url:
+        state = load_state(data_dir)
+        etcd_url = state.urls.get("etcd", "") if state is not None else ""
+        if not etcd_url:
+            raise click.UsageError(
+                f"--job needs the platform's etcd: no embedded platform in {data_dir} "
+                "(`rhizome up`), so pass --etcd URL or set RHIZOME_ETCD"
+            )
+    etcd: EtcdClient | None = None
     try:
+        targets: Targets
+        nodes: int | None = None
+        if job_id is not None:
+            etcd = EtcdClient.connect(etcd_url)
+            job = JobTargets(etcd, job_id)
+            job.check()
+            targets, nodes = job, job.learners()
+        else:
+            targets = PidTargets(list(pids))
         if trace is not None:
-            schedule = trace_schedule(trace, time_scale=time_scale, start_s=start)
+            schedule = trace_schedule(
+                trace, time_scale=time_scale, start_s=start, job_nodes=nodes, seed=seed
+            )
         else:
             assert mttp is not None
             schedule = exponential_schedule(mttp, count, seed=seed)
         schedule = [t + delay for t in schedule]
-        injector = Injector(list(pids), schedule, notice_s=notice, seed=seed, log_path=log_path)
+        injector = Injector(targets, schedule, notice_s=notice, seed=seed, log_path=log_path)
+        if not as_json:
+            click.echo(
+                f"{len(schedule)} preemption(s) scheduled over {max(schedule, default=0):.1f} s",
+                err=True,
+            )
+        done = injector.run()
     except (InjectorError, TraceError) as err:
         raise click.BadParameter(str(err)) from err
-    done = injector.run()
+    except StoreUnavailable as err:
+        raise click.ClickException(f"etcd at {etcd_url} is unreachable: {err}") from err
+    finally:
+        if etcd is not None:
+            etcd.close()
     if as_json:
         click.echo(json.dumps([asdict(i) for i in done], indent=2))
     else:
         for i in done:
             left = f"{i.left_after_s:.2f}s" if i.left_after_s is not None else "-"
+            who = f"rank={i.rank}" if i.rank is not None else f"pid={i.pid}"
             click.echo(
-                f"t={i.at_s:9.2f}s pid={i.pid} {'+'.join(i.events) or '-'} -> {i.outcome} ({left})"
+                f"t={i.at_s:9.2f}s {who} {'+'.join(i.events) or '-'} -> {i.outcome} ({left})"
             )
 
 

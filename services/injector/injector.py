@@ -1,7 +1,9 @@
-"""Schedules of preemptions and the injector that carries them out on pids.
+"""Schedules of preemptions and the injector that carries them out.
 
-Each preemption picks one live, not yet doomed target (seeded), sends SIGTERM, waits up to
-`notice_s` for it to leave, and SIGKILLs it if it has not. Preemptions that share a time
+Targets are fixed pids, or a running job's current learners (`targets.JobTargets`: a rank
+restarted under new pids is a target again). Each preemption picks one live, not yet doomed
+target (seeded), sends SIGTERM to its processes, waits up to `notice_s` for them to leave,
+and SIGKILLs those that have not. Preemptions that share a time
 (traces remove nodes in bulk) are handled concurrently, one thread each. Every action is
 recorded as an `Injection` and, when a log path is given, appended to it as a JSON line.
 """
@@ -19,22 +21,39 @@ from pathlib import Path
 
 import psutil
 
+from contract import procs
+from services.injector.targets import InjectorError, PidTargets, Target, Targets
 from services.sim import traces
 
 
-class InjectorError(ValueError):
-    """Bad injector input (no targets, a bad rate, an unreadable trace)."""
-
-
 def trace_schedule(
-    path: str | Path, *, time_scale: float = 1.0, start_s: float = 0.0
+    path: str | Path,
+    *,
+    time_scale: float = 1.0,
+    start_s: float = 0.0,
+    job_nodes: int | None = None,
+    seed: int = 0,
 ) -> list[float]:
     """Seconds from now of each `remove` in the trace after `start_s`, divided by
-    `time_scale` (a day-long trace at `time_scale=1000` replays in 90 s)."""
+    `time_scale` (a day-long trace at `time_scale=1000` replays in 90 s).
+
+    With `job_nodes`, a removal is the job's only with probability min(1, job_nodes /
+    nodes alive) (seeded): the trace is a whole cluster's, the job holds `job_nodes` of its
+    nodes. That is the spot simulator's mapping (`services/sim/model.py`), so a replay
+    and a simulation of the same trace see the same rate of preemptions."""
     if time_scale <= 0:
         raise InjectorError(f"time_scale must be > 0, got {time_scale}")
+    if job_nodes is not None and job_nodes < 1:
+        raise InjectorError(f"job_nodes must be >= 1, got {job_nodes}")
     trace = traces.load(path)
-    return [(e.t_s - start_s) / time_scale for e in trace.removals() if e.t_s >= start_s]
+    if job_nodes is None:
+        return [(e.t_s - start_s) / time_scale for e in trace.removals() if e.t_s >= start_s]
+    rng = random.Random(seed)
+    return [
+        (t - start_s) / time_scale
+        for t, alive in trace.removals_with_cluster_size()
+        if t >= start_s and rng.random() < min(1.0, job_nodes / alive)
+    ]
 
 
 def exponential_schedule(mttp_s: float, count: int, *, seed: int = 0) -> list[float]:
@@ -64,18 +83,22 @@ class Injection:
     """One preemption: when (seconds after start), whom, and how it ended."""
 
     at_s: float
-    pid: int
+    pid: int  # the target's first process (0 when nothing ran: outcome "missed")
     notice_s: float
     sigterm_sent: bool = False
-    outcome: str = "pending"  # "exited" (left within the notice), "killed", "gone"
+    # "exited" (left within the notice), "killed", "gone" (left before the SIGTERM),
+    # "missed" (a --job replay: no learner was running, e.g. all were being restarted)
+    outcome: str = "pending"
     left_after_s: float | None = None
     events: list[str] = field(default_factory=list)
+    rank: int | None = None  # a --job replay: the learner rank preempted
+    pids: list[int] = field(default_factory=list)  # every process signalled
 
 
 class Injector:
     def __init__(
         self,
-        pids: list[int],
+        targets: list[int] | Targets,
         schedule: list[float],
         *,
         notice_s: float,
@@ -83,18 +106,17 @@ class Injector:
         log_path: Path | None = None,
         poll_s: float = 0.02,
     ) -> None:
-        if not pids:
-            raise InjectorError("no target pids: pass --pid for each learner process")
         if notice_s < 0:
             raise InjectorError(f"notice must be >= 0 seconds, got {notice_s}")
-        self.pids = list(pids)
+        self.targets = targets if isinstance(targets, Targets) else PidTargets(list(targets))
         self.schedule = sorted(schedule)
         self.notice_s = notice_s
         self.rng = random.Random(seed)
         self.log_path = log_path
         self.poll_s = poll_s
         self.injections: list[Injection] = []
-        self._doomed: set[int] = set()
+        # Targets under a preemption now: a second removal must hit another node.
+        self._doomed: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -104,36 +126,51 @@ class Injector:
         with self._lock, open(self.log_path, "a") as fh:
             fh.write(json.dumps(asdict(inj), sort_keys=True) + "\n")
 
-    def _preempt(self, inj: Injection) -> None:
+    def _preempt(self, inj: Injection, target: Target) -> None:
         start = time.monotonic()
-        try:
-            os.kill(inj.pid, signal.SIGTERM)
-            inj.sigterm_sent = True
-            inj.events.append("sigterm")
-        except ProcessLookupError:
-            inj.outcome = "gone"
-            self._record(inj)
-            return
-        deadline = start + self.notice_s
-        while time.monotonic() < deadline and alive(inj.pid):
-            time.sleep(self.poll_s)
-        if alive(inj.pid):
+        # (pid, start time) pairs: a pid reused while we wait is not SIGKILLed.
+        refs = [r for r in (procs.ProcRef.of(p) for p in target.pids) if r is not None]
+        sent = False
+        for ref in refs:
             try:
-                os.kill(inj.pid, signal.SIGKILL)
-                inj.events.append("sigkill")
+                os.kill(ref.pid, signal.SIGTERM)
+                sent = True
+            except ProcessLookupError:
+                pass
+        if not sent:
+            inj.outcome = "gone"
+            self._finish(inj, target)
+            return
+        inj.sigterm_sent = True
+        inj.events.append("sigterm")
+        deadline = start + self.notice_s
+        while time.monotonic() < deadline and any(alive(r.pid) and r.alive() for r in refs):
+            time.sleep(self.poll_s)
+        survivors = [r for r in refs if alive(r.pid) and r.alive()]
+        inj.outcome = "exited"
+        for ref in survivors:
+            try:
+                os.kill(ref.pid, signal.SIGKILL)
                 inj.outcome = "killed"
             except ProcessLookupError:
-                inj.outcome = "exited"
-        else:
-            inj.outcome = "exited"
+                pass
+        if inj.outcome == "killed":
+            inj.events.append("sigkill")
         inj.left_after_s = time.monotonic() - start
+        self._finish(inj, target)
+
+    def _finish(self, inj: Injection, target: Target) -> None:
         self._record(inj)
+        if target.rank is not None:
+            # A rank is a slot the guardian refills: its next incarnation is a target again.
+            with self._lock:
+                self._doomed.discard(target.key)
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> list[Injection]:
-        """Carry out the schedule; returns when it is done or every target is gone."""
+        """Carry out the schedule; returns when it is done or no target will come back."""
         t0 = time.monotonic()
         threads = []
         for at in self.schedule:
@@ -141,14 +178,28 @@ class Injector:
             if wait > 0 and self._stop.wait(wait):
                 break
             with self._lock:
-                candidates = [p for p in self.pids if p not in self._doomed and alive(p)]
+                candidates = [t for t in self.targets.current() if t.key not in self._doomed]
                 if not candidates:
-                    break
-                pid = self.rng.choice(candidates)
-                self._doomed.add(pid)
-            inj = Injection(at_s=at, pid=pid, notice_s=self.notice_s)
+                    if not self.targets.refills or self.targets.ended():
+                        break
+                    missed = Injection(at_s=at, pid=0, notice_s=self.notice_s, outcome="missed")
+                    self.injections.append(missed)
+                else:
+                    missed = None
+                    target = self.rng.choice(candidates)
+                    self._doomed.add(target.key)
+            if missed is not None:
+                self._record(missed)
+                continue
+            inj = Injection(
+                at_s=at,
+                pid=target.pids[0],
+                notice_s=self.notice_s,
+                rank=target.rank,
+                pids=list(target.pids),
+            )
             self.injections.append(inj)
-            th = threading.Thread(target=self._preempt, args=(inj,), daemon=True)
+            th = threading.Thread(target=self._preempt, args=(inj, target), daemon=True)
             th.start()
             threads.append(th)
         for th in threads:

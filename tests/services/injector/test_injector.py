@@ -100,3 +100,14 @@ def test_cli_json_reports_each_preemption() -> None:
     assert result.exit_code == 0, result.output
     (one,) = json.loads(result.output)
     assert one["pid"] == proc.pid and one["outcome"] == "exited"
+
+
+def test_job_schedule_keeps_each_removal_with_the_simulators_probability() -> None:
+    every = trace_schedule("aws-p3-64.csv", time_scale=1000)
+    one = trace_schedule("aws-p3-64.csv", time_scale=1000, job_nodes=1, seed=0)
+    assert one == trace_schedule("aws-p3-64.csv", time_scale=1000, job_nodes=1, seed=0)
+    assert set(one) < set(every) and 0 < len(one) < len(every)
+    # A job as big as the trace's largest cluster is hit by every removal.
+    assert trace_schedule("aws-p3-64.csv", time_scale=1000, job_nodes=64) == every
+    with pytest.raises(InjectorError, match="job_nodes must be >= 1"):
+        trace_schedule(TRACE, job_nodes=0)
