@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import tenacity
@@ -103,6 +103,20 @@ def write_json_atomically(path: Path, obj: Any) -> None:
 TOKEN_ENV = "RHIZOME_TDS_TOKEN"
 
 
+class Tailer(Protocol):
+    """Where a stream's lines come from: a file (`LineTailer`) here, a container's output
+    stream on the docker backend (services/backends/docker/logs.py). `offset` is any
+    JSON value that says where reading stands; the collector commits and restores it."""
+
+    offset: Any
+
+    def seek(self, offset: Any) -> None: ...
+
+    def read_lines(self, max_lines: int, final: bool = False) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
 
@@ -145,7 +159,7 @@ class Collector:
         self.max_rewinds = max_rewinds
         self.clock_us = clock_us
         self.sources: list[MetricSource] = create_sources(metric_sources, self.dir)
-        self.tailers = {s: LineTailer(self.dir / f"{s}.log") for s in STREAMS}
+        self.tailers: dict[str, Tailer] = {s: self.open_tailer(s) for s in STREAMS}
         self.next_seq = dict.fromkeys(STREAMS, 0)
         self.metric_seq = {src.source_id: 0 for src in self.sources}
         self.pending_lines: list[tds_pb2.LogLine] = []
@@ -182,6 +196,14 @@ class Collector:
         if not self._verified:
             self._verified = self._position()
 
+    # -- where lines come from (a subclass reads another source, same numbering) -------
+    def open_tailer(self, stream: str) -> Tailer:
+        return LineTailer(self.dir / f"{stream}.log")
+
+    def offset_of(self, raw: Any) -> Any:
+        """An offset read back from the offsets file, checked (ValueError/TypeError if bad)."""
+        return int(raw)
+
     # -- durable position -------------------------------------------------------------
     @property
     def offsets_path(self) -> Path:
@@ -202,7 +224,7 @@ class Collector:
                 )
             for s in STREAMS:
                 pos = st["streams"].get(s, {})
-                self.tailers[s].seek(int(pos.get("offset", 0)))
+                self.tailers[s].seek(self.offset_of(pos.get("offset", 0)))
                 self.next_seq[s] = int(pos.get("seq", 0))
             for src in self.sources:
                 src.restore(st.get("sources", {}).get(src.source_id, {}))
@@ -232,7 +254,7 @@ class Collector:
         return {
             "streams": {
                 s: {
-                    "offset": int(pos["streams"][s]["offset"]),
+                    "offset": self.offset_of(pos["streams"][s]["offset"]),
                     "seq": int(pos["streams"][s]["seq"]),
                 }
                 for s in STREAMS
@@ -258,7 +280,7 @@ class Collector:
 
     def _rewind(self, pos: dict[str, Any]) -> None:
         for s in STREAMS:
-            self.tailers[s].seek(int(pos["streams"][s]["offset"]))
+            self.tailers[s].seek(self.offset_of(pos["streams"][s]["offset"]))
             self.next_seq[s] = int(pos["streams"][s]["seq"])
         for src in self.sources:
             src.restore(pos["sources"].get(src.source_id, {}))
