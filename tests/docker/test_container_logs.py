@@ -1,0 +1,196 @@
+"""Logs from containers (services/backends/docker/logs.py) on the real engine, into the
+real Elasticsearch-API server through the TDS: numbered lines printed by containers of the
+offline learner image must be searchable exactly once, in order, across a SIGKILL of the
+collector and a restart of the learner container."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from learner.controller.collector import OFFSETS_FILE, TOKEN_ENV
+from services.backends.docker.logs import JobLogCollector, parse_timestamp
+from services.backends.docker.spec import LABEL_GENERATION, LABEL_JOB, LABEL_RANK
+from services.embedded.docker_engine import DockerEngine
+from services.tds.api import Query
+from services.tds.es_store import ElasticsearchStore
+from tests.docker.conftest import LearnerImage
+from tests.services.tds.helpers import REPO, tds_in_process
+
+
+@pytest.fixture
+def job_id(docker_client: docker.DockerClient) -> Iterator[str]:
+    job = f"logs{uuid.uuid4().hex[:8]}"
+    yield job
+    for c in docker_client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}):
+        c.remove(force=True)
+
+
+@pytest.fixture
+def es_store(es_server: Any) -> Iterator[ElasticsearchStore]:
+    store = ElasticsearchStore(es_server.url, prefix=f"cl{uuid.uuid4().hex[:6]}")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def tds(es_store: ElasticsearchStore) -> Iterator[str]:
+    with tds_in_process(es_store) as (addr, _):
+        yield addr
+
+
+def _learner(
+    client: docker.DockerClient,
+    image: LearnerImage,
+    job: str,
+    script: str,
+    rank: int = 0,
+    generation: int = 0,
+) -> Any:
+    """A container labelled as the docker backend labels a learner, running `sh -c script`."""
+    return client.containers.run(
+        image.tag,
+        ["sh", "-c", script],
+        detach=True,
+        network_mode="none",
+        labels={LABEL_JOB: job, LABEL_RANK: str(rank), LABEL_GENERATION: str(generation)},
+    )
+
+
+def _stored(store: ElasticsearchStore, job: str, stream: str = "stdout") -> list[tuple[int, str]]:
+    store.refresh(job)
+    return [(ln.seq, ln.line) for ln in store.query_logs(Query(job)) if ln.stream == stream]
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _exited(container: Any) -> bool:
+    container.reload()
+    return bool(container.status == "exited")
+
+
+def test_engine_timestamps_parse_to_nanoseconds() -> None:
+    assert parse_timestamp("1970-01-01T00:00:01.5Z") == 1_500_000_000
+    assert parse_timestamp("1970-01-01T00:00:02.000000007Z") == 2_000_000_007
+    assert parse_timestamp("1970-01-01T00:00:03Z") == 3_000_000_000
+
+
+def test_a_container_printing_n_lines_gives_exactly_n_searchable_lines_in_order(
+    docker_client: docker.DockerClient,
+    learner_image: LearnerImage,
+    job_id: str,
+    es_store: ElasticsearchStore,
+    tds: str,
+    tmp_path: Path,
+) -> None:
+    n = 500
+    c = _learner(
+        docker_client,
+        learner_image,
+        job_id,
+        f"for i in $(seq 0 {n - 1}); do echo line $i; done; echo oops >&2; printf tail",
+    )
+    collector = JobLogCollector(docker_client, job_id, tmp_path, tds, token="job-token").start()
+    _wait(lambda: _exited(c), "the container to exit")
+    assert collector.stop(drain=True)
+    expected = [f"line {i}" for i in range(n)] + ["tail"]
+    assert _stored(es_store, job_id) == list(enumerate(expected))
+    assert _stored(es_store, job_id, "stderr") == [(0, "oops")]
+    hits = [ln.line for ln in es_store.query_logs(Query(job_id, search="499"))]
+    assert hits == ["line 499"]
+
+
+def test_the_collector_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(
+    docker_engine: DockerEngine,
+    docker_client: docker.DockerClient,
+    learner_image: LearnerImage,
+    job_id: str,
+    es_store: ElasticsearchStore,
+    tds: str,
+    tmp_path: Path,
+) -> None:
+    n = 3000
+    # Slow enough that the collector is killed while the container still prints.
+    c = _learner(
+        docker_client,
+        learner_image,
+        job_id,
+        f"for i in $(seq 0 {n - 1}); do echo line $i; "
+        "if [ $((i % 100)) -eq 99 ]; then sleep 0.5; fi; done",
+    )
+    env = dict(os.environ, DOCKER_HOST=docker_engine.url, **{TOKEN_ENV: "job-token"})
+    argv = [
+        sys.executable,
+        "-m",
+        "services.backends.docker.logs",
+        "--job-id",
+        job_id,
+        "--state-dir",
+        str(tmp_path),
+        "--tds",
+        tds,
+        "--verify-interval-s",
+        "0.5",
+    ]
+    first = subprocess.Popen(argv, cwd=REPO, env=env)
+    try:
+        _wait(lambda: len(_stored(es_store, job_id)) >= 300, "the first lines to be stored")
+        assert not _exited(c), "the container finished before the collector was killed"
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+    assert (tmp_path / "learners" / "0" / OFFSETS_FILE).exists()
+    second = subprocess.Popen(argv, cwd=REPO, env=env)
+    try:
+        _wait(lambda: _exited(c), "the container to exit", timeout=180)
+        second.send_signal(signal.SIGTERM)  # drains what the engine holds, then exits
+        assert second.wait(120) == 0
+    finally:
+        if second.poll() is None:
+            os.kill(second.pid, signal.SIGKILL)
+            second.wait(30)
+    assert _stored(es_store, job_id) == [(i, f"line {i}") for i in range(n)]
+
+
+def test_a_restarted_learner_container_and_the_next_generation_follow_on(
+    docker_client: docker.DockerClient,
+    learner_image: LearnerImage,
+    job_id: str,
+    es_store: ElasticsearchStore,
+    tds: str,
+    tmp_path: Path,
+) -> None:
+    # The container's own filesystem survives a restart: the second run prints b-lines.
+    script = (
+        "if [ -e /tmp/ran ]; then p=b; else p=a; touch /tmp/ran; fi; "
+        "for i in $(seq 0 9); do echo $p$i; done"
+    )
+    c = _learner(docker_client, learner_image, job_id, script)
+    collector = JobLogCollector(docker_client, job_id, tmp_path, tds).start()
+    _wait(lambda: len(_stored(es_store, job_id)) == 10, "the first run's lines")
+    _wait(lambda: _exited(c), "the container to exit")
+    c.restart()
+    _wait(lambda: len(_stored(es_store, job_id)) == 20, "the restarted container's lines")
+    _wait(lambda: _exited(c), "the restarted container to exit")
+    nxt = _learner(
+        docker_client, learner_image, job_id, "for i in $(seq 0 9); do echo c$i; done", generation=1
+    )
+    _wait(lambda: _exited(nxt), "the next generation to exit")
+    assert collector.stop(drain=True)
+    expected = [f"{p}{i}" for p in "abc" for i in range(10)]
+    assert _stored(es_store, job_id) == list(enumerate(expected))
