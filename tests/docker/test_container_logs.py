@@ -5,6 +5,7 @@ collector and a restart of the learner container."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -194,3 +195,44 @@ def test_a_restarted_learner_container_and_the_next_generation_follow_on(
     assert collector.stop(drain=True)
     expected = [f"{p}{i}" for p in "abc" for i in range(10)]
     assert _stored(es_store, job_id) == list(enumerate(expected))
+
+
+def _run_module(*args: str, docker_host: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.backends.docker.logs", *args],
+        cwd=REPO,
+        env=dict(os.environ, DOCKER_HOST=docker_host),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_unreadable_offsets_file_is_refused_naming_the_file(
+    docker_engine: DockerEngine,
+    docker_client: docker.DockerClient,
+    learner_image: LearnerImage,
+    job_id: str,
+    tmp_path: Path,
+) -> None:
+    c = _learner(docker_client, learner_image, job_id, "echo hi")
+    _wait(lambda: _exited(c), "the container to exit")
+    offsets = tmp_path / "learners" / "0" / OFFSETS_FILE
+    offsets.parent.mkdir(parents=True)
+    # A byte offset where a container position belongs: not this collector's file.
+    offsets.write_text(
+        json.dumps({"job_id": job_id, "learner": 0, "streams": {"stdout": {"offset": 7, "seq": 0}}})
+    )
+    args = ("--job-id", job_id, "--state-dir", str(tmp_path), "--tds", "127.0.0.1:1")
+    done = _run_module(*args, docker_host=docker_engine.url)
+    assert done.returncode == 2
+    assert str(offsets) in done.stderr and "unreadable" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_engine_that_does_not_answer_is_a_clear_error(tmp_path: Path) -> None:
+    args = ("--job-id", "j", "--state-dir", str(tmp_path), "--tds", "127.0.0.1:1")
+    done = _run_module(*args, docker_host=f"unix://{tmp_path}/no-engine.sock")
+    assert done.returncode == 2
+    assert "cannot reach the Docker engine" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -108,6 +108,14 @@ def _order(c: Any) -> tuple[int, int, str]:
     )
 
 
+class RankError(CollectorError):
+    """One rank of the job cannot be collected."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 class ContainerLogTailer:
     """One output stream (stdout or stderr) of one rank's containers, as lines.
 
@@ -377,6 +385,7 @@ class JobLogCollector:
         self.poll_interval_s = poll_interval_s
         self.collector_kwargs = collector_kwargs
         self.collectors: dict[int, ContainerLogCollector] = {}
+        self.failed: dict[int, str] = {}  # rank -> why it cannot be collected
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -390,16 +399,19 @@ class JobLogCollector:
         return out
 
     def discover(self) -> None:
-        for rank in sorted(self.ranks() - set(self.collectors)):
-            c = ContainerLogCollector(
-                self.client,
-                self.job_id,
-                rank,
-                self.state_dir,
-                self.tds_address,
-                token=self.token,
-                **self.collector_kwargs,
-            )
+        for rank in sorted(self.ranks() - set(self.collectors) - set(self.failed)):
+            try:
+                c = ContainerLogCollector(
+                    self.client,
+                    self.job_id,
+                    rank,
+                    self.state_dir,
+                    self.tds_address,
+                    token=self.token,
+                    **self.collector_kwargs,
+                )
+            except CollectorError as exc:
+                raise RankError(rank, f"rank {rank}: {exc}") from None
             c.start()
             self.collectors[rank] = c
             log.info("job %s: collecting the logs of rank %d", self.job_id, rank)
@@ -410,6 +422,11 @@ class JobLogCollector:
                 self.discover()
             except _ENGINE_ERRORS as exc:
                 log.warning("job %s: listing containers: %s", self.job_id, exc)
+            except RankError as exc:
+                # A rank that cannot be collected (its offsets file belongs to another job,
+                # or is unreadable): say so once and keep collecting the others.
+                self.failed[exc.rank] = str(exc)
+                log.error("job %s: %s", self.job_id, exc)
             self._stop.wait(self.poll_interval_s)
 
     def start(self) -> JobLogCollector:
@@ -422,7 +439,7 @@ class JobLogCollector:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        ok = True
+        ok = not self.failed
         for c in self.collectors.values():
             ok = c.stop(drain=drain, timeout=timeout) and ok
         return ok
