@@ -105,7 +105,7 @@ TOKEN_ENV = "RHIZOME_TDS_TOKEN"
 
 class Tailer(Protocol):
     """Where a stream's lines come from: a file (`LineTailer`) here, a container's output
-    stream on the docker backend (services/backends/docker/logs.py). `offset` is any
+    stream on the docker backend (learner/controller/container_logs.py). `offset` is any
     JSON value that says where reading stands; the collector commits and restores it."""
 
     offset: Any

@@ -1,4 +1,4 @@
-"""Logs from containers (services/backends/docker/logs.py) on the real engine, into the
+"""Logs from containers (learner/controller/container_logs.py) on the real engine, into the
 real Elasticsearch-API server through the TDS: numbered lines printed by containers of the
 offline learner image must be searchable exactly once, in order, across a SIGKILL of the
 collector and a restart of the learner container."""
@@ -19,9 +19,9 @@ from typing import Any
 import docker
 import pytest
 
+from contract.containers import LABEL_GENERATION, LABEL_JOB, LABEL_RANK
 from learner.controller.collector import OFFSETS_FILE, TOKEN_ENV
-from services.backends.docker.logs import JobLogCollector, parse_timestamp
-from services.backends.docker.spec import LABEL_GENERATION, LABEL_JOB, LABEL_RANK
+from learner.controller.container_logs import JobLogCollector, parse_timestamp
 from services.embedded.docker_engine import DockerEngine
 from services.tds.api import Query
 from services.tds.es_store import ElasticsearchStore
@@ -138,7 +138,7 @@ def test_the_collector_killed_mid_stream_and_restarted_loses_and_duplicates_noth
     argv = [
         sys.executable,
         "-m",
-        "services.backends.docker.logs",
+        "learner.controller.container_logs",
         "--job-id",
         job_id,
         "--state-dir",
@@ -199,7 +199,7 @@ def test_a_restarted_learner_container_and_the_next_generation_follow_on(
 
 def _run_module(*args: str, docker_host: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.backends.docker.logs", *args],
+        [sys.executable, "-m", "learner.controller.container_logs", *args],
         cwd=REPO,
         env=dict(os.environ, DOCKER_HOST=docker_host),
         capture_output=True,

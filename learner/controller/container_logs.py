@@ -22,7 +22,11 @@ position; a new container for the rank (the next generation) follows the old one
 lines numbered on from the last. A follow stream ends when its container stops; the
 reader then lists the rank's containers again.
 
-Run per job as a process: `python -m services.backends.docker.logs --job-id J
+It lives beside the collector it reuses (services/ and learner/ meet only in contract/):
+the docker backend would start it by module name, as it starts learner controllers, and
+knows the containers by the labels in `contract.containers`.
+
+Run per job as a process: `python -m learner.controller.container_logs --job-id J
 --state-dir D --tds HOST:PORT [--docker-host URL]`, the job's TDS token in
 `RHIZOME_TDS_TOKEN` (never argv). It collects every rank that has a container labelled
 with the job, as they appear; SIGTERM drains (ships what the engine holds) and exits,
@@ -48,14 +52,14 @@ import docker
 from docker.errors import DockerException, NotFound
 from requests.exceptions import RequestException
 
-from learner.controller.collector import TOKEN_ENV, Collector, CollectorError
-from services.backends.docker.spec import (
+from contract.containers import (
     LABEL_GENERATION,
     LABEL_JOB,
     LABEL_RANK,
     LABEL_RESTART,
-    job_filter,
+    label_filter,
 )
+from learner.controller.collector import TOKEN_ENV, Collector, CollectorError
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +219,7 @@ class ContainerLogTailer:
         self._wake.set()
 
     def _containers(self) -> list[Any]:
-        found = self.client.containers.list(all=True, filters=job_filter(self.job_id, self.rank))
+        found = self.client.containers.list(all=True, filters=label_filter(self.job_id, self.rank))
         return sorted(found, key=_order)
 
     def _run(self) -> None:
@@ -390,7 +394,7 @@ class JobLogCollector:
         self._thread: threading.Thread | None = None
 
     def ranks(self) -> set[int]:
-        found = self.client.containers.list(all=True, filters=job_filter(self.job_id))
+        found = self.client.containers.list(all=True, filters=label_filter(self.job_id))
         out: set[int] = set()
         for c in found:
             labels = c.labels or {}
@@ -446,7 +450,7 @@ class JobLogCollector:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.backends.docker.logs")
+    p = argparse.ArgumentParser(prog="python -m learner.controller.container_logs")
     p.add_argument("--job-id", required=True)
     p.add_argument("--state-dir", required=True, help="where the per-rank offsets files live")
     p.add_argument("--tds", required=True, help="host:port of the training data service")
