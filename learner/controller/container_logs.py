@@ -159,6 +159,12 @@ class ContainerLogTailer:
         self._round_caught_up = -1
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reader_running = False
+        self._cut: Any = None  # the last stream closed under the reader (its tail is partial)
+        # Draining: the reader stops following and, once a whole round has read what the
+        # engine held, stops, so a drain ends even while a container keeps printing.
+        self._draining = False
+        self._drained = False
         self.errors = 0
 
     # -- the collector's side ---------------------------------------------------------
@@ -168,13 +174,18 @@ class ContainerLogTailer:
             self.offset = pos
             self._epoch += 1
             self._from = dict(pos)
+            self._drained = False  # a rewind after a drain: read the rewound part again
             self._interrupt()
 
     def read_lines(self, max_lines: int, final: bool = False) -> list[str]:
         self._ensure_reader()
-        if final and self._q.empty():
-            # Draining: give the reader the time to reach the end of what the engine holds
-            # now, containers created since the last round included.
+        if final and not self._draining:
+            with self._lock:
+                self._draining = True
+                self._interrupt()  # a follow stream would never end while the container runs
+        if final and self._q.empty() and not self._drained:
+            # Give the reader the time to reach the end of what the engine holds now,
+            # containers created since the last round included.
             with self._rounds:
                 target = self._round_begun + 1
                 self._wake.set()
@@ -203,7 +214,10 @@ class ContainerLogTailer:
 
     # -- the reader -------------------------------------------------------------------
     def _ensure_reader(self) -> None:
-        if self._thread is None:
+        with self._lock:
+            if self._reader_running or self._closed.is_set():
+                return
+            self._reader_running = True
             self._thread = threading.Thread(
                 target=self._run, name=f"logs-{self.job_id}-{self.rank}-{self.stream}", daemon=True
             )
@@ -211,6 +225,7 @@ class ContainerLogTailer:
 
     def _interrupt(self) -> None:
         if self._open is not None:
+            self._cut = self._open
             try:
                 self._open.close()
             except Exception:  # closing a stream the engine already ended
@@ -223,7 +238,13 @@ class ContainerLogTailer:
         return sorted(found, key=_order)
 
     def _run(self) -> None:
-        while not self._closed.is_set():
+        while True:
+            with self._lock:
+                # Decided under the lock, so that a seek either sees the reader running or
+                # starts a new one (_ensure_reader).
+                if self._closed.is_set() or self._drained:
+                    self._reader_running = False
+                    return
             self._wake.clear()
             try:
                 self._read_round()
@@ -245,13 +266,14 @@ class ContainerLogTailer:
             epoch, pos = self._epoch, dict(self._from)
             self._round_begun += 1
             round_no = self._round_begun
+            draining = self._draining
         containers = self._containers()
         if not containers:
-            self._caught_up(round_no)
+            self._caught_up(round_no, draining)
             return
         for i, c in enumerate(containers):
             last = i == len(containers) - 1
-            follow = last and c.status in ("running", "restarting", "created")
+            follow = last and not draining and c.status in ("running", "restarting", "created")
             # The first `skip` lines at the resume timestamp were read before.
             resume_ts, skip = pos["ts"], pos["n"]
             for ts, text in self._lines(c, resume_ts, follow, epoch):
@@ -264,22 +286,28 @@ class ContainerLogTailer:
                     pos["n"] += 1
                 else:
                     pos = {"ts": ts, "n": 1}
-                self._q.put((epoch, pos["ts"], pos["n"], text))
-            with self._lock:
-                if epoch != self._epoch or self._closed.is_set():
-                    return
-                self._from = dict(pos)
+                # Queued and remembered together: a round cut short (engine error, a
+                # drain closing the follow stream) resumes after this line, not before it.
+                with self._lock:
+                    if epoch != self._epoch:
+                        return
+                    self._q.put((epoch, pos["ts"], pos["n"], text))
+                    self._from = dict(pos)
+            if epoch != self._epoch or self._closed.is_set():
+                return
         try:
             containers[-1].reload()
             stopped = containers[-1].status not in ("running", "restarting")
         except NotFound:
             stopped = True
-        if stopped and epoch == self._epoch:  # a seek since: that round must start over
-            self._caught_up(round_no)
+        if (stopped or draining) and epoch == self._epoch:  # a seek since: start over
+            self._caught_up(round_no, draining)
 
-    def _caught_up(self, round_no: int) -> None:
+    def _caught_up(self, round_no: int, draining: bool) -> None:
         with self._rounds:
             self._round_caught_up = max(self._round_caught_up, round_no)
+            # A whole round read without following after the drain began: that is all.
+            self._drained = self._drained or draining
             self._rounds.notify_all()
 
     def _lines(self, c: Any, since_ns: int, follow: bool, epoch: int) -> Iterator[tuple[int, str]]:
@@ -312,7 +340,7 @@ class ContainerLogTailer:
                     line = self._parsed(raw)
                     if line is not None:
                         yield line
-            if buf and epoch == self._epoch:
+            if buf and epoch == self._epoch and self._cut is not stream:
                 # The container's last output had no newline; the engine holds no more.
                 line = self._parsed(buf)
                 if line is not None:
@@ -320,7 +348,7 @@ class ContainerLogTailer:
         except Exception:
             # A stream closed under us by a seek or close raises whatever the transport
             # raises then; only a failure of a stream still wanted is one.
-            if epoch == self._epoch and not self._closed.is_set():
+            if epoch == self._epoch and not self._closed.is_set() and self._cut is not stream:
                 raise
         finally:
             with self._lock:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -236,3 +237,31 @@ def test_an_engine_that_does_not_answer_is_a_clear_error(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "cannot reach the Docker engine" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_drain_ends_while_a_container_keeps_printing_and_leaves_no_gap(
+    docker_client: docker.DockerClient,
+    learner_image: LearnerImage,
+    job_id: str,
+    es_store: ElasticsearchStore,
+    tds: str,
+    tmp_path: Path,
+) -> None:
+    c = _learner(
+        docker_client,
+        learner_image,
+        job_id,
+        "i=0; while true; do echo line $i; i=$((i+1)); sleep 0.01; done",
+    )
+    collector = JobLogCollector(docker_client, job_id, tmp_path, tds).start()
+    _wait(lambda: len(_stored(es_store, job_id)) >= 100, "the first lines to be stored")
+    result: list[bool] = []
+    stopper = threading.Thread(target=lambda: result.append(collector.stop(drain=True)))
+    stopper.start()
+    stopper.join(120)
+    assert not stopper.is_alive(), "the drain followed the running container for ever"
+    assert result == [True]
+    assert not _exited(c), "the container stopped: the drain was not tested against output"
+    stored = _stored(es_store, job_id)
+    assert len(stored) >= 100
+    assert stored == [(i, f"line {i}") for i in range(len(stored))]
