@@ -200,6 +200,11 @@ class Collector:
     def open_tailer(self, stream: str) -> Tailer:
         return LineTailer(self.dir / f"{stream}.log")
 
+    def line_times_us(self, stream: str, count: int, now_us: int) -> list[int]:
+        """The times of the `count` lines just read from `stream`: a file has none of its
+        own, so they are when they were read."""
+        return [now_us] * count
+
     def offset_of(self, raw: Any) -> Any:
         """An offset read back from the offsets file, checked (ValueError/TypeError if bad)."""
         return int(raw)
@@ -315,18 +320,18 @@ class Collector:
         """Read what is new into the pending batch; return how many records were read."""
         budget = max(self.batch_lines - len(self.pending_lines), 1)
         now_us = self._now_us()
-        secs, nanos = now_us // 1_000_000, (now_us % 1_000_000) * 1000
         n = 0
         for stream in STREAMS:
             texts = self.tailers[stream].read_lines(budget, final)
             if not texts and not final:
                 continue
             seq = self.next_seq[stream]
-            for text in texts:
+            times = self.line_times_us(stream, len(texts), now_us)
+            for text, t in zip(texts, times, strict=True):
                 msg = tds_pb2.LogLine(
                     job_id=self.job_id, learner=self.learner, stream=stream, seq=seq, line=text
                 )
-                msg.time.seconds, msg.time.nanos = secs, nanos
+                msg.time.seconds, msg.time.nanos = t // 1_000_000, (t % 1_000_000) * 1000
                 self.pending_lines.append(msg)
                 seq += 1
             self.next_seq[stream] = seq

@@ -145,6 +145,7 @@ class ContainerLogTailer:
         self.poll_interval_s = poll_interval_s
         self.settle_timeout_s = settle_timeout_s
         self.offset: dict[str, int] = dict(START)
+        self.times_us: list[int] = []  # the engine's times of the lines read_lines returned
         self._q: queue.Queue[tuple[int, int, int, str]] = queue.Queue()
         self._lock = threading.Lock()
         self._epoch = 0
@@ -193,6 +194,7 @@ class ContainerLogTailer:
                     lambda: self._round_caught_up >= target, self.settle_timeout_s
                 )
         out: list[str] = []
+        self.times_us = []
         while len(out) < max_lines:
             try:
                 epoch, ts, n, text = self._q.get_nowait()
@@ -201,6 +203,7 @@ class ContainerLogTailer:
             if epoch != self._epoch:
                 continue  # read before a seek: the reader is reading it again
             out.append(text)
+            self.times_us.append(ts // 1000)
             self.offset = {"ts": ts, "n": n}
         return out
 
@@ -391,6 +394,13 @@ class ContainerLogCollector(Collector):
         return ContainerLogTailer(
             self.client, self.job_id, self.learner, stream, poll_interval_s=self._tailer_poll_s
         )
+
+    def line_times_us(self, stream: str, count: int, now_us: int) -> list[int]:
+        # When the container printed them (the engine's timestamp), also after a restart
+        # of this collector: a resent line gets the same time as the first time.
+        tailer = self.tailers[stream]
+        assert isinstance(tailer, ContainerLogTailer)
+        return tailer.times_us[:count]
 
     def offset_of(self, raw: Any) -> dict[str, int]:
         return check_position(raw)

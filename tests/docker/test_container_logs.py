@@ -113,6 +113,15 @@ def test_a_container_printing_n_lines_gives_exactly_n_searchable_lines_in_order(
     expected = [f"line {i}" for i in range(n)] + ["tail"]
     assert _stored(es_store, job_id) == list(enumerate(expected))
     assert _stored(es_store, job_id, "stderr") == [(0, "oops")]
+    # Each line carries the time the engine stamped it with, not when it was read.
+    printed = c.logs(stdout=True, stderr=False, timestamps=True).splitlines()
+    engine_us = [parse_timestamp(raw.split(b" ", 1)[0].decode()) // 1000 for raw in printed]
+    stored_us = [
+        ln.time.seconds * 1_000_000 + ln.time.nanos // 1000
+        for ln in es_store.query_logs(Query(job_id))
+        if ln.stream == "stdout"
+    ]
+    assert stored_us == engine_us
     hits = [ln.line for ln in es_store.query_logs(Query(job_id, search="499"))]
     assert hits == ["line 499"]
 
