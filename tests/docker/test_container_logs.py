@@ -22,11 +22,17 @@ import pytest
 
 from contract.containers import LABEL_GENERATION, LABEL_JOB, LABEL_RANK
 from learner.controller.collector import OFFSETS_FILE, TOKEN_ENV
-from learner.controller.container_logs import JobLogCollector, parse_timestamp
+from learner.controller.container_logs import (
+    ContainerLogCollector,
+    JobLogCollector,
+    parse_timestamp,
+)
 from services.embedded.docker_engine import DockerEngine
 from services.tds.api import Query
 from services.tds.es_store import ElasticsearchStore
+from services.tds.memory_store import MemoryStore
 from tests.docker.conftest import LearnerImage
+from tests.learner.controller.test_collector_verify import _forget
 from tests.services.tds.helpers import REPO, tds_in_process
 
 
@@ -274,3 +280,29 @@ def test_a_drain_ends_while_a_container_keeps_printing_and_leaves_no_gap(
     stored = _stored(es_store, job_id)
     assert len(stored) >= 100
     assert stored == [(i, f"line {i}") for i in range(len(stored))]
+
+
+def test_lines_the_store_lost_after_its_ack_are_read_from_the_engine_again(
+    docker_client: docker.DockerClient,
+    learner_image: LearnerImage,
+    job_id: str,
+    tmp_path: Path,
+) -> None:
+    # The in-memory store stands in for a search server losing acknowledged writes (as in
+    # tests/learner/controller/test_collector_verify.py); the engine is the real one.
+    store = MemoryStore()
+    c = _learner(docker_client, learner_image, job_id, "for i in $(seq 0 49); do echo l$i; done")
+    _wait(lambda: _exited(c), "the container to exit")
+    with tds_in_process(store) as (addr, _):
+        collector = ContainerLogCollector(docker_client, job_id, 0, tmp_path, addr)
+        collector.verify_interval_s = 3600  # only the check before exiting
+        collector.start()
+        _wait(lambda: len(_memory_stored(store, job_id)) == 50, "the lines to be stored")
+        _forget(store, job_id, range(10, 30))  # acknowledged, then lost
+        assert collector.stop(drain=True)
+    assert collector.rewinds == 1
+    assert _memory_stored(store, job_id) == [(i, f"l{i}") for i in range(50)]
+
+
+def _memory_stored(store: MemoryStore, job: str) -> list[tuple[int, str]]:
+    return [(ln.seq, ln.line) for ln in store.query_logs(Query(job)) if ln.stream == "stdout"]
