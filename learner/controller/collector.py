@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import tenacity
@@ -103,6 +103,20 @@ def write_json_atomically(path: Path, obj: Any) -> None:
 TOKEN_ENV = "RHIZOME_TDS_TOKEN"
 
 
+class Tailer(Protocol):
+    """Where a stream's lines come from: a file (`LineTailer`) here, a container's output
+    stream on the docker backend (learner/controller/container_logs.py). `offset` is any
+    JSON value that says where reading stands; the collector commits and restores it."""
+
+    offset: Any
+
+    def seek(self, offset: Any) -> None: ...
+
+    def read_lines(self, max_lines: int, final: bool = False) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
 
@@ -145,7 +159,7 @@ class Collector:
         self.max_rewinds = max_rewinds
         self.clock_us = clock_us
         self.sources: list[MetricSource] = create_sources(metric_sources, self.dir)
-        self.tailers = {s: LineTailer(self.dir / f"{s}.log") for s in STREAMS}
+        self.tailers: dict[str, Tailer] = {s: self.open_tailer(s) for s in STREAMS}
         self.next_seq = dict.fromkeys(STREAMS, 0)
         self.metric_seq = {src.source_id: 0 for src in self.sources}
         self.pending_lines: list[tds_pb2.LogLine] = []
@@ -182,6 +196,19 @@ class Collector:
         if not self._verified:
             self._verified = self._position()
 
+    # -- where lines come from (a subclass reads another source, same numbering) -------
+    def open_tailer(self, stream: str) -> Tailer:
+        return LineTailer(self.dir / f"{stream}.log")
+
+    def line_times_us(self, stream: str, count: int, now_us: int) -> list[int]:
+        """The times of the `count` lines just read from `stream`: a file has none of its
+        own, so they are when they were read."""
+        return [now_us] * count
+
+    def offset_of(self, raw: Any) -> Any:
+        """An offset read back from the offsets file, checked (ValueError/TypeError if bad)."""
+        return int(raw)
+
     # -- durable position -------------------------------------------------------------
     @property
     def offsets_path(self) -> Path:
@@ -202,7 +229,7 @@ class Collector:
                 )
             for s in STREAMS:
                 pos = st["streams"].get(s, {})
-                self.tailers[s].seek(int(pos.get("offset", 0)))
+                self.tailers[s].seek(self.offset_of(pos.get("offset", 0)))
                 self.next_seq[s] = int(pos.get("seq", 0))
             for src in self.sources:
                 src.restore(st.get("sources", {}).get(src.source_id, {}))
@@ -232,7 +259,7 @@ class Collector:
         return {
             "streams": {
                 s: {
-                    "offset": int(pos["streams"][s]["offset"]),
+                    "offset": self.offset_of(pos["streams"][s]["offset"]),
                     "seq": int(pos["streams"][s]["seq"]),
                 }
                 for s in STREAMS
@@ -258,7 +285,7 @@ class Collector:
 
     def _rewind(self, pos: dict[str, Any]) -> None:
         for s in STREAMS:
-            self.tailers[s].seek(int(pos["streams"][s]["offset"]))
+            self.tailers[s].seek(self.offset_of(pos["streams"][s]["offset"]))
             self.next_seq[s] = int(pos["streams"][s]["seq"])
         for src in self.sources:
             src.restore(pos["sources"].get(src.source_id, {}))
@@ -293,18 +320,18 @@ class Collector:
         """Read what is new into the pending batch; return how many records were read."""
         budget = max(self.batch_lines - len(self.pending_lines), 1)
         now_us = self._now_us()
-        secs, nanos = now_us // 1_000_000, (now_us % 1_000_000) * 1000
         n = 0
         for stream in STREAMS:
             texts = self.tailers[stream].read_lines(budget, final)
             if not texts and not final:
                 continue
             seq = self.next_seq[stream]
-            for text in texts:
+            times = self.line_times_us(stream, len(texts), now_us)
+            for text, t in zip(texts, times, strict=True):
                 msg = tds_pb2.LogLine(
                     job_id=self.job_id, learner=self.learner, stream=stream, seq=seq, line=text
                 )
-                msg.time.seconds, msg.time.nanos = secs, nanos
+                msg.time.seconds, msg.time.nanos = t // 1_000_000, (t % 1_000_000) * 1000
                 self.pending_lines.append(msg)
                 seq += 1
             self.next_seq[stream] = seq

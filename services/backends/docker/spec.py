@@ -14,15 +14,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from docker.types import DeviceRequest, Mount
 
+from contract.containers import LABEL_GENERATION as LABEL_GENERATION
+from contract.containers import LABEL_JOB as LABEL_JOB
+from contract.containers import LABEL_RANK as LABEL_RANK
+from contract.containers import LABEL_RESTART as LABEL_RESTART
+from contract.containers import label_filter
 from contract.env import Role, labels
 from services.backends.api import JobSpec
 from services.backends.local.backend import local_stores
 from services.images.build import LEARNER_HOME, LEARNER_UID, learner_environment, learner_mounts
 
-LABEL_JOB = "rhizome.job"
-LABEL_RANK = "rhizome.rank"
-LABEL_GENERATION = "rhizome.generation"
-LABEL_RESTART = "rhizome.restart"
 LABEL_ROLE = "rhizome.role"
 LABEL_MEMORY_MB = "rhizome.memory_mb"
 # The engine's stand-in for the host as seen from a bridge network (engine >= 20.10).
@@ -43,10 +44,7 @@ def network_name(job_id: str) -> str:
 
 def job_filter(job_id: str, rank: int | None = None) -> dict[str, Any]:
     """The engine's label filter for a job's objects (and one rank's containers)."""
-    wanted = [f"{LABEL_JOB}={job_id}"]
-    if rank is not None:
-        wanted.append(f"{LABEL_RANK}={rank}")
-    return {"label": wanted}
+    return dict(label_filter(job_id, rank))
 
 
 def handle_of(container_id: str) -> int:
