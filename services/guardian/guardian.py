@@ -504,9 +504,13 @@ class Guardian:
                 if handle is None or exited or waited:
                     self.platform_restarts += 1
                     if self.platform_restarts > self.config.platform_restarts:
+                        # The backend may know why (a pod stuck Pending, an image that
+                        # cannot be pulled): the reason belongs in the job's message.
+                        note = self.backend.exit_note(self.job_id, rank)
                         return self.finish(
                             states.FAILED,
-                            f"learner {rank}'s controller died {self.platform_restarts} times",
+                            f"learner {rank}'s controller died {self.platform_restarts} times"
+                            + (f" ({note})" if note else ""),
                         )
                     log.info("job %s: (re)starting the controller of learner %d", self.job_id, rank)
                     self.handles[rank] = self.backend.start_learner(
