@@ -67,6 +67,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "bundled-elasticsearch": {"elasticsearch": {"bundled": True, "url": ""}},
     "quota": {"quotaConfig": "users:\n  alice: {V100: 4}\n"},
     "admin-token-secret": {"adminTokenSecret": "rhizome-admin"},
+    "tls": {"tls": {"secretName": "rhizome-tls"}},
     "api-from": {
         "networkPolicy": {"apiFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
     },
@@ -124,6 +125,24 @@ def test_chart_standby_gets_two_replicas_and_a_pdb() -> None:
     assert deployment["spec"]["replicas"] == 2
     (pdb,) = find(objects, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
+
+
+def test_chart_tls_mounts_the_secret_and_passes_it_to_the_daemon() -> None:
+    (deployment,) = find(render(OPTIONS["tls"]), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    daemon = next(c for c in pod["containers"] if c["name"] == "daemon")
+    assert "--tls-cert=/etc/rhizome/tls/tls.crt" in daemon["args"]
+    assert "--tls-key=/etc/rhizome/tls/tls.key" in daemon["args"]
+    mount = next(m for m in daemon["volumeMounts"] if m["name"] == "tls")
+    assert mount["mountPath"] == "/etc/rhizome/tls" and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "tls")
+    assert volume["secret"] == {"secretName": "rhizome-tls", "defaultMode": 0o400}
+    # the kubelet's gRPC probe cannot speak TLS: a TCP probe instead
+    assert "tcpSocket" in daemon["readinessProbe"] and "grpc" not in daemon["readinessProbe"]
+    (plain,) = find(render({}), "Deployment")
+    plain_daemon = plain["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a.startswith("--tls-") for a in plain_daemon["args"])
+    assert "grpc" in plain_daemon["readinessProbe"]
 
 
 def test_chart_rbac_is_least_privilege() -> None:
