@@ -25,6 +25,9 @@ class PlatformConfig:
     # The internal services' own port (LifecycleManager, TrainingData, Scheduler): loopback,
     # any free port, unless peers on other machines must reach it (docs/security.md).
     internal_address: str = "127.0.0.1:0"
+    # The TDS as learners reach it, where that differs from the internal address (pods on
+    # Kubernetes reach it through a Service); empty: the internal address.
+    learner_tds_address: str = ""
     # The service credential shared by daemons that host services for each other;
     # empty: <data dir>/internal.secret, generated 0600 on first start.
     internal_secret_file: str = ""

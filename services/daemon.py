@@ -286,6 +286,14 @@ def _export_object_store(config: PlatformConfig) -> None:
     "processes and learners (port 0: any free port). Keep it on loopback or a private network.",
 )
 @click.option(
+    "--learner-tds-address",
+    default="",
+    envvar="RHIZOME_LEARNER_TDS_ADDRESS",
+    help="The training data service's address as learners reach it, when that is not "
+    "--internal-address (a Kubernetes Service in front of the internal port; default: the "
+    "internal address).",
+)
+@click.option(
     "--internal-secret-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -415,6 +423,7 @@ def main(
     rest_address: str,
     metrics_address: str,
     internal_address: str,
+    learner_tds_address: str,
     internal_secret_file: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -456,6 +465,7 @@ def main(
         rest_address=rest_address,
         metrics_address=metrics_address,
         internal_address=internal_address,
+        learner_tds_address=learner_tds_address,
         internal_secret_file=str(internal_secret_file.expanduser()) if internal_secret_file else "",
         tls_cert=str(tls_cert.expanduser()) if tls_cert else "",
         tls_key=str(tls_key.expanduser()) if tls_key else "",

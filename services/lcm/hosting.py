@@ -21,6 +21,7 @@ def build(ctx: DaemonContext) -> Hosted:
         )
     # Learners ship their logs to the TDS's internal port, with their job's token.
     tds = config.internal_address if "tds" in config.services else config.peers.get("tds", "")
+    tds = config.learner_tds_address or tds
     has_scheduler = "scheduler" in config.services or "scheduler" in config.peers
     manager = LifecycleManager(
         LcmConfig(

@@ -145,6 +145,29 @@ def test_chart_tls_mounts_the_secret_and_passes_it_to_the_daemon() -> None:
     assert "grpc" in plain_daemon["readinessProbe"]
 
 
+def test_chart_gives_learner_pods_the_internal_port_and_no_one_else() -> None:
+    objects = render({})
+    (deployment,) = find(objects, "Deployment")
+    daemon = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--internal-address=0.0.0.0:50052" in daemon["args"]
+    tds = next(a for a in daemon["args"] if a.startswith("--learner-tds-address="))
+    internal = next(
+        s for s in find(objects, "Service") if s["metadata"]["name"].endswith("-internal")
+    )
+    meta = internal["metadata"]
+    assert tds == f"--learner-tds-address={meta['name']}.{meta['namespace']}.svc:50052"
+    assert internal["spec"]["type"] == "ClusterIP"
+    assert [p["port"] for p in internal["spec"]["ports"]] == [50052]
+    policy = next(
+        p for p in find(objects, "NetworkPolicy") if p["metadata"]["name"].endswith("-daemon")
+    )
+    rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 50052)
+    sources = [next(iter(src)) for src in rule["from"]]
+    assert sources == ["podSelector", "namespaceSelector"]  # platform pods, jobs' namespace
+    public = [r for r in policy["spec"]["ingress"] if r is not rule]
+    assert all(p["port"] != 50052 for r in public for p in r["ports"])
+
+
 def test_chart_rbac_is_least_privilege() -> None:
     objects = render({})
     (role,) = find(objects, "Role")

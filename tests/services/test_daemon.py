@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,35 @@ def test_services_import_the_hosting_contract_never_the_daemon() -> None:
     for module in map(daemon.hosting_module, daemon.SERVICES.names()):
         path = root.parent / (module.replace(".", "/") + ".py")
         assert "services.hosting" in _imports(path), module
+
+
+def test_learners_are_told_the_learner_tds_address_when_one_is_given(
+    tmp_path: Path, mongo_server: ManagedServer, etcd_server: ManagedServer
+) -> None:
+    """On Kubernetes the internal port listens on the pod and learners reach it through a
+    Service: the LCM hands guardians (and so learners) that address, not its own."""
+    from services.config import PlatformConfig
+    from services.daemon import Daemon
+
+    def tds_address(**extra: Any) -> str:
+        daemon = Daemon(
+            PlatformConfig(
+                data_dir=tmp_path / "data",
+                mongodb_uri=mongo_server.url,
+                etcd_url=etcd_server.url,
+                services=("lcm",),
+                peers={"tds": "10.0.0.5:50052"},  # the TDS hosted by another daemon
+                grpc_address=f"127.0.0.1:{free_port()}",
+                **extra,
+            )
+        )
+        daemon.start()
+        try:
+            return str(daemon.ctx.shared["lcm"].config.tds_address)
+        finally:
+            daemon.stop()
+
+    assert tds_address(learner_tds_address="rz-internal.rhizome.svc:50052") == (
+        "rz-internal.rhizome.svc:50052"
+    )
+    assert tds_address() == "10.0.0.5:50052"  # default: where the TDS listens
