@@ -17,14 +17,12 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pymongo
+from _load import percentile, run_clients
 
 from services.client.sdk import Client
 from services.embedded import platform
@@ -34,42 +32,6 @@ from services.store.mongo import database_name
 from services.store.tokens import TokensRepository
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def run_clients(
-    clients: int, per_client: int, submit: Callable[[int], None]
-) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def worker(cid: int) -> None:
-        mine = []
-        try:
-            for i in range(per_client):
-                t0 = time.perf_counter()
-                submit(cid * per_client + i)
-                mine.append(time.perf_counter() - t0)
-        except BaseException as exc:
-            errors.append(exc)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=worker, args=(c,)) for c in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return elapsed, latencies
 
 
 def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str, dict[str, float]]:
@@ -85,7 +47,8 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
     manifest = parse_manifest(MANIFEST)
     sample = JobRecord.for_manifest("", "floor", manifest).to_doc()
 
-    def floor_insert(i: int) -> None:
+    def floor_insert(cid: int, n: int) -> None:
+        i = cid * per_client + n
         floor_repo._col.insert_one({**sample, "_id": f"f{i}", "job_id": f"f{i}", "idem": f"k{i}"})
 
     elapsed, lat = run_clients(clients, per_client, floor_insert)
@@ -104,7 +67,7 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
     users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
     grpc_clients = [Client(state.api_address, token=token(u)) for u in users]
     elapsed, lat = run_clients(
-        clients, per_client, lambda i: grpc_clients[i // per_client].create_job(MANIFEST)
+        clients, per_client, lambda cid, _: grpc_clients[cid].create_job(MANIFEST)
     )
     results["gRPC CreateJob"] = summarize(total, elapsed, lat)
     stored = sum(len(list(c.iter_jobs())) for c in grpc_clients)
@@ -119,8 +82,8 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
     ]
     files = {"manifest": ("manifest.yml", MANIFEST.encode())}
 
-    def rest_submit(i: int) -> None:
-        http[i // per_client].post("/v1/models", files=files).raise_for_status()
+    def rest_submit(cid: int, _: int) -> None:
+        http[cid].post("/v1/models", files=files).raise_for_status()
 
     elapsed, lat = run_clients(clients, per_client, rest_submit)
     results["REST POST /v1/models"] = summarize(total, elapsed, lat)

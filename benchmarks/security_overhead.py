@@ -27,16 +27,15 @@ import ssl
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "gen")]
 
 import httpx  # noqa: E402
+from _load import percentile, run_clients  # noqa: E402
 
 from contract.procs import free_port  # noqa: E402
 from services.client.sdk import Client  # noqa: E402
@@ -53,42 +52,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def run_clients(
-    clients: int, per_client: int, submit: Callable[[int, int], None]
-) -> tuple[float, list[float]]:
-    """`clients` threads, each submitting `per_client` times; wall time and latencies."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def worker(cid: int) -> None:
-        mine = []
-        try:
-            for i in range(per_client):
-                t0 = time.perf_counter()
-                submit(cid, i)
-                mine.append(time.perf_counter() - t0)
-        except BaseException as exc:
-            errors.append(exc)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=worker, args=(c,)) for c in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - start, latencies
 
 
 class Deployment:
