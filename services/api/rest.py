@@ -168,7 +168,11 @@ def build_app(
 
     @app.exception_handler(errors.ApiError)
     async def api_error(_: Request, exc: errors.ApiError) -> JSONResponse:
-        return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.http_status)
+        return JSONResponse(
+            {"code": exc.code, "message": exc.message},
+            status_code=exc.http_status,
+            headers=exc.http_headers(),
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
