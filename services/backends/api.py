@@ -115,6 +115,8 @@ BACKENDS: Registry[BackendFactory] = Registry("learner backend", error=UnknownBa
 BACKENDS.register("local", "services.backends.local.backend:LocalBackend")
 BACKENDS.register("docker", "services.backends.docker.backend:DockerBackend")
 BACKENDS.register("kubernetes", "services.backends.kubernetes.backend:KubernetesBackend")
+# Learners that train nothing, for control-plane benchmarks (benchmarks/control_plane_scale.py).
+BACKENDS.register("simulated", "services.backends.simulated.backend:SimulatedBackend")
 
 
 def register_backend(name: str, factory: BackendFactory | str) -> None:
