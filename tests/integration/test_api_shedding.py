@@ -1,5 +1,6 @@
-"""Load shedding (services/api/shedding.py): a submit beyond the in-flight limit is refused
-at once with RESOURCE_EXHAUSTED / HTTP 429 and a retry-after, and nothing of it is stored.
+"""Overload: a submit beyond the in-flight limit is refused at once with RESOURCE_EXHAUSTED
+/ HTTP 429 and a retry-after, and nothing of it is stored (services/api/shedding.py); a
+slow submit does not hold back the gateway's other calls.
 
 The daemon is a real one with a limit of one submit in flight; the test holds that one
 slot itself (as a slow submit would), so the refusal is deterministic.
@@ -7,8 +8,11 @@ slot itself (as a slow submit would), so the refusal is deterministic.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -47,9 +51,8 @@ def test_grpc_submit_over_the_limit_is_refused_with_a_retry_after(api: RunningAp
     with grpc.insecure_channel(api.grpc) as channel:
         stub = trainer_pb2_grpc.TrainerStub(channel)
         md = (("authorization", f"Bearer {api.token('shed-grpc')}"),)
-        with core.gate.slot():  # the one slot is taken
-            with pytest.raises(grpc.RpcError) as info:
-                stub.CreateJob(trainer_pb2.CreateJobRequest(manifest_yaml=MANIFEST), metadata=md)
+        with core.gate.slot(), pytest.raises(grpc.RpcError) as info:  # the one slot is taken
+            stub.CreateJob(trainer_pb2.CreateJobRequest(manifest_yaml=MANIFEST), metadata=md)
         err = info.value
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "nothing was stored" in (err.details() or "")
@@ -74,3 +77,35 @@ def test_rest_submit_over_the_limit_is_a_429_with_retry_after(api: RunningApi) -
     assert httpx.get(f"{api.rest}/v1/models", headers=headers, timeout=10).json()["models"] == []
     again = httpx.post(f"{api.rest}/v1/models", files=files, headers=headers, timeout=10)
     assert again.status_code == 201
+
+
+def test_a_submit_blocked_on_the_store_does_not_hold_back_other_rest_calls(
+    api: RunningApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A submit that cannot finish (the store hangs) must not stall the gateway's event
+    # loop: other calls are answered meanwhile. Before the fix, REST ran the submit on
+    # the loop itself, so every other request waited for it.
+    core = _core(api)
+    entered, release = threading.Event(), threading.Event()
+    real_create = core._create
+
+    def stuck_create(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert release.wait(30)
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(core, "_create", stuck_create)
+    headers = api.headers("shed-loop")
+    files = {"manifest": ("manifest.yml", MANIFEST.encode())}
+    with ThreadPoolExecutor(1) as pool:
+        submit = pool.submit(
+            httpx.post, f"{api.rest}/v1/models", files=files, headers=headers, timeout=60
+        )
+        assert entered.wait(30), "the submit never reached the store"
+        try:
+            resp = httpx.get(f"{api.rest}/v1/models", headers=headers, timeout=10)
+            assert resp.status_code == 200  # answered while the submit is still stuck
+            assert not submit.done()
+        finally:
+            release.set()
+        assert submit.result(timeout=60).status_code == 201
