@@ -38,6 +38,7 @@ import pyetcd
 import pyetcd.events
 import pyetcd.exceptions
 
+from contract.credentials import redact_uri
 from contract.procs import venv_bin
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class EtcdClient:
             yield
         except _UNREACHABLE as exc:
             raise StoreUnavailable(
-                f"etcd at {self.url} is unreachable ({what}: {type(exc).__name__}); start it "
+                f"etcd at {redact_uri(self.url)} is unreachable ({what}: {type(exc).__name__}); start it "
                 "with `rhizome up --embedded` or point --etcd / RHIZOME_ETCD at a running one"
             ) from exc
 
