@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -523,6 +524,35 @@ class LocalBackend(Backend):
         for cgroup in self._cgroups.pop(job_id, []):
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
+
+    def release(self, job_id: str, job_dir: str, result_store: str) -> None:
+        """Give the job's uid back once it ended for good (isolation.release_uid): its
+        processes killed, its files handed to the daemon, then the claim removed."""
+        trees = [Path(job_dir), Path(result_store)] if result_store else [Path(job_dir)]
+        try:
+            uid = isolation.release_uid(Path(job_dir).parent, job_id, trees, kill_uid)
+        except OSError as exc:
+            log.warning("job %s: its learner uid stays claimed, release failed: %s", job_id, exc)
+            return
+        self._users.pop(job_id, None)
+        if uid is not None:
+            log.info("job %s: released learner uid %d", job_id, uid)
+
+    def release_ended(
+        self, jobs_dir: Path, objects_dir: Path, ended: Callable[[str], bool]
+    ) -> None:
+        try:
+            released = isolation.release_stale_claims(
+                jobs_dir,
+                ended,
+                lambda job_id: [jobs_dir / job_id, objects_dir / "results" / job_id],
+                kill_uid,
+            )
+        except OSError as exc:
+            log.warning("stale learner uid claims in %s not released: %s", jobs_dir, exc)
+            return
+        if released:
+            log.info("released the learner uids of ended jobs: %s", released)
 
     def running(self, job_id: str) -> list[int]:
         return procs.labelled(job_id)
