@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.backends.local import isolation
+from services.backends.local.isolation import LearnerUser
 from services.store import states
 from tests.integration.test_isolation import (  # noqa: F401 - fixtures
     explain,
-    guardian,
     learner_python,
     root_data_dir,
 )
-from tests.services.guardian.helpers import submit
+from tests.services.guardian.helpers import start_guardian, submit
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +42,18 @@ if other:
         seen = "read"
     except PermissionError:
         seen = "denied"
-print("UIDPROBE " + json.dumps({"uid": os.getuid(), "other": seen}), flush=True)
+import sys
+out = {"uid": os.getuid(), "other": seen, "python": sys.executable}
+print("UIDPROBE " + json.dumps(out), flush=True)
 """
 
 
 def run_probe(
-    stores: dict[str, Any], data_dir: Path, env: dict[str, str], other: str = ""
+    stores: dict[str, Any],
+    data_dir: Path,
+    env: dict[str, str],
+    other: str = "",
+    uids: str = "20000-29999",
 ) -> tuple[str, dict[str, Any]]:
     job = submit(
         stores["repo"],
@@ -54,7 +62,15 @@ def run_probe(
         files={"probe.py": PROBE},
         env={"OTHER_JOB": other} if other else {},
     )
-    assert guardian(stores, data_dir, job.job_id, env).wait(timeout=180) == 0
+    proc = start_guardian(
+        job.job_id,
+        stores["etcd_url"],
+        stores["mongo_url"],
+        data_dir,
+        RHIZOME_LEARNER_UIDS=uids,
+        **env,
+    )
+    assert proc.wait(timeout=180) == 0, explain(stores, data_dir, job.job_id)
     assert stores["repo"].get(job.job_id).status == states.COMPLETED, explain(
         stores, data_dir, job.job_id
     )
@@ -95,5 +111,25 @@ def test_a_uid_is_released_at_job_end_and_stale_claims_at_guardian_start(
 
     # B reuses the uid and still cannot read A's checkpoint.
     b, seen_b = run_probe(stores, root_data_dir, learner_python, other=a)
-    assert seen_b == {"uid": FIRST_UID, "other": "denied"}
+    assert (seen_b["uid"], seen_b["other"]) == (FIRST_UID, "denied")
     assert isolation.claimed_uid(jobs, b) is None
+
+
+def test_auto_runs_learners_under_their_uid_even_where_the_daemons_python_is_private(
+    stores: dict[str, Any],
+    root_data_dir: Path,  # noqa: F811 - the imported fixture
+) -> None:
+    """The daemon's interpreter here may live in root's 0700 home (pyenv): `auto` used to
+    run such learners as root; now they run under their uid, on the system's Python of
+    the same version with the daemon's packages (no RHIZOME_LEARNER_PYTHON given)."""
+    private = isolation.unreachable(
+        Path(sys.executable).resolve().parent, LearnerUser(65534, 65534)
+    )
+    _, seen = run_probe(stores, root_data_dir, {"RHIZOME_LEARNER_PYTHON": ""}, uids="auto")
+    assert seen["uid"] >= FIRST_UID
+    if private is not None:
+        assert seen["python"] == str(
+            Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}").resolve()
+        )
+        shim = root_data_dir / "learner-python" / "bin" / "python"
+        assert stat.S_IMODE(shim.stat().st_mode) == 0o755 and shim.stat().st_uid == os.geteuid()

@@ -38,6 +38,8 @@ import errno
 import os
 import pwd
 import stat
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +225,67 @@ def release_stale_claims(
         if release_uid(jobs_dir, job_id, trees(job_id), kill) is not None:
             released.append(uid)
     return released
+
+
+# Where `reachable_python` looks for an interpreter other uids may run, in this order:
+# the system's own installs of the daemon's Python version.
+SYSTEM_PYTHON_DIRS = ("/usr/bin", "/usr/local/bin")
+SHIM_DIR = "learner-python"  # under the data directory: root's, 0755
+
+
+def reachable_python(
+    data_dir: Path, user: LearnerUser, search: Sequence[str] = SYSTEM_PYTHON_DIRS
+) -> Path | None:
+    """An interpreter `user` can run with the daemon's packages, for a daemon whose own
+    Python `user` cannot reach (a pyenv build under root's 0700 home); None if there is
+    none. It is the system's Python of the daemon's version (same major.minor, so the
+    same ABI for compiled packages), run by a wrapper `<data dir>/learner-python/bin/python`
+    that adds the daemon's site-packages (and the .pth files there, the platform's
+    editable install included) through a `sitecustomize` — nothing is copied, and
+    nothing of the daemon's private home is opened to others."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    if unreachable(site_packages, user) is not None or not readable(site_packages, user):
+        return None
+    for folder in search:
+        candidate = Path(folder) / version
+        if not candidate.is_file():
+            continue
+        real = candidate.resolve()
+        if unreachable(real.parent, user) is not None or not os.stat(real).st_mode & 0o001:
+            continue
+        root = data_dir / SHIM_DIR
+        for sub in (root, root / "site", root / "bin"):
+            sub.mkdir(mode=0o755, exist_ok=True)
+            set_mode(sub, 0o755)
+        _put(
+            root / "site" / "sitecustomize.py",
+            f"import site\nsite.addsitedir({str(site_packages)!r})\n",
+            0o644,
+        )
+        # The job's own PYTHONPATH, if any, comes after the daemon's packages' hook.
+        _put(
+            root / "bin" / "python",
+            f'#!/bin/sh\nPYTHONPATH={root / "site"}${{PYTHONPATH:+:$PYTHONPATH}} exec {real} "$@"\n',
+            0o755,
+        )
+        return root / "bin" / "python"
+    return None
+
+
+def _put(path: Path, text: str, mode: int) -> None:
+    """`path` holds `text` with `mode`, replaced atomically when it differs."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text and stat.S_IMODE(path.lstat().st_mode) == mode:
+            return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def _is_account(uid: int) -> bool:
@@ -444,6 +507,7 @@ __all__ = [
     "learner_user",
     "open_append",
     "own_directory",
+    "reachable_python",
     "read_tail",
     "readable",
     "release_stale_claims",
