@@ -74,7 +74,7 @@ def parse_url(url: str) -> tuple[str, int]:
         raise ValueError("no etcd URL: pass --etcd http://HOST:PORT or set RHIZOME_ETCD")
     parsed = urlparse(url if "://" in url else f"http://{url}")
     if not parsed.hostname or not parsed.port:
-        raise ValueError(f"etcd URL {url!r} is not http://HOST:PORT")
+        raise ValueError(f"etcd URL {redact_uri(url)!r} is not http://HOST:PORT")
     return parsed.hostname, parsed.port
 
 
@@ -91,11 +91,11 @@ def tls_ca_file(url: str) -> str:
     if parsed.scheme == "http":
         return ""
     if parsed.scheme != "https":
-        raise ValueError(f"etcd URL {url!r}: the scheme must be http or https")
+        raise ValueError(f"etcd URL {redact_uri(url)!r}: the scheme must be http or https")
     ca = parse_qs(parsed.query).get(TLS_CA_PARAM, [""])[0]
     if ca:
         if not Path(ca).is_file():
-            raise ValueError(f"etcd URL {url!r}: the CA file {ca} does not exist")
+            raise ValueError(f"etcd URL {redact_uri(url)!r}: the CA file {ca} does not exist")
         return ca
     # Imported here: the offline learner image's Python has no libssl, and a learner only
     # needs it for an https etcd without a CA file of its own.
@@ -106,7 +106,7 @@ def tls_ca_file(url: str) -> str:
         if candidate and Path(candidate).is_file():
             return candidate
     raise ValueError(
-        f"etcd URL {url!r} is https but names no CA and this system has no CA bundle; "
+        f"etcd URL {redact_uri(url)!r} is https but names no CA and this system has no CA bundle; "
         f"add ?{TLS_CA_PARAM}=/path/to/ca.pem"
     )
 

@@ -64,3 +64,11 @@ def test_log_filter_redacts_uri_passwords() -> None:
     )
     RedactingFilter().filter(record)
     assert record.getMessage() == "cannot reach mongodb://rz:***@h/x"
+
+
+def test_a_malformed_etcd_url_is_named_without_its_password() -> None:
+    from contract.etcd import parse_url
+
+    with pytest.raises(ValueError) as err:
+        parse_url(f"http://root:{PASSWORD}@h")  # no port
+    assert PASSWORD not in str(err.value) and "root:***@h" in str(err.value)
