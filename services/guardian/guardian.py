@@ -205,6 +205,7 @@ class Guardian:
                 self.lease.revoke()
             return EXIT_ALREADY_GUARDED
         cancel = self.etcd.watch_prefix(etcd_keys.job_prefix(self.job_id), self.wake.set)
+        self.backend.release_ended(self.config.jobs_dir, self.config.objects_dir, self._ended)
         try:
             return self._run()
         finally:
@@ -222,10 +223,13 @@ class Guardian:
                 job = self.jobs.get(self.job_id)
             except JobNotFound:
                 self.backend.rollback(self.job_id, self.job_dir)
+                self.release()
                 self.erase()
                 return EXIT_DONE
             if job.status in states.TERMINAL_STATES or job.status in (states.HALTED, states.QUEUED):
                 self.backend.rollback(self.job_id, self.job_dir)
+                if job.status in states.TERMINAL_STATES:
+                    self.release()
                 self.erase()
                 return EXIT_DONE
             try:
@@ -809,9 +813,25 @@ class Guardian:
             current = self.jobs.get(self.job_id)
             if current.status != target:
                 self.jobs.transition(self.job_id, target, message, **fields)
+        if states.is_terminal(target):  # a halted job resumes with what it held
+            self.release()
         self.erase()
         log.info("job %s: %s (%s)", self.job_id, target, message)
         return EXIT_DONE
+
+    def release(self) -> None:
+        """The job is over for good: the backend gives back what it held for the job's
+        whole life (the local backend's learner uid)."""
+        self.backend.release(
+            self.job_id, self.job_dir, str(self.config.objects_dir / "results" / self.job_id)
+        )
+
+    def _ended(self, job_id: str) -> bool:
+        """Whether job `job_id` is over for good (or gone): its backend holdings may go."""
+        try:
+            return states.is_terminal(self.jobs.get(job_id).status)
+        except JobNotFound:
+            return True
 
     def erase(self) -> None:
         """Every key of the job except our own lease key (revoked last, on exit)."""
