@@ -9,9 +9,11 @@ and the final parameters equal the uninterrupted single-process reference.
 
 from __future__ import annotations
 
+import queue
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -275,3 +277,57 @@ def test_reconfiguration_in_a_data_parallel_pipeline_restores_redundancy_twice(
         ), err[-4000:]
     assert sorted(p.name for p in out.iterdir()) == [f"worker{w}.pt" for w in range(4)]
     assert_equals_reference(out, pipelines=2, steps=steps)
+
+
+def test_a_standby_started_before_generation_0_waits_for_it_instead_of_being_refused(
+    etcd_server: ManagedServer,
+) -> None:
+    """The launcher starts its standbys with the workers: one may ask to join before
+    worker 0 has written generation 0. It waits for the state, then queues and takes the
+    first lost slot, as any standby does; with no state at all it is refused, naming
+    why."""
+    store = _store(etcd_server)
+    issue_ticket(store, 4, "early")
+    waiting, result = threading.Event(), queue.Queue[int | BaseException]()
+
+    def log(message: str) -> None:
+        if "waiting for the job's generation 0" in message:
+            waiting.set()
+
+    def join() -> None:
+        try:
+            result.put(admit(store, 4, "early", ttl_s=2, log=log, start_timeout_s=300))
+        except BaseException as exc:  # handed to the test thread, which raises it
+            result.put(exc)
+
+    joiner = threading.Thread(target=join, daemon=True)
+    joiner.start()
+    try:
+        assert waiting.wait(60), "the standby did not report waiting for generation 0"
+        assert result.empty(), result.get()  # neither refused nor admitted yet
+        # the workers start: generation 0, then slot 1 is lost
+        assert store.set_state(ClusterState(generation=0, stages=2, pipelines=1), 0)
+        _lose(store, 1)
+        got = result.get(timeout=60)
+        if isinstance(got, BaseException):
+            raise got
+        assert got == 1
+        state, _ = store.get_state()
+        assert state is not None and state.dead == () and state.joined_at == {"1": 2}
+    finally:
+        joiner.join(timeout=10)
+        store.delete_all()
+        store.close()
+
+
+def test_a_joiner_of_a_job_that_never_started_is_refused_naming_why(
+    etcd_server: ManagedServer,
+) -> None:
+    store = _store(etcd_server)
+    try:
+        issue_ticket(store, 4, "nobody")
+        with pytest.raises(Refused, match=r"no running job to join.*start the job's workers"):
+            admit(store, 4, "nobody", ttl_s=2, log=lambda _m: None, start_timeout_s=0)
+    finally:
+        store.delete_all()
+        store.close()
