@@ -24,6 +24,7 @@ def job_to_proto(job: JobRecord) -> job_pb2.Job:
         job_id=job.job_id,
         owner=job.owner,
         name=job.name,
+        display_name=job.spec.display_name or job.name,
         description=job.description,
         status=states.to_proto(job.status),  # type: ignore[arg-type]
         status_message=job.status_message,
