@@ -16,6 +16,7 @@ with a lease, so one event is normally sent once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,10 +36,12 @@ from services.events.api import (
     DELIVERY_HEADER,
     EVENT_HEADER,
     SIGNATURE_HEADER,
+    EndpointNotFound,
     EndpointRecord,
     EventEndpoints,
     sign,
 )
+from services.store import states
 from services.store.errors import JobNotFound
 from services.store.jobs import JobRecord, StatusEntry
 
@@ -148,6 +151,10 @@ class Dispatcher:
                 self.endpoints.forget_job(endpoint.job_id)
                 continue
             if len(job.history) <= endpoint.delivered:
+                if job.status == states.DELETED:
+                    # Nothing follows DELETED: its last event is out, the endpoint is done.
+                    with contextlib.suppress(EndpointNotFound):
+                        self.endpoints.delete(job.job_id, endpoint.event_type, endpoint.endpoint_id)
                 continue
             now = self.clock()
             lease = now + self.policy.attempts * (self.policy.timeout_s + 60)
