@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import io
+import json
 import socket
 import uuid
 import zipfile
@@ -111,15 +113,19 @@ def test_an_oversized_upload_is_413_and_stores_nothing(api: RunningApi) -> None:
     h = api.headers(new_user())
     url = urlparse(api.rest)
     announced = MAX_MODEL_BYTES + MAX_MANIFEST_BYTES + 64 * 1024 + 1
-    head = (
-        f"POST /v1/models HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: {h['Authorization']}\r\n"
-        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {announced}\r\n\r\n"
-    ).encode()
-    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
-        sock.sendall(head)
-        answer = sock.recv(65536).decode(errors="replace")
-    assert answer.startswith("HTTP/1.1 413"), answer[:200]
-    assert "too_large" in answer and f"at most {announced - 1}" in answer
+    conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+    try:
+        conn.putrequest("POST", "/v1/models")
+        conn.putheader("Authorization", h["Authorization"])
+        conn.putheader("Content-Type", "multipart/form-data; boundary=b")
+        conn.putheader("Content-Length", str(announced))
+        conn.endheaders()  # and no body: the answer comes first
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 413 and body["code"] == "too_large"
+    assert f"at most {announced - 1}" in body["message"]
     assert httpx.get(f"{api.rest}/v1/models", headers=h, timeout=5).json()["models"] == []
 
 
