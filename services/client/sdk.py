@@ -40,6 +40,8 @@ ADMIN_TOKEN_FILE = "admin.token"
 MAX_MESSAGE = 80 * 1024 * 1024
 # Code is uploaded in pieces of this size (CreateJobStream), never in one message.
 UPLOAD_CHUNK = 1024 * 1024
+# The most code one CreateJob message may carry (services/api/core.py MAX_UNARY_MODEL_BYTES).
+MAX_UNARY_CODE = 64 * 1024 * 1024
 # (bytes sent, bytes in all): what `create_job` reports as an upload goes.
 Progress = Callable[[int, int], None]
 
@@ -84,6 +86,12 @@ def _translate(exc: grpc.RpcError, address: str, tls: bool = False) -> ClientErr
             f"the request is larger than the gRPC message limit of the API at {address} "
             f"({details}); upload code with Client.create_job (it streams the archive in "
             f"pieces, up to {MAX_CODE_ZIP_BYTES // 2**20} MiB) or as multipart on POST /v1/models",
+        )
+    if code == grpc.StatusCode.UNIMPLEMENTED and "method not found" in lowered:
+        return ClientError(
+            code.name,
+            f"the Rhizome API at {address} does not offer this call ({details}); it is older "
+            "than this client: upgrade the platform",
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ClientError(code.name, f"the Rhizome API at {address} did not answer in time")
@@ -294,6 +302,12 @@ class Client:
         try:
             streamed = self._stub.CreateJobStream(pieces(), metadata=self._md, timeout=timeout)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and len(code_zip) <= MAX_UNARY_CODE:
+                # A daemon from before CreateJobStream: code that fits one message still goes.
+                header.model_definition = code_zip
+                resp = self._call("CreateJob", header, timeout=timeout)
+                assert isinstance(resp, trainer_pb2.CreateJobResponse)
+                return resp
             raise _translate(exc, self.address, self.tls) from None
         assert isinstance(streamed, trainer_pb2.CreateJobResponse)
         return streamed
