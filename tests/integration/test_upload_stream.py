@@ -135,3 +135,18 @@ def test_a_client_that_disconnects_mid_upload_leaves_no_job_and_no_object(
     with api.client(name) as rz:
         assert list(rz.iter_jobs()) == []
     assert stored_models(api) == before
+
+
+def test_a_message_over_grpcs_own_limit_is_explained_by_the_sdk(api: RunningApi) -> None:
+    """Over 80 MiB gRPC refuses the message before the API sees it; the SDK (which never
+    sends code that way itself) says what the limit is and how to send larger code."""
+    request = trainer_pb2.CreateJobRequest(
+        manifest_yaml=MANIFEST.format(name="huge"), model_definition=b"0" * (MESSAGE_LIMIT + 1)
+    )
+    with api.client(user(), timeout_s=60) as rz:
+        with pytest.raises(ClientError) as info:
+            rz._call("CreateJob", request)
+        assert info.value.code == "RESOURCE_EXHAUSTED"
+        assert "larger than the gRPC message limit" in info.value.message
+        assert "Client.create_job" in info.value.message and "multipart" in info.value.message
+        assert list(rz.iter_jobs()) == []
