@@ -160,6 +160,14 @@ def build(ctx: DaemonContext) -> Hosted:
     if tds_channel is not None:
         core.on_deleted = tds_forget(tds_channel)
     ctx.shared["trainer_core"] = core
+    # Job events (webhooks): registrations in MongoDB, delivered from this daemon by a
+    # dispatcher of its own, so no job-side process ever waits on a receiver.
+    from services.events.delivery import Dispatcher
+    from services.events.store import MongoEventEndpoints
+
+    core.events = endpoints = MongoEventEndpoints(mongo_database(ctx))
+    endpoints.ensure_indexes()
+    dispatcher = Dispatcher(endpoints, lambda job_id: core.jobs.get(job_id))
     tokens = TokensRepository(mongo_database(ctx))
     tokens.ensure_indexes()
     if ctx.config.admin_token_file:
@@ -207,6 +215,7 @@ def build(ctx: DaemonContext) -> Hosted:
         if not server.started:
             raise RuntimeError(f"the REST gateway could not listen on {ctx.config.rest_address}")
         gauges.start()
+        dispatcher.start()
 
     def publish_job_gauges() -> None:
         from services.metrics import JOBS_BY_STATE, QUEUE_LENGTH
@@ -225,6 +234,7 @@ def build(ctx: DaemonContext) -> Hosted:
 
     def stop() -> None:
         gauges_stop.set()
+        dispatcher.stop()
         if "server" in rest:
             rest["server"].should_exit = True
             rest["thread"].join(timeout=5)

@@ -822,6 +822,8 @@ PLUGGED_COMMANDS = (
     ("services.injector.cli", "inject"),
     ("services.images.cli", "image"),
     ("services.client.tokens_cli", "token"),
+    ("services.client.ffdl_cli", "download"),
+    ("services.client.ffdl_cli", "events"),
 )
 
 
