@@ -43,7 +43,7 @@ from services.api.core import (
 )
 from services.dashboard.api import CsrfRejected, NotSignedIn, Session
 from services.dashboard.estimate import DEFAULT_RUNS, EstimateRefused, bundled_traces, estimate
-from services.dashboard.sessions import MemorySessionStore
+from services.dashboard.sessions import CookieSessionStore
 from services.dashboard.submit import examples, manifest_problem
 from services.dashboard.views import job_view
 from services.manifest import MAX_MANIFEST_BYTES
@@ -122,11 +122,14 @@ def mount(
     tds_channel: grpc.Channel | None,
     auth: Authenticator,
     scheduler_channel: grpc.Channel | None = None,
-) -> MemorySessionStore:
+    state_dir: Path | None = None,
+) -> CookieSessionStore:
     """Add the dashboard's pages, its `/ui/` JSON and event routes and its static files to
     the gateway's app; returns the session store (tests and the login-link route use it).
-    Without a scheduler channel the Cluster page shows the queue but not the nodes."""
-    sessions = MemorySessionStore()
+    Without a scheduler channel the Cluster page shows the queue but not the nodes.
+    `state_dir` keeps the sessions' key and sign-outs (sessions.py), so sessions survive a
+    restart; without it they end with the process."""
+    sessions = CookieSessionStore(state_dir)
     templates = _Templates()
     tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel is not None else None
     scheduler = (
@@ -144,7 +147,6 @@ def mount(
         try:
             return auth.resolve(f"Bearer {secret}")
         except errors.Unauthenticated as exc:
-            sessions.drop_secret(secret)
             raise NotSignedIn(exc.message) from None
 
     async def signed_in(request: Request) -> tuple[Session, Principal]:
@@ -201,6 +203,7 @@ def mount(
         response.set_cookie(
             SESSION_COOKIE,
             session.session_id,
+            max_age=int(sessions.max_age_s),
             httponly=True,
             samesite="strict",
             secure=cookie_secure(request),
