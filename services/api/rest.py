@@ -133,8 +133,10 @@ def build_app(
     auth: Authenticator | None = None,
     scheduler_channel: grpc.Channel | None = None,
     dashboard_dir: Path | None = None,
+    quota_config: str = "",
 ) -> FastAPI:
-    """`dashboard_dir`: where the dashboard keeps its session key (docs/dashboard.md)."""
+    """`dashboard_dir`: where the dashboard keeps its session key; `quota_config`: the
+    scheduler's quota file, for the dashboard's Cluster page (docs/dashboard.md)."""
     app = FastAPI(
         title="Rhizome Trainer API",
         version=__version__,
@@ -444,5 +446,7 @@ def build_app(
         return _message_json(token_to_proto(authenticator.revoke_token(who, token_id)))
 
     # The web dashboard (docs/dashboard.md): its pages sign in with a session cookie.
-    mount_dashboard(app, core, tds_channel, authenticator, scheduler_channel, dashboard_dir)
+    mount_dashboard(
+        app, core, tds_channel, authenticator, scheduler_channel, dashboard_dir, quota_config
+    )
     return app
