@@ -161,6 +161,7 @@ def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
             sign_in(tab, platform, platform.token(user))
             page = tab.page
             expect(page.locator(f"tr[data-job='{job_id}']")).to_be_visible()
+            assert page_overflow(page) <= 0, "the jobs page is wider than a 1280x800 window"
             # Tab from the top reaches the job's link; Enter opens it.
             for _ in range(20):
                 page.keyboard.press("Tab")
@@ -175,6 +176,10 @@ def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
             page.go_back()
             tab.screenshot("narrow")
             assert page_overflow(page) <= 0, "the jobs page is wider than a 390px window"
+            page.goto(platform.url + "/cluster")  # nodes, quotas and queue tables
+            expect(page.locator("h1")).to_have_text("Cluster")
+            tab.screenshot("narrow-cluster")
+            assert page_overflow(page) <= 0, "the cluster page is wider than a 390px window"
             tab.assert_no_console_errors()
         finally:
             rz.delete_job(job_id)
