@@ -92,7 +92,6 @@
     halt: "Halt this job? Its learners stop; you can resume it later.",
     resume: "Resume this job? It is queued again and restarts from its last checkpoint.",
     delete: "Delete this job? Its learners stop and it cannot be resumed.",
-    scale: "Scale this job to the number of learners given? It keeps training while it scales.",
   };
   let pending = null;
   for (const b of document.querySelectorAll("button[data-action]")) {
