@@ -124,3 +124,33 @@ def test_the_repository_examples_are_offered() -> None:
 
 def test_durations_read_compactly() -> None:
     assert [duration(s) for s in (5, 65, 3725, 93600)] == ["5s", "1m 05s", "1h 02m", "1d 2h"]
+
+
+def test_the_job_view_names_each_learners_zone_and_which_stage_shadows_which() -> None:
+    from services.dashboard.views import job_view, with_zones
+    from services.manifest import parse_manifest
+    from services.store.jobs import JobRecord
+
+    manifest = parse_manifest(
+        "name: pipe\nframework: {command: 'true'}\npipeline: {stages: 2, pipelines: 1}\n"
+    )
+    job = JobRecord.for_manifest("job-1", "alice", manifest, status="PROCESSING")
+    job.placement = {"learner_nodes": {"0": "node-a", "1": "node-b"}}
+    zones = {"node-a": "zone-1", "node-b": "zone-2"}
+    view = with_zones(job_view(job, 0.0), job, zones)
+    assert [(p["learner"], p["zone"]) for p in view["placement"]] == [(0, "zone-1"), (1, "zone-2")]
+    assert [(r["learner"], r["stage"], r["zone"]) for r in view["stages"]] == [
+        (0, 0, "zone-1"),
+        (1, 1, "zone-2"),
+    ]
+    assert "its shadow, learner 0, runs in zone zone-1" in view["stages"][1]["why"]
+    # Without the scheduler the zones are unknown, and the page says so rather than guess.
+    unknown = with_zones(job_view(job, 0.0), job, None)
+    assert unknown["placement"][0]["zone"] == "?"
+    assert "zones unknown" in unknown["stages"][0]["why"]
+    # A job that is not a pipeline has no stage table.
+    plain = JobRecord.for_manifest(
+        "job-2", "alice", parse_manifest("name: p\nframework: {command: 'true'}\n")
+    )
+    plain.placement = {"learner_nodes": {"0": "node-a"}}
+    assert with_zones(job_view(plain, 0.0), plain, zones)["stages"] == []
