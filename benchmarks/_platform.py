@@ -4,9 +4,11 @@ server and the daemon (api + lcm) in a temporary directory, on free ports."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +20,13 @@ from services.embedded.servers import EtcdServer, MongoServer  # noqa: E402
 
 
 class BenchPlatform:
-    def __init__(self) -> None:
+    """`services`: what the daemon hosts; `daemon_args`: more rhizomed flags (a backend, a
+    cluster config). The temporary directory is removed on exit unless
+    RHIZOME_BENCH_KEEP=1 (to read the logs of a failed run)."""
+
+    def __init__(self, services: str = "api,lcm", daemon_args: Sequence[str] = ()) -> None:
+        self.services = services
+        self.daemon_args = list(daemon_args)
         self.data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-"))
         self.etcd = EtcdServer(self.data_dir / "deps" / "etcd")
         self.mongo = MongoServer(self.data_dir / "deps" / "mongo")
@@ -35,8 +43,9 @@ class BenchPlatform:
         args = [
             f"--mongodb-uri={self.mongo.url}",
             f"--etcd={self.etcd.url}",
-            "--services=api,lcm",
+            f"--services={self.services}",
             f"--admin-token-file={self.data_dir / 'admin.token'}",
+            *self.daemon_args,
         ]
         self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args)
         self.daemon.start_timeout_s = 60
@@ -62,3 +71,7 @@ class BenchPlatform:
             self.daemon.stop(timeout_s=30)
         self.mongo.stop()
         self.etcd.stop()
+        if os.environ.get("RHIZOME_BENCH_KEEP") != "1":
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        else:
+            print(f"kept {self.data_dir}", file=sys.stderr)

@@ -3,16 +3,41 @@
 Both sides use it: the platform's processes send their service credential to each
 other's internal ports, and a learner's log collector sends its job token to the training
 data service (the token travels in the learner spec, `LearnerSpec.tds_token`). The value
-is `Bearer <token>` under the `authorization` key, as on the public API."""
+is `Bearer <token>` under the `authorization` key, as on the public API.
+
+Also the one way to print a store URI: `redact_uri` (platform and learners alike, since
+both print etcd, MongoDB, Elasticsearch and object-store addresses in errors and logs)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import grpc
 
 AUTHORIZATION_METADATA = "authorization"
+
+# `scheme://user:PASSWORD@host`: the password of a URI's userinfo (MongoDB, etcd, ES
+# URIs all take one). `[^\s/@:]*` stops the user at the first colon; the password runs to
+# the last `@` before the host, since an unescaped `@` in a password is still a password.
+_URI_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/@:]*:)[^\s/]*@")
+# Query parameters that carry a secret (`?password=`, S3 presigned `X-Amz-Signature=`,
+# `secret_key=`, `token=`...), whatever the URI's scheme.
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&;](?:[a-z0-9_.-]*(?:password|passwd|secret|token|signature|credential|"
+    r"access_?key)[a-z0-9_.-]*)=)[^&;\s#'\"]*"
+)
+REDACTED = "***"
+
+
+def redact_uri(text: str) -> str:
+    """`text` with every URI's password and secret-bearing query parameters replaced by
+    `***`: `mongodb://rz:hunter2@db:27017/x?authSource=admin` becomes
+    `mongodb://rz:***@db:27017/x?authSource=admin`. Safe on any text (an error message, a
+    log line, a whole command line); what is not a URI passes unchanged."""
+    text = _URI_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 class _CallDetails(NamedTuple):

@@ -25,10 +25,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import stat
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -38,6 +40,7 @@ import pyetcd
 import pyetcd.events
 import pyetcd.exceptions
 
+from contract.credentials import redact_uri
 from contract.procs import venv_bin
 
 log = logging.getLogger(__name__)
@@ -71,7 +74,7 @@ def parse_url(url: str) -> tuple[str, int]:
         raise ValueError("no etcd URL: pass --etcd http://HOST:PORT or set RHIZOME_ETCD")
     parsed = urlparse(url if "://" in url else f"http://{url}")
     if not parsed.hostname or not parsed.port:
-        raise ValueError(f"etcd URL {url!r} is not http://HOST:PORT")
+        raise ValueError(f"etcd URL {redact_uri(url)!r} is not http://HOST:PORT")
     return parsed.hostname, parsed.port
 
 
@@ -88,11 +91,11 @@ def tls_ca_file(url: str) -> str:
     if parsed.scheme == "http":
         return ""
     if parsed.scheme != "https":
-        raise ValueError(f"etcd URL {url!r}: the scheme must be http or https")
+        raise ValueError(f"etcd URL {redact_uri(url)!r}: the scheme must be http or https")
     ca = parse_qs(parsed.query).get(TLS_CA_PARAM, [""])[0]
     if ca:
         if not Path(ca).is_file():
-            raise ValueError(f"etcd URL {url!r}: the CA file {ca} does not exist")
+            raise ValueError(f"etcd URL {redact_uri(url)!r}: the CA file {ca} does not exist")
         return ca
     # Imported here: the offline learner image's Python has no libssl, and a learner only
     # needs it for an https etcd without a CA file of its own.
@@ -103,7 +106,7 @@ def tls_ca_file(url: str) -> str:
         if candidate and Path(candidate).is_file():
             return candidate
     raise ValueError(
-        f"etcd URL {url!r} is https but names no CA and this system has no CA bundle; "
+        f"etcd URL {redact_uri(url)!r} is https but names no CA and this system has no CA bundle; "
         f"add ?{TLS_CA_PARAM}=/path/to/ca.pem"
     )
 
@@ -150,14 +153,96 @@ class Lease:
             self.client.raw.revoke_lease(self.id)
 
 
-class EtcdClient:
-    """JSON values, compare-and-set, leases and watches on one etcd endpoint."""
+class EtcdAuthError(StoreUnavailable):
+    """etcd refused the caller: no credentials where it requires them, a wrong password,
+    or a key outside the user's role. A StoreUnavailable, so every caller's existing
+    `except` still catches it; the message says which and what to do."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+
+# What etcd answers a caller it does not accept (codes and its own messages).
+_AUTH_CODES = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
+_AUTH_MESSAGES = ("user name is empty", "authentication failed", "invalid auth token")
+
+
+def _auth_refusal(exc: BaseException) -> str:
+    """etcd's own reason when `exc` is a refusal of the caller's identity; else ''."""
+    if not isinstance(exc, grpc.RpcError):
+        return ""
+    code, details = exc.code(), str(exc.details() or "")
+    if code in _AUTH_CODES or any(m in details for m in _AUTH_MESSAGES):
+        return details or str(code)
+    return ""
+
+
+@dataclass(frozen=True)
+class EtcdCredentials:
+    """An etcd user and its password (never in `repr`, never on a command line): what a
+    client authenticates with when etcd runs with authentication enabled."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def from_file(cls, path: Path) -> EtcdCredentials:
+        """`USER:PASSWORD` from `path`, which must be readable by its owner alone."""
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            raise ValueError(
+                f"{path} holds an etcd password but has mode {mode:o}: chmod 600 {path}"
+            )
+        user, sep, password = path.read_text().strip().partition(":")
+        if not sep or not user or not password:
+            raise ValueError(f"{path} must hold USER:PASSWORD on one line")
+        return cls(user, password)
+
+    def write(self, path: Path) -> None:
+        """Store as `USER:PASSWORD`, mode 0600 from the first byte."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{self.user}:{self.password}\n")
+        os.replace(tmp, path)
+
+
+class EtcdClient:
+    """JSON values, compare-and-set, leases and watches on one etcd endpoint; with
+    `credentials`, as that etcd user (etcd with authentication enabled)."""
+
+    def __init__(
+        self, url: str, timeout_s: float = 5.0, credentials: EtcdCredentials | None = None
+    ) -> None:
         self.url = url
         host, port = parse_url(url)
         ca = tls_ca_file(url)
-        self.raw = pyetcd.client(host=host, port=port, timeout=timeout_s, ca_cert=ca or None)
+        user = credentials.user if credentials else None
+        try:
+            self.raw = pyetcd.client(
+                host=host,
+                port=port,
+                timeout=timeout_s,
+                ca_cert=ca or None,
+                user=user,
+                password=credentials.password if credentials else None,
+            )
+        except _UNREACHABLE as exc:  # authenticating is the first call when there are credentials
+            reason = _auth_refusal(exc)
+            if reason:
+                raise EtcdAuthError(
+                    f"etcd at {redact_uri(url)} refused user {user!r} ({reason}): check the "
+                    "password in the platform's etcd credentials file"
+                ) from exc
+            raise StoreUnavailable(
+                f"etcd at {redact_uri(url)} is unreachable (authenticate: "
+                f"{type(exc).__name__}); start it with `rhizome up --embedded` or point --etcd "
+                "/ RHIZOME_ETCD at a running one"
+            ) from exc
+        if credentials is not None and not self.raw.uses_secure_channel:
+            # gRPC refuses call credentials on a plaintext channel; the library sends the
+            # same etcd token in each call's metadata too, which is what etcd reads.
+            self.raw.call_credentials = None
         # The library marks an endpoint that answered UNAVAILABLE as failed and refuses
         # every call to it for 300 s, a rule for switching between several endpoints. With
         # one endpoint that turns an etcd restart of a second into five minutes without
@@ -166,9 +251,11 @@ class EtcdClient:
             endpoint.time_retry = 0.0
 
     @classmethod
-    def connect(cls, url: str, timeout_s: float = 5.0) -> EtcdClient:
+    def connect(
+        cls, url: str, timeout_s: float = 5.0, credentials: EtcdCredentials | None = None
+    ) -> EtcdClient:
         """A client whose server answered a status call, or StoreUnavailable."""
-        client = cls(url, timeout_s)
+        client = cls(url, timeout_s, credentials)
         with client._errors("connect"):
             client.raw.status()
         return client
@@ -182,8 +269,15 @@ class EtcdClient:
         try:
             yield
         except _UNREACHABLE as exc:
+            reason = _auth_refusal(exc)
+            if reason:
+                raise EtcdAuthError(
+                    f"etcd at {redact_uri(self.url)} refused {what} ({reason}): it requires "
+                    "authentication; give the client the platform's etcd credentials "
+                    "(EtcdCredentials) of a user whose role covers the key"
+                ) from exc
             raise StoreUnavailable(
-                f"etcd at {self.url} is unreachable ({what}: {type(exc).__name__}); start it "
+                f"etcd at {redact_uri(self.url)} is unreachable ({what}: {type(exc).__name__}); start it "
                 "with `rhizome up --embedded` or point --etcd / RHIZOME_ETCD at a running one"
             ) from exc
 
@@ -481,6 +575,72 @@ def etcd_argv(data_dir: Path, port: int, peer_port: int, binary: str | None = No
         f"--initial-cluster=default={peer}",
         "--log-level=warn",
     ]
+
+
+def grant_prefix(raw: Any, role: str, prefix: str, timeout_s: float = 5.0) -> None:
+    """Create `role` (if missing) with read-write on every key under `prefix`."""
+    from pyetcd import etcdrpc
+    from pyetcd.etcdrpc import auth_pb2
+    from pyetcd.utils import prefix_range_end
+
+    with contextlib.suppress(grpc.RpcError):  # it exists already
+        raw.authstub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role), timeout_s)
+    permission = auth_pb2.Permission(
+        permType=auth_pb2.Permission.READWRITE,
+        key=prefix.encode(),
+        range_end=prefix_range_end(prefix.encode()),
+    )
+    raw.authstub.RoleGrantPermission(
+        etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), timeout_s
+    )
+
+
+def add_user(raw: Any, credentials: EtcdCredentials, role: str, timeout_s: float = 5.0) -> None:
+    """Create the etcd user of `credentials` (or set its password) with `role`."""
+    from pyetcd import etcdrpc
+
+    try:
+        raw.authstub.UserAdd(
+            etcdrpc.AuthUserAddRequest(name=credentials.user, password=credentials.password),
+            timeout_s,
+        )
+    except grpc.RpcError:  # it exists: make its password the one we hold
+        raw.authstub.UserChangePassword(
+            etcdrpc.AuthUserChangePasswordRequest(
+                name=credentials.user, password=credentials.password
+            ),
+            timeout_s,
+        )
+    raw.authstub.UserGrantRole(
+        etcdrpc.AuthUserGrantRoleRequest(user=credentials.user, role=role), timeout_s
+    )
+
+
+def enable_auth(
+    url: str, root: EtcdCredentials, platform: EtcdCredentials, prefix: str, timeout_s: float = 5.0
+) -> None:
+    """Turn on etcd's authentication: `root` (etcd's superuser, which enabling requires)
+    and `platform`, a user whose role `platform.user` reads and writes only under
+    `prefix`. Called on an etcd without authentication; one that has it already is left
+    as it is (its users were made by an earlier call)."""
+    from pyetcd import etcdrpc
+
+    client = EtcdClient(url, timeout_s)
+    try:
+        with client._errors("enable authentication"):
+            raw = client.raw
+            try:
+                raw.authstub.UserList(etcdrpc.AuthUserListRequest(), timeout_s)
+            except grpc.RpcError as exc:
+                if _auth_refusal(exc):
+                    return  # authentication is on: only an authenticated caller may ask
+                raise
+            add_user(raw, root, "root", timeout_s)
+            grant_prefix(raw, platform.user, prefix, timeout_s)
+            add_user(raw, platform, platform.user, timeout_s)
+            raw.authstub.AuthEnable(etcdrpc.AuthEnableRequest(), timeout_s)
+    finally:
+        client.close()
 
 
 def etcd_healthy(url: str) -> bool:

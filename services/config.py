@@ -42,6 +42,9 @@ class PlatformConfig:
     # Authentication (services/api/auth.py, docs/security.md).
     trust_user_header: bool = False  # FfDL compatibility: believe x-rhizome-user; insecure
     auth_cache_s: float = 5.0  # how long a valid token lookup is reused
+    # Submits in flight at once; beyond it a submit is refused with RESOURCE_EXHAUSTED /
+    # 429 and a retry-after (services/api/shedding.py).
+    max_submits_in_flight: int = 24
     admin_token_file: str = ""  # create an admin token here when there is none
     # Where learners run (services/backends): "local" processes or "docker" containers.
     backend: str = "local"

@@ -367,6 +367,15 @@ def _export_object_store(config: PlatformConfig) -> None:
     "stops working here within this bound.",
 )
 @click.option(
+    "--max-submits-in-flight",
+    type=click.IntRange(1, 4096),
+    default=24,
+    show_default=True,
+    envvar="RHIZOME_MAX_SUBMITS_IN_FLIGHT",
+    help="Submits handled at once; beyond it a submit is refused at once with "
+    "RESOURCE_EXHAUSTED / HTTP 429 and a retry-after, and nothing is stored.",
+)
+@click.option(
     "--admin-token-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -436,6 +445,7 @@ def main(
     quota_config: str,
     insecure_trust_user_header: bool,
     auth_cache_seconds: float,
+    max_submits_in_flight: int,
     admin_token_file: Path | None,
     backend: str,
     docker_host: str,
@@ -474,6 +484,7 @@ def main(
         quota_config=quota_config,
         trust_user_header=insecure_trust_user_header,
         auth_cache_s=auth_cache_seconds,
+        max_submits_in_flight=max_submits_in_flight,
         admin_token_file=str(admin_token_file.expanduser()) if admin_token_file else "",
         backend=backend,
         object_store=object_store,

@@ -76,7 +76,10 @@ def issue_ticket(cluster: ClusterStateStore, worker: int, token: str) -> Ticket:
 def _check(cluster: ClusterStateStore, candidate: int, token: str) -> Ticket:
     state, _ = cluster.get_state()
     if state is None:
-        raise Refused("no running job to join: the cluster state does not exist")
+        raise Refused(
+            "no running job to join: the cluster state does not exist (no worker of the job "
+            "wrote generation 0 in time); start the job's workers first"
+        )
     if state.fatal:
         raise Refused(f"the job lost a stage and its shadow ({state.fatal}); nothing to join")
     raw = cluster.get(f"tickets/{candidate}")
@@ -108,12 +111,22 @@ def admit(
     ttl_s: float,
     poll_s: float = 0.05,
     log: Any = print,
+    start_timeout_s: float = 120.0,
 ) -> int:
     """Wait for a slot and take it; returns the slot. Raises ``Refused``.
 
     The caller's lease (granted here) holds ``members/<slot>`` from before the
     admission, so the running workers never see the new member without a lease.
+
+    A standby started together with the job (the launcher's ``--standbys``) can get here
+    before the workers have written generation 0: it waits up to ``start_timeout_s`` for
+    the job to start rather than being refused for a race it cannot see.
     """
+    deadline = time.monotonic() + start_timeout_s
+    if cluster.get_state()[0] is None:
+        log(f"joiner {candidate}: waiting for the job's generation 0")
+        while cluster.get_state()[0] is None and time.monotonic() < deadline:
+            time.sleep(poll_s)
     queued = False
     while True:
         ticket = _check(cluster, candidate, token)

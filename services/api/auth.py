@@ -29,6 +29,7 @@ from typing import Any
 
 import pymongo.errors
 
+from contract.credentials import redact_uri
 from services.api import errors
 from services.store.errors import StoreUnavailable
 from services.store.tokens import (
@@ -304,8 +305,9 @@ _SECRETS = re.compile(r"(?i)(bearer\s+)\S+|rz_[A-Za-z0-9_-]{16,}")
 
 
 def redact(text: str) -> str:
-    """`Bearer <anything>` and anything shaped like a token secret, replaced by `***`."""
-    return _SECRETS.sub(lambda m: (m.group(1) or "") + "***", text)
+    """`Bearer <anything>`, anything shaped like a token secret, and the passwords of store
+    URIs (`redact_uri`), replaced by `***`."""
+    return redact_uri(_SECRETS.sub(lambda m: (m.group(1) or "") + "***", text))
 
 
 class RedactingFilter(logging.Filter):

@@ -12,6 +12,7 @@ import pymongo.errors
 from services.api import errors
 from services.api.archive import check_archive
 from services.api.auth import Principal, as_principal
+from services.api.shedding import SubmitGate
 from services.manifest import ManifestError, parse_manifest
 from services.objectstore.api import ObjectStore, ObjectStoreError
 from services.objectstore.api import model_key as model_key_of
@@ -71,8 +72,10 @@ class TrainerCore:
         objects: ObjectStore,
         admit: AdmitFn | None = None,
         lifecycle: Lifecycle | None = None,
+        gate: SubmitGate | None = None,
     ) -> None:
         self.jobs = jobs
+        self.gate = gate or SubmitGate()
         self.objects = objects
         self.admit = admit
         self.lifecycle = lifecycle
@@ -89,6 +92,18 @@ class TrainerCore:
         manifest_text: str | bytes,
         model_zip: bytes = b"",
         idempotency_key: str = "",
+    ) -> Created:
+        """Store a new job; refused with Overloaded (nothing stored) when the API already
+        has its limit of submits in flight (services/api/shedding.py)."""
+        with self.gate.slot():
+            return self._create(who, manifest_text, model_zip, idempotency_key)
+
+    def _create(
+        self,
+        who: Principal | str,
+        manifest_text: str | bytes,
+        model_zip: bytes,
+        idempotency_key: str,
     ) -> Created:
         owner = as_principal(who).user  # an admin's submit is the admin's own job
         if len(idempotency_key) > MAX_IDEMPOTENCY_KEY:

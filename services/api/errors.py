@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 
@@ -9,10 +11,23 @@ class ApiError(Exception):
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     http_status: int = 500
     code: str = "internal"
+    # Set when retrying later may succeed: sent as HTTP Retry-After and as gRPC trailing
+    # metadata `retry-after-ms`, so clients back off by what the server said.
+    retry_after_s: float | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    def http_headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+    def grpc_trailers(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after_s is None:
+            return ()
+        return (("retry-after-ms", str(int(self.retry_after_s * 1000))),)
 
 
 class BadRequest(ApiError):
@@ -61,3 +76,15 @@ class Unavailable(ApiError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
     http_status = 503
     code = "unavailable"
+
+
+class Overloaded(ApiError):
+    """Shed before anything was stored; the caller may retry after ``retry_after_s``."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

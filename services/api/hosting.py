@@ -138,6 +138,7 @@ def build(ctx: DaemonContext) -> Hosted:
     from services.api.auth import Authenticator, ensure_admin_token_file
     from services.api.core import TrainerCore
     from services.api.servicer import TrainerServicer
+    from services.api.shedding import SubmitGate
     from services.objectstore.api import open_object_store
     from services.store.tokens import TokensRepository
 
@@ -150,6 +151,7 @@ def build(ctx: DaemonContext) -> Hosted:
         ),
         admit=admit_client(ctx.channel("scheduler")),
         lifecycle=lifecycle_client(ctx.channel("lcm")),
+        gate=SubmitGate(ctx.config.max_submits_in_flight),
     )
     scheduler_channel = ctx.channel("scheduler")
     if scheduler_channel is not None:

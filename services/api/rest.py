@@ -173,7 +173,11 @@ def build_app(
 
     @app.exception_handler(errors.ApiError)
     async def api_error(_: Request, exc: errors.ApiError) -> JSONResponse:
-        return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.http_status)
+        return JSONResponse(
+            {"code": exc.code, "message": exc.message},
+            status_code=exc.http_status,
+            headers=exc.http_headers(),
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -282,7 +286,11 @@ def build_app(
         code = b""
         if model_definition is not None:
             code = await model_definition.read(MAX_MODEL_BYTES + 1)
-        created = core.create(
+        # In the thread pool, not on the event loop: the submit blocks on the store (and
+        # may wait for a submit slot), and on the loop it held every other request back,
+        # one submit at a time (which also left group commit nothing to gather).
+        created = await run_in_threadpool(
+            core.create,
             who,
             text,
             code,

@@ -45,6 +45,8 @@ def _abort_on_api_error(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(self, request, context)
         except errors.ApiError as exc:
+            if trailers := exc.grpc_trailers():
+                context.set_trailing_metadata(trailers)
             context.abort(exc.grpc_code, exc.message)
             raise  # unreachable: abort raises
 

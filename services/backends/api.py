@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from contract import procs
@@ -103,6 +104,19 @@ class Backend(abc.ABC):
         view of them."""
         return procs.ref_alive(status.get("pid"), status.get("start"))
 
+    def release(self, job_id: str, job_dir: str, result_store: str) -> None:
+        """Job `job_id` ended for good (completed, failed, deleted): give back what it
+        held for its whole life, across halts and redeploys (locally: its learner uid).
+        Idempotent; most backends hold nothing such."""
+        return None
+
+    def release_ended(
+        self, jobs_dir: Path, objects_dir: Path, ended: Callable[[str], bool]
+    ) -> None:
+        """At a guardian's start: `release` every job this backend still holds something
+        for that `ended` says is over (a guardian that died before releasing)."""
+        return None
+
     def exit_note(self, job_id: str, rank: int) -> str:
         """Why learner `rank`'s last run ended, when the backend knows more than its exit
         code (e.g. an out-of-memory kill); empty otherwise."""
@@ -115,6 +129,8 @@ BACKENDS: Registry[BackendFactory] = Registry("learner backend", error=UnknownBa
 BACKENDS.register("local", "services.backends.local.backend:LocalBackend")
 BACKENDS.register("docker", "services.backends.docker.backend:DockerBackend")
 BACKENDS.register("kubernetes", "services.backends.kubernetes.backend:KubernetesBackend")
+# Learners that train nothing, for control-plane benchmarks (benchmarks/control_plane_scale.py).
+BACKENDS.register("simulated", "services.backends.simulated.backend:SimulatedBackend")
 
 
 def register_backend(name: str, factory: BackendFactory | str) -> None:

@@ -30,7 +30,6 @@ safe to restart at any point.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import threading
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from contract import etcd_keys, procs
-from contract.env import JOIN_TOKEN
 from contract.etcd import EtcdClient, Lease
 from contract.procs import free_port
 from contract.status import (
@@ -50,7 +48,8 @@ from contract.status import (
     ExitCode,
     LearnerStatus,
 )
-from services.backends.api import Backend, BackendError, JobSpec
+from services.backends.api import Backend, JobSpec
+from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
@@ -68,17 +67,6 @@ EXIT_TERMINATED = ExitCode.PREEMPTED
 STEPS = ("keys", "volume", "secrets", "learners", "helper")
 COMPLETE = "complete"
 RESTARTS = "restarts"
-# A pipeline job's lost learners: rank -> {"code", "reported"} (kept in etcd so that a
-# restarted guardian neither records a preemption twice nor repeats a history entry).
-LOST = "lost"
-# A pipeline job's replaced learners: rank -> {"count", "joined"} (replacements started,
-# the generation whose admission of the last one the history already shows).
-REPLACED = "replaced"
-# A pipeline job's restarts from the checkpoint after fatal losses: {"count"}.
-PIPELINE_RESTARTS = "pipeline_restarts"
-# Exit codes of a pipeline learner the runtime fails over without (the worker was
-# preempted, or its peers declared it dead and it left).
-PIPELINE_LOSS_CODES = PREEMPTION_EXIT_CODES | {int(ExitCode.EVICTED)}
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
@@ -176,6 +164,7 @@ class Guardian:
         self.handles: dict[int, int] = {}
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
+        self.pipeline = PipelineFailover(self)
 
     # -- ownership ------------------------------------------------------------------------
     def acquire(self) -> bool:
@@ -205,6 +194,7 @@ class Guardian:
                 self.lease.revoke()
             return EXIT_ALREADY_GUARDED
         cancel = self.etcd.watch_prefix(etcd_keys.job_prefix(self.job_id), self.wake.set)
+        self.backend.release_ended(self.config.jobs_dir, self.config.objects_dir, self._ended)
         try:
             return self._run()
         finally:
@@ -222,10 +212,13 @@ class Guardian:
                 job = self.jobs.get(self.job_id)
             except JobNotFound:
                 self.backend.rollback(self.job_id, self.job_dir)
+                self.release()
                 self.erase()
                 return EXIT_DONE
             if job.status in states.TERMINAL_STATES or job.status in (states.HALTED, states.QUEUED):
                 self.backend.rollback(self.job_id, self.job_dir)
+                if job.status in states.TERMINAL_STATES:
+                    self.release()
                 self.erase()
                 return EXIT_DONE
             try:
@@ -464,13 +457,13 @@ class Guardian:
                 return statuses
             lost: dict[str, dict[str, Any]] = {}
             if spec.manifest.pipeline is not None:
-                outcome = self.pipeline_losses(job, spec, statuses)
+                outcome = self.pipeline.losses(job, spec, statuses)
                 if isinstance(outcome, int):
                     return outcome
                 job, lost = outcome
                 statuses = {r: s for r, s in statuses.items() if str(r) not in lost}
                 if not statuses:
-                    restarted = self.pipeline_fatal(
+                    restarted = self.pipeline.fatal(
                         job, spec, {"fatal": "every learner was lost"}, -1, ExitCode.FATAL
                     )
                     if isinstance(restarted, int):
@@ -524,7 +517,7 @@ class Guardian:
                     self.wake.set()
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
             elif value.get("status") == LearnerStatus.FAILED and spec.manifest.pipeline:
-                # Not restarted: the runtime fails over without it (pipeline_losses).
+                # Not restarted: the runtime fails over without it (PipelineFailover.losses).
                 statuses[rank] = LearnerStatus.FAILED
             elif value.get("status") == LearnerStatus.FAILED:
                 done = int(restarts.get(str(rank), 0))
@@ -546,207 +539,6 @@ class Guardian:
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
             self.record_reallocation(rank, statuses[rank], now)
         return statuses
-
-    # -- pipeline jobs: failover is the runtime's (docs/lifecycle.md) -----------------------
-    def runtime_state(self) -> dict[str, Any]:
-        """The pipeline runtime's cluster state (`runtime/state`, written by the workers by
-        compare-and-set: generation, stages, pipelines, dead, fatal), or {}."""
-        entry = self.etcd.get(etcd_keys.runtime_prefix(self.job_id) + "state")
-        return entry.value if entry is not None and isinstance(entry.value, dict) else {}
-
-    def pipeline_losses(
-        self, job: JobRecord, spec: JobSpec, statuses: dict[int, LearnerStatus]
-    ) -> tuple[JobRecord, dict[str, dict[str, Any]]] | int:
-        """A pipeline learner that ended FAILED is not restarted. Killed (preempted) or
-        evicted by its peers: the preemption is recorded and, once the runtime's state has
-        it among the dead, the history says who serves its stage now; the job goes on.
-        The runtime's fatal loss (a stage and its shadow) fails the job with the runtime's
-        one-line reason; any other exit code fails it as a learner failure would."""
-        key = etcd_keys.deploy_step(self.job_id, LOST)
-        entry = self.etcd.get(key)
-        lost: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
-        changed = False
-        state = self.runtime_state()
-        now = time.monotonic()
-        for rank, status in statuses.items():
-            if status != LearnerStatus.FAILED or str(rank) in lost:
-                continue
-            value = self.etcd.get(etcd_keys.learner_status(self.job_id, rank))
-            code = int((value.value or {}).get("exit_code") or 1) if value else 1
-            if code == ExitCode.FATAL or state.get("fatal"):
-                return self.pipeline_fatal(job, spec, state, rank, code)
-            if code not in PIPELINE_LOSS_CODES:
-                return self.fail_learner(rank, code, 0)
-            self.record_preemption(spec, rank, code, now)
-            lost[str(rank)] = {"code": code, "reported": False}
-            changed = True
-            log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
-        if state.get("fatal"):
-            return self.pipeline_fatal(job, spec, state, -1, ExitCode.FATAL)
-        for rank_s, info in sorted(lost.items()):
-            if info.get("reported") or int(rank_s) not in (state.get("dead") or []):
-                continue
-            job = self.jobs.note(self.job_id, self.failover_message(int(rank_s), state))
-            info["reported"] = True
-            changed = True
-        job = self.replace_lost(job, spec, lost, state, statuses)
-        if changed:
-            self.etcd.put(key, lost)
-        return job, lost
-
-    def replace_lost(
-        self,
-        job: JobRecord,
-        spec: JobSpec,
-        lost: dict[str, dict[str, Any]],
-        state: dict[str, Any],
-        statuses: dict[int, LearnerStatus],
-    ) -> JobRecord:
-        """Reconfiguration (docs/lifecycle.md): a lost learner whose failover the history
-        shows gets a replacement, at most `max_learner_restarts` times per rank. The
-        replacement is a new incarnation of the rank on the lost learner's allocation; it
-        carries a fresh admission ticket (`runtime/tickets/<rank>`, its token in the
-        learner's environment), joins the runtime as a standby and takes its stage back
-        at the next step boundary. Its admission (`joined_at` in the runtime's state) is
-        written into the history once."""
-        key = etcd_keys.deploy_step(self.job_id, REPLACED)
-        entry = self.etcd.get(key)
-        replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
-        changed = False
-        joined_at = {str(k): int(v) for k, v in (state.get("joined_at") or {}).items()}
-        for rank_s, info in sorted(replaced.items()):
-            gen = joined_at.get(rank_s)
-            if gen is not None and gen > int(info.get("joined", -1)):
-                job = self.jobs.note(
-                    self.job_id,
-                    f"learner {rank_s} replaced: stage {int(rank_s) % int(state['stages'])} "
-                    f"served by its own learner again, every block has a replica "
-                    f"(generation {gen})",
-                )
-                info["joined"] = gen
-                changed = True
-        for rank_s, info in sorted(lost.items()):
-            rank = int(rank_s)
-            done = int(replaced.get(rank_s, {}).get("count", 0))
-            if not info.get("reported") or done >= spec.manifest.max_learner_restarts:
-                continue
-            token = os.urandom(16).hex()
-            self.etcd.put(
-                etcd_keys.runtime_ticket(self.job_id, rank),
-                {"token": token, "generation": int(state.get("generation") or 0)},
-            )
-            status_key = etcd_keys.learner_status(self.job_id, rank)
-            final = self.etcd.get(status_key)  # the lost incarnation's FAILED status
-            self.etcd.delete(status_key)  # the new controller creates its own
-            join = {JOIN_TOKEN: token}
-            # the restart number of the new incarnation only grows (a checkpoint restart
-            # also starts new incarnations)
-            incarnation = int(replaced.get(rank_s, {}).get("incarnation", done)) + 1
-            try:
-                self.handles[rank] = self.backend.start_learner(
-                    dataclasses.replace(spec, platform_env={**spec.platform_env, **join}),
-                    rank,
-                    incarnation,
-                )
-            except BackendError as exc:
-                # the job goes on without redundancy there; the history says why
-                if final is not None:
-                    self.etcd.put(status_key, final.value)
-                replaced[rank_s] = {**replaced.get(rank_s, {}), "count": done + 1}
-                self.etcd.put(key, replaced)
-                return self.jobs.note(
-                    self.job_id, f"learner {rank} lost: its replacement could not start: {exc}"
-                )
-            self.started_at[rank] = time.monotonic()
-            statuses[rank] = LearnerStatus.STARTING
-            replaced[rank_s] = {
-                **replaced.get(rank_s, {}),
-                "count": done + 1,
-                "incarnation": incarnation,
-            }
-            del lost[rank_s]
-            self.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), lost)
-            changed = True
-            log.info(
-                "job %s: started replacement %d of pipeline learner %d", self.job_id, done + 1, rank
-            )
-            job = self.jobs.note(
-                self.job_id,
-                f"learner {rank} lost: a replacement joins as a standby "
-                f"(replacement {done + 1} of at most {spec.manifest.max_learner_restarts})",
-            )
-        if changed:
-            self.etcd.put(key, replaced)
-        return job
-
-    @staticmethod
-    def failover_message(rank: int, state: dict[str, Any]) -> str:
-        """`learner 1 preempted; stage 1 now served by learner 0 (generation 1)`: the shadow
-        (the previous stage of the same pipeline, which held the replica) took it over."""
-        stages = int(state.get("stages") or 1)
-        stage, pipeline = rank % stages, rank // stages
-        shadow = pipeline * stages + (stage - 1) % stages
-        return (
-            f"learner {rank} preempted; stage {stage} now served by learner {shadow} "
-            f"(generation {state.get('generation')})"
-        )
-
-    def pipeline_fatal(
-        self, job: JobRecord, spec: JobSpec, state: dict[str, Any], rank: int, code: int
-    ) -> tuple[JobRecord, dict[str, dict[str, Any]]] | int:
-        """A stage and its shadow were both lost (the runtime's `FatalFailure`), or every
-        learner was: the job restarts from the latest checkpoint — every learner stopped
-        and started again (a new incarnation of each rank), the runtime's keys erased, so
-        the workers create generation 0 anew and load the latest complete block checkpoint
-        (learner/runtime/block_checkpoint.py, under the job's checkpoint directory).
-        Recorded in the history as RECOVERING then PROCESSING; at most
-        `max_learner_restarts` times, then the job fails with the runtime's reason."""
-        reason = state.get("fatal") or "a stage and its shadow were lost"
-        self.backend.stop_learners(self.job_id, grace_s=2.0)
-        key = etcd_keys.deploy_step(self.job_id, PIPELINE_RESTARTS)
-        entry = self.etcd.get(key)
-        done = int(entry.value.get("count", 0)) if entry is not None else 0
-        limit = spec.manifest.max_learner_restarts
-        if done >= limit:
-            lines = self.backend.log_tail(self.job_dir, rank) if rank >= 0 else []
-            return self.finish(
-                states.FAILED,
-                f"pipeline runtime: fatal: {reason}"
-                + (f" (after {done} restarts from the checkpoint)" if done else ""),
-                exit_code=int(ExitCode.FATAL if code == ExitCode.FATAL else code),
-                last_log_lines=lines,
-            )
-        self.etcd.put(key, {"count": done + 1})
-        job = self.jobs.transition(
-            self.job_id,
-            states.RECOVERING,
-            f"pipeline runtime: fatal: {reason}; restarting every learner from the latest "
-            f"checkpoint (restart {done + 1} of at most {limit})",
-        )
-        # Nothing of the lost configuration may reach the new one: its generations,
-        # members, rendezvous store, the learners' final statuses, the losses recorded.
-        self.etcd.delete_prefix(etcd_keys.runtime_prefix(self.job_id))
-        self.etcd.put(etcd_keys.runtime_config(self.job_id), self.runtime_config(spec))
-        self.etcd.delete_prefix(etcd_keys.learner_prefix(self.job_id))
-        self.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), {})
-        replaced_key = etcd_keys.deploy_step(self.job_id, REPLACED)
-        got = self.etcd.get(replaced_key)
-        replaced: dict[str, dict[str, Any]] = dict(got.value) if got is not None else {}
-        now = time.monotonic()
-        for r in range(spec.learners):
-            # a new incarnation of every rank: its restart number only grows
-            info = replaced.get(str(r), {})
-            incarnation = int(info.get("incarnation", info.get("count", 0))) + 1
-            replaced[str(r)] = {**info, "incarnation": incarnation, "joined": -1}
-            self.handles[r] = self.backend.start_learner(spec, r, incarnation)
-            self.started_at[r] = now
-        self.etcd.put(replaced_key, replaced)
-        job = self.jobs.transition(
-            self.job_id,
-            states.PROCESSING,
-            "every learner restarted; the runtime resumes from its latest complete checkpoint",
-        )
-        return job, {}
 
     def advance(self, job: JobRecord, statuses: dict[int, LearnerStatus]) -> JobRecord:
         """Move the record along the happy path as far as the slowest learner is."""
@@ -809,9 +601,25 @@ class Guardian:
             current = self.jobs.get(self.job_id)
             if current.status != target:
                 self.jobs.transition(self.job_id, target, message, **fields)
+        if states.is_terminal(target):  # a halted job resumes with what it held
+            self.release()
         self.erase()
         log.info("job %s: %s (%s)", self.job_id, target, message)
         return EXIT_DONE
+
+    def release(self) -> None:
+        """The job is over for good: the backend gives back what it held for the job's
+        whole life (the local backend's learner uid)."""
+        self.backend.release(
+            self.job_id, self.job_dir, str(self.config.objects_dir / "results" / self.job_id)
+        )
+
+    def _ended(self, job_id: str) -> bool:
+        """Whether job `job_id` is over for good (or gone): its backend holdings may go."""
+        try:
+            return states.is_terminal(self.jobs.get(job_id).status)
+        except JobNotFound:
+            return True
 
     def erase(self) -> None:
         """Every key of the job except our own lease key (revoked last, on exit)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from contract.credentials import redact_uri
 from contract.etcd import EtcdClient, StoreUnavailable
 from services.config import DEFAULT_DATA_DIR
 from services.embedded.platform import load_state
@@ -169,7 +170,7 @@ def inject(
     except (InjectorError, TraceError) as err:
         raise click.BadParameter(str(err)) from err
     except StoreUnavailable as err:
-        raise click.ClickException(f"etcd at {etcd_url} is unreachable: {err}") from err
+        raise click.ClickException(f"etcd at {redact_uri(etcd_url)} is unreachable: {err}") from err
     finally:
         if etcd is not None:
             etcd.close()

@@ -8,6 +8,12 @@ its key `ca.key` is 0600) and `server.pem`/`server.key` (0600) valid for localho
 certificate when it is within 30 days of expiring or does not match the CA. The CLI and
 SDK trust `ca.pem` when they talk to that platform, as they pick up `admin.token`.
 
+The same CA issues the certificates for mutual TLS on the internal port (building blocks,
+not yet served by the daemon; docs/security.md): `ensure_client_certificate` gives a
+daemon (or a job) a client certificate of its own, `internal_server_credentials` a gRPC
+server that requires one signed by the CA, `internal_channel_credentials` the matching
+client side.
+
 Keys are ECDSA P-256: the smallest handshake cost of the common choices, which the
 submit benchmark (benchmarks/security_overhead.py) pays on every new connection.
 """
@@ -20,6 +26,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -211,3 +218,80 @@ def ensure_local_certificates(data_dir: Path) -> TlsFiles:
     elif not _server_current(directory, loaded[0]):
         _make_server(directory, *loaded)
     return TlsFiles(directory / CERT_FILE, directory / KEY_FILE, directory / CA_FILE)
+
+
+# -- mutual TLS on the internal port ------------------------------------------------------
+CLIENT_DAYS = 397
+
+
+def _client_name_ok(name: str) -> bool:
+    return bool(name) and len(name) <= 64 and all(c.isalnum() or c in "-_." for c in name)
+
+
+def ensure_client_certificate(data_dir: Path, name: str = "daemon") -> TlsFiles:
+    """A client certificate for `name` (a daemon, or `job-...` for a job's learners) signed
+    by the platform's CA in `<data_dir>/tls`: `<name>.client.pem` / `<name>.client.key`
+    (0600), made when missing, expiring within 30 days or signed by another CA. The CA
+    must exist (`ensure_local_certificates`)."""
+    if not _client_name_ok(name):
+        raise TlsError(f"client certificate name {name!r}: letters, digits, - _ . only")
+    directory = Path(data_dir) / TLS_DIR
+    loaded = _load_ca(directory)
+    if loaded is None:
+        raise TlsError(
+            f"no usable CA in {directory} to issue a client certificate; start the platform "
+            "with TLS (`rhizome up` makes one)"
+        )
+    ca, ca_key = loaded
+    files = TlsFiles(
+        directory / f"{name}.client.pem", directory / f"{name}.client.key", directory / CA_FILE
+    )
+    try:
+        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+        files.load()
+        cert.verify_directly_issued_by(ca)
+        if cert.not_valid_after_utc - _now() >= RENEW_BEFORE:
+            return files
+    except Exception:  # missing, unreadable, another CA's: make a new one
+        pass
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(min(now + datetime.timedelta(days=CLIENT_DAYS), ca.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(files.key, _key_pem(key))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return files
+
+
+def internal_server_credentials(server: TlsFiles) -> grpc.ServerCredentials:
+    """TLS with `server`'s certificate that requires every client to present a
+    certificate signed by `server.ca`: a client without one, or with another CA's, is
+    refused in the handshake, before any call or credential is read."""
+    if server.ca is None:
+        raise TlsError("mutual TLS needs the CA that signs the clients' certificates")
+    cert, key = server.load()
+    ca = server.ca_bytes()
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=True
+    )
+
+
+def internal_channel_credentials(client: TlsFiles) -> grpc.ChannelCredentials:
+    """The client side: trust `client.ca` for the server, present `client`'s certificate."""
+    cert, key = client.load()
+    return grpc.ssl_channel_credentials(
+        root_certificates=client.ca_bytes(), private_key=key, certificate_chain=cert
+    )

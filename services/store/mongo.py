@@ -8,6 +8,7 @@ import pymongo
 import pymongo.errors
 from pymongo.database import Database
 
+from contract.credentials import redact_uri
 from services.store.errors import StoreUnavailable
 
 DEFAULT_DB = "rhizome"
@@ -28,7 +29,8 @@ def database_name(uri: str) -> str:
 
 
 def connect(uri: str, db_name: str | None = None, timeout_ms: int = 5000) -> Database[Any]:
-    """Return the database (the URI's, else `rhizome`), or raise StoreUnavailable naming the URI."""
+    """Return the database (the URI's, else `rhizome`), or raise StoreUnavailable naming the URI
+    (its password redacted)."""
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(
         uri,
         serverSelectionTimeoutMS=timeout_ms,
@@ -41,7 +43,7 @@ def connect(uri: str, db_name: str | None = None, timeout_ms: int = 5000) -> Dat
     except pymongo.errors.PyMongoError as exc:
         client.close()
         raise StoreUnavailable(
-            f"MongoDB at {uri} is unreachable ({type(exc).__name__}); start it with "
+            f"MongoDB at {redact_uri(uri)} is unreachable ({type(exc).__name__}); start it with "
             "`rhizome up --embedded` or point --mongodb-uri / RHIZOME_MONGODB_URI at a running one"
         ) from exc
     return client[db_name or database_name(uri)]

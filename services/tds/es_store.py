@@ -28,6 +28,7 @@ import elasticsearch
 from elasticsearch import Elasticsearch
 from rhizome.v1 import tds_pb2
 
+from contract.credentials import redact_uri
 from services.tds.api import (
     Query,
     SeqKey,
@@ -90,7 +91,7 @@ def _translate(exc: Exception) -> Exception:
         if status == 429 or status >= 500:
             return StoreUnavailable(f"Elasticsearch answered {status}: {exc}")
         return StoreRejected(f"Elasticsearch refused the request ({status}): {exc}")
-    return StoreUnavailable(f"Elasticsearch unreachable: {exc}")
+    return StoreUnavailable(redact_uri(f"Elasticsearch unreachable: {exc}"))
 
 
 _ES_ERRORS = (elasticsearch.ApiError, elasticsearch.TransportError)
@@ -110,7 +111,9 @@ def client_url(url: str) -> tuple[str, dict[str, Any]]:
     if not ca:
         return url, {}
     if parts.scheme != "https":
-        raise ValueError(f"Elasticsearch URL {url!r}: {TLS_CA_PARAM} needs an https:// URL")
+        raise ValueError(
+            f"Elasticsearch URL {redact_uri(url)!r}: {TLS_CA_PARAM} needs an https:// URL"
+        )
     return urlunsplit(parts._replace(query=urlencode(query, doseq=True))), {"ca_certs": ca}
 
 

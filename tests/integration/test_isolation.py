@@ -191,7 +191,8 @@ def test_a_learner_cannot_read_another_jobs_code_checkpoints_or_secrets(
         report = json.loads(out.split("ISOLATION ", 1)[1].splitlines()[0])
 
         assert report["uid"] not in (0, b_stat.st_uid) and report["uid"] >= 20000
-        assert report["uid"] == a_dir.stat().st_uid
+        # A ended: its uid was released and its files handed to the daemon.
+        assert a_dir.stat().st_uid == os.geteuid()
         assert report["groups"] in ([], [report["gid"]])  # none of root's groups
         for what in (
             "code", "checkpoint", "secrets", "code_archive_copy", "object_store_archive",
@@ -233,7 +234,8 @@ def test_mnist_completes_under_a_learner_uid(
     record = stores["repo"].get(job.job_id)
     assert record.status == states.COMPLETED, explain(stores, root_data_dir, job.job_id)
     assert "test_accuracy=" in out
-    assert job_dir.stat().st_uid >= 20000
+    assert (job_dir / "learners" / "0" / "stdout.log").stat().st_uid == os.geteuid()  # released
+    assert isolation.claimed_uid(root_data_dir / "jobs", job.job_id) is None
 
 
 def test_the_lcm_refuses_a_guardian_log_a_learner_replaced_with_a_link(

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,11 @@ def tail_logs(job_dir: str, rank: int, lines: int = 20) -> list[str]:
     return out[-lines:]
 
 
+class PrivateInterpreter(BackendError):
+    """Learner uids cannot run any interpreter with the platform's packages: the deploy
+    fails (under `auto` too) rather than run the learners as root."""
+
+
 class LocalBackend(Backend):
     name = "local"
 
@@ -286,6 +292,8 @@ class LocalBackend(Backend):
         daemon's own user, with a warning saying what to change."""
         try:
             self._lock_down(job)  # the data directory becomes traversable, no more
+            self._check_reachable(job, user, interpreter=False)
+            self._use_reachable_python(job, user)
             self._check_reachable(job, user)
         except OSError as exc:
             raise BackendError(
@@ -293,13 +301,47 @@ class LocalBackend(Backend):
             ) from exc
         except BackendError as exc:
             assert not isinstance(self._isolation, IsolationError)
-            if self._isolation.strict:
+            if self._isolation.strict or isinstance(exc, PrivateInterpreter):
                 raise
             log.warning(
                 "job %s: learners run as the daemon's user, not isolated: %s", job.job_id, exc
             )
             return LearnerUser(os.getuid(), os.getgid())
         return user
+
+    def _use_reachable_python(self, job: JobSpec, user: LearnerUser) -> None:
+        """The daemon's own interpreter, when `user` cannot run it (a pyenv Python under
+        root's 0700 home), is swapped for the system's Python of the same version with
+        the daemon's packages (isolation.reachable_python), so that learners run isolated
+        instead of as root. An interpreter the operator named is left as it is."""
+        if self.python != sys.executable:
+            return
+        interpreter = Path(self.python).resolve()
+        stdlib = Path(os.__file__).resolve().parent
+        if (
+            isolation.unreachable(interpreter.parent, user) is None
+            and isolation.unreachable(stdlib, user) is None
+        ):
+            return
+        shim = isolation.reachable_python(Path(job.job_dir).parent.parent, user)
+        if shim is None:
+            version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+            raise PrivateInterpreter(
+                f"the job's learners run as uid {user.uid}, which cannot run the daemon's "
+                f"Python ({interpreter}) and there is no {version} in "
+                f"{' or '.join(isolation.SYSTEM_PYTHON_DIRS)} to run them with: install "
+                f"{version} where others can read it (e.g. apt-get install {version}), or "
+                f"name one with {LEARNER_PYTHON_VARIABLE}, or set "
+                f"{isolation.UIDS_VARIABLE}=off to run learners as the daemon's user "
+                "(no isolation between jobs)"
+            )
+        log.info(
+            "learner uids cannot reach %s; learners run %s (the system's Python of the "
+            "same version with the daemon's packages)",
+            interpreter,
+            shim,
+        )
+        self.python = str(shim)
 
     def _seen_by_learner(self, job: JobSpec, user: LearnerUser) -> JobSpec:
         """The job as its learners see it: under another uid the code archive is the
@@ -308,22 +350,25 @@ class LocalBackend(Backend):
             return dataclasses.replace(job, model_zip=str(Path(job.job_dir) / "model.zip"))
         return job
 
-    def _check_reachable(self, job: JobSpec, user: LearnerUser) -> None:
+    def _check_reachable(self, job: JobSpec, user: LearnerUser, interpreter: bool = True) -> None:
         """A learner under another uid must reach its job directory, the interpreter and
         the platform's code; say which directory stops it, and how to fix that."""
         code_root = Path(contract.__file__).resolve().parent.parent  # learner/ beside it
-        interpreter = Path(self.python).resolve()
+        python = Path(self.python).resolve()
         needed = [
             ("the jobs directory", Path(job.job_dir).parent),
             ("the platform's code", code_root),
-            ("the Python interpreter", interpreter.parent),
         ]
-        if interpreter == Path(sys.executable).resolve():
+        if interpreter:
+            needed.append(("the Python interpreter", python.parent))
+        if interpreter and python == Path(sys.executable).resolve():
             needed.append(("the Python standard library", Path(os.__file__).resolve().parent))
         for what, path in needed:
             blocked = isolation.unreachable(path, user)
             if blocked is not None:
-                raise BackendError(
+                # Never fall back to root over the interpreter (docs/security.md).
+                error = PrivateInterpreter if "Python" in what else BackendError
+                raise error(
                     f"the job's learners run as uid {user.uid}, which cannot enter {blocked} "
                     f"on the way to {what} ({path}): give it o+x (chmod o+x {blocked}), or "
                     "choose a data directory and install location others may traverse (e.g. "
@@ -523,6 +568,35 @@ class LocalBackend(Backend):
         for cgroup in self._cgroups.pop(job_id, []):
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
+
+    def release(self, job_id: str, job_dir: str, result_store: str) -> None:
+        """Give the job's uid back once it ended for good (isolation.release_uid): its
+        processes killed, its files handed to the daemon, then the claim removed."""
+        trees = [Path(job_dir), Path(result_store)] if result_store else [Path(job_dir)]
+        try:
+            uid = isolation.release_uid(Path(job_dir).parent, job_id, trees, kill_uid)
+        except OSError as exc:
+            log.warning("job %s: its learner uid stays claimed, release failed: %s", job_id, exc)
+            return
+        self._users.pop(job_id, None)
+        if uid is not None:
+            log.info("job %s: released learner uid %d", job_id, uid)
+
+    def release_ended(
+        self, jobs_dir: Path, objects_dir: Path, ended: Callable[[str], bool]
+    ) -> None:
+        try:
+            released = isolation.release_stale_claims(
+                jobs_dir,
+                ended,
+                lambda job_id: [jobs_dir / job_id, objects_dir / "results" / job_id],
+                kill_uid,
+            )
+        except OSError as exc:
+            log.warning("stale learner uid claims in %s not released: %s", jobs_dir, exc)
+            return
+        if released:
+            log.info("released the learner uids of ended jobs: %s", released)
 
     def running(self, job_id: str) -> list[int]:
         return procs.labelled(job_id)

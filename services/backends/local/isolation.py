@@ -7,7 +7,11 @@ started with `setgid`/`setuid` (subprocess's `user=`/`group=`/`extra_groups=[]`)
 uid a job got is recorded as a claim file `<data dir>/jobs/.uids/<uid>` holding the job
 id, created with O_EXCL so that two guardians never hand out the same uid, and found
 again by a restarted guardian or daemon. A uid is never handed to another job while the
-claim exists (the first job's files would become the second's). When the daemon is not
+claim exists (the first job's files would become the second's). A job that ends for good
+(completed, failed, deleted) releases its uid (`release_uid`): every process of the uid is
+killed, every file of the uid in the job's trees is handed to the daemon, then the claim
+goes; claims whose job ended while no guardian could release them (a crash) are released
+by the next guardian to start (`release_stale_claims`). When the daemon is not
 root, the learners run as the daemon's own user: the job directories are still private
 to that user, but jobs are not isolated from each other (docs/security.md).
 
@@ -34,7 +38,9 @@ import errno
 import os
 import pwd
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +153,139 @@ def claim_uid(jobs_dir: Path, job_id: str, first: int, last: int) -> int:
         f"every learner uid of {first}-{last} is claimed by a job (claims in {claims}); "
         f"widen {UIDS_VARIABLE} or remove the claims of jobs whose directories are gone"
     )
+
+
+def release_uid(
+    jobs_dir: Path, job_id: str, trees: Sequence[Path], kill: Callable[[int], None]
+) -> int | None:
+    """Give job `job_id`'s uid back to the range; the uid, or None if it had no claim.
+
+    In this order, so that the next job given the uid inherits nothing: `kill(uid)` (no
+    process of the uid can create a file after it), every file and directory of the uid
+    under `trees` (the job directory, its checkpoint directory and result store) is
+    chowned to the daemon without following links, `kill(uid)` again (a process that was
+    inside a system call at the first kill), and only then the claim file goes. A failure
+    leaves the claim in place (the uid stays out of the range; the next start retries)."""
+    uid = claimed_uid(jobs_dir, job_id)
+    if uid is None:
+        return None
+    kill(uid)
+    daemon = (os.geteuid(), os.getegid())
+    for tree in trees:
+        _hand_over(Path(tree), uid, daemon)
+    kill(uid)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(jobs_dir / CLAIMS_DIR / str(uid))
+    return uid
+
+
+def _hand_over(tree: Path, uid: int, owner: tuple[int, int]) -> None:
+    """Every entry of `tree` (itself included) owned by `uid` becomes `owner`'s; links are
+    chowned themselves, never followed, and never descended."""
+    if not tree.exists() and not tree.is_symlink():
+        return
+    entries = [tree]
+    if tree.is_dir() and not tree.is_symlink():
+        for top, dirs, files in os.walk(tree, followlinks=False):
+            entries.extend(Path(top, n) for n in dirs + files)
+    for entry in entries:
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(entry).st_uid == uid:
+                os.lchown(entry, *owner)
+
+
+def claims(jobs_dir: Path) -> dict[int, str]:
+    """Every uid claim: uid -> the job id that holds it."""
+    found: dict[int, str] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(jobs_dir / CLAIMS_DIR):
+            if entry.name.isdigit():
+                found[int(entry.name)] = _read_small(entry.path)
+    return found
+
+
+def release_stale_claims(
+    jobs_dir: Path,
+    ended: Callable[[str], bool],
+    trees: Callable[[str], Sequence[Path]],
+    kill: Callable[[int], None],
+) -> list[int]:
+    """Release the uid of every claim whose job `ended` says is over for good (or whose
+    claim file names no job); the uids released."""
+    released = []
+    for uid, job_id in sorted(claims(jobs_dir).items()):
+        if job_id and not ended(job_id):
+            continue
+        if not job_id:  # an empty or unreadable claim: nothing can own it
+            kill(uid)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(jobs_dir / CLAIMS_DIR / str(uid))
+            released.append(uid)
+            continue
+        if release_uid(jobs_dir, job_id, trees(job_id), kill) is not None:
+            released.append(uid)
+    return released
+
+
+# Where `reachable_python` looks for an interpreter other uids may run, in this order:
+# the system's own installs of the daemon's Python version.
+SYSTEM_PYTHON_DIRS = ("/usr/bin", "/usr/local/bin")
+SHIM_DIR = "learner-python"  # under the data directory: root's, 0755
+
+
+def reachable_python(
+    data_dir: Path, user: LearnerUser, search: Sequence[str] = SYSTEM_PYTHON_DIRS
+) -> Path | None:
+    """An interpreter `user` can run with the daemon's packages, for a daemon whose own
+    Python `user` cannot reach (a pyenv build under root's 0700 home); None if there is
+    none. It is the system's Python of the daemon's version (same major.minor, so the
+    same ABI for compiled packages), run by a wrapper `<data dir>/learner-python/bin/python`
+    that adds the daemon's site-packages (and the .pth files there, the platform's
+    editable install included) through a `sitecustomize` — nothing is copied, and
+    nothing of the daemon's private home is opened to others."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    if unreachable(site_packages, user) is not None or not readable(site_packages, user):
+        return None
+    for folder in search:
+        candidate = Path(folder) / version
+        if not candidate.is_file():
+            continue
+        real = candidate.resolve()
+        if unreachable(real.parent, user) is not None or not os.stat(real).st_mode & 0o001:
+            continue
+        root = data_dir / SHIM_DIR
+        for sub in (root, root / "site", root / "bin"):
+            sub.mkdir(mode=0o755, exist_ok=True)
+            set_mode(sub, 0o755)
+        _put(
+            root / "site" / "sitecustomize.py",
+            f"import site\nsite.addsitedir({str(site_packages)!r})\n",
+            0o644,
+        )
+        # The job's own PYTHONPATH, if any, comes after the daemon's packages' hook.
+        _put(
+            root / "bin" / "python",
+            f'#!/bin/sh\nPYTHONPATH={root / "site"}${{PYTHONPATH:+:$PYTHONPATH}} exec {real} "$@"\n',
+            0o755,
+        )
+        return root / "bin" / "python"
+    return None
+
+
+def _put(path: Path, text: str, mode: int) -> None:
+    """`path` holds `text` with `mode`, replaced atomically when it differs."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text and stat.S_IMODE(path.lstat().st_mode) == mode:
+            return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def _is_account(uid: int) -> bool:
@@ -363,12 +502,16 @@ __all__ = [
     "UnsafePath",
     "claim_uid",
     "claimed_uid",
+    "claims",
     "directory",
     "learner_user",
     "open_append",
     "own_directory",
+    "reachable_python",
     "read_tail",
     "readable",
+    "release_stale_claims",
+    "release_uid",
     "restrict",
     "set_mode",
     "unreachable",

@@ -9,9 +9,11 @@ and the final parameters equal the uninterrupted single-process reference.
 
 from __future__ import annotations
 
+import queue
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -201,3 +203,131 @@ def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survi
     # (the second replacement may join at the end: everyone then restarts "step 12")
     assert f"[worker 1] finished: {steps} steps, blocks [1] of pipeline 0, generation 4" in err
     assert_equals_reference(out, pipelines=1, steps=steps)
+
+
+def test_reconfiguration_in_a_data_parallel_pipeline_restores_redundancy_twice(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    """D > 1 (P=2 × D=2): worker 3 (stage 1 of pipeline 1) is killed mid-forward at step
+    2 and its replacement mid-backward at step 6. Only pipeline 1 fails over (its shadow,
+    worker 2, merges block 1); pipeline 0 has nothing left of the step and only re-runs
+    the all-reduce, which from then on spans worker 1 and the merged worker 2. Each
+    replacement is handed block 1 and the replica of block 0 by worker 2 and joins; every
+    worker of both pipelines re-forms at the same step boundary; the parameters of all
+    four workers equal the uninterrupted run's (the global batch spans both pipelines)."""
+    out, steps = tmp_path / "params", 12
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "learner.runtime.launch",
+            "--stages",
+            "2",
+            "--pipelines",
+            "2",
+            "--etcd",
+            etcd_server.url,
+            "--job-id",
+            f"t-{uuid.uuid4().hex[:10]}",
+            "--detection-timeout",
+            "300",
+            "--out-dir",
+            str(out),
+            "--replace",
+            "--kill",
+            "3:2:forward:1,3:6:backward:0",
+            str(TOY),
+            "--steps",
+            str(steps),
+            "--gate",
+            "4:2,8:4",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    err = proc.stderr
+    assert proc.returncode == 0, err[-4000:]
+    # the loss is pipeline 1's: its shadow merges block 1, pipeline 0 only re-runs the
+    # all-reduce
+    assert re.search(r"\[worker 2\] joined generation 1 .*owns blocks \[0, 1\]", err), err[-4000:]
+    assert re.search(r"\[worker 0\] joined generation 1 .*pipeline 0: nothing left", err)
+    for generation, version in ((2, 4), (4, 8)):
+        # the replacement gets block 1 and the replica of block 0 from worker 2, and the
+        # four workers re-form at the same step boundary with every block replicated
+        assert f"[worker 3] received block 1 at version {version} from worker 2" in err, err
+        assert f"[worker 3] received block 0 (replica) at version {version} from worker 2" in err
+        for worker, owns in ((0, "[0], replica 1"), (1, "[1], replica 0"), (2, "[0], replica 1")):
+            assert re.search(
+                rf"\[worker {worker}\] joined generation {generation} .*\(reconfiguration\): "
+                rf"owns blocks {re.escape(owns)}, step {version} from its start",
+                err,
+            ), err[-4000:]
+        assert re.search(
+            rf"\[worker 3\] joined generation {generation} .*owns blocks \[1\], replica 0", err
+        )
+    assert err.count("[worker 2] demoted block 1 to replica") == 2
+    assert re.search(r"\[worker 2\] joined generation 3 .*owns blocks \[0, 1\]", err)
+    for worker in range(4):
+        stage, pipeline = worker % 2, worker // 2
+        assert (
+            f"[worker {worker}] finished: {steps} steps, blocks [{stage}] of pipeline "
+            f"{pipeline}, generation 4" in err
+        ), err[-4000:]
+    assert sorted(p.name for p in out.iterdir()) == [f"worker{w}.pt" for w in range(4)]
+    assert_equals_reference(out, pipelines=2, steps=steps)
+
+
+def test_a_standby_started_before_generation_0_waits_for_it_instead_of_being_refused(
+    etcd_server: ManagedServer,
+) -> None:
+    """The launcher starts its standbys with the workers: one may ask to join before
+    worker 0 has written generation 0. It waits for the state, then queues and takes the
+    first lost slot, as any standby does; with no state at all it is refused, naming
+    why."""
+    store = _store(etcd_server)
+    issue_ticket(store, 4, "early")
+    waiting, result = threading.Event(), queue.Queue[int | BaseException]()
+
+    def log(message: str) -> None:
+        if "waiting for the job's generation 0" in message:
+            waiting.set()
+
+    def join() -> None:
+        try:
+            result.put(admit(store, 4, "early", ttl_s=2, log=log, start_timeout_s=300))
+        except BaseException as exc:  # handed to the test thread, which raises it
+            result.put(exc)
+
+    joiner = threading.Thread(target=join, daemon=True)
+    joiner.start()
+    try:
+        assert waiting.wait(60), "the standby did not report waiting for generation 0"
+        assert result.empty(), result.get()  # neither refused nor admitted yet
+        # the workers start: generation 0, then slot 1 is lost
+        assert store.set_state(ClusterState(generation=0, stages=2, pipelines=1), 0)
+        _lose(store, 1)
+        got = result.get(timeout=60)
+        if isinstance(got, BaseException):
+            raise got
+        assert got == 1
+        state, _ = store.get_state()
+        assert state is not None and state.dead == () and state.joined_at == {"1": 2}
+    finally:
+        joiner.join(timeout=10)
+        store.delete_all()
+        store.close()
+
+
+def test_a_joiner_of_a_job_that_never_started_is_refused_naming_why(
+    etcd_server: ManagedServer,
+) -> None:
+    store = _store(etcd_server)
+    try:
+        issue_ticket(store, 4, "nobody")
+        with pytest.raises(Refused, match=r"no running job to join.*start the job's workers"):
+            admit(store, 4, "nobody", ttl_s=2, log=lambda _m: None, start_timeout_s=0)
+    finally:
+        store.delete_all()
+        store.close()

@@ -109,7 +109,7 @@ def test_a_data_store_the_job_uid_cannot_read_fails_the_deploy_naming_it(
         shutil.rmtree(private, ignore_errors=True)
 
 
-def test_an_unreachable_interpreter_fails_a_strict_range_and_auto_falls_back(
+def test_an_unreachable_interpreter_fails_the_deploy_under_a_range_and_under_auto(
     data_dir: Path,
 ) -> None:
     hidden = Path(tempfile.mkdtemp(prefix="rhizome-hidden-python-"))  # 0700
@@ -122,7 +122,9 @@ def test_an_unreachable_interpreter_fails_a_strict_range_and_auto_falls_back(
         strict = LocalBackend(python=str(python), isolation_config=UIDS)
         with pytest.raises(BackendError, match=f"cannot enter {hidden}.*RHIZOME_LEARNER_PYTHON"):
             strict.prepare_volume(spec)
+        # `auto` fails closed too: learners never run as root over an interpreter.
         auto = LocalBackend(python=str(python), isolation_config=IsolationConfig((47000, 47099)))
-        assert auto.learner_user(spec).uid == os.getuid()  # the daemon's user, with a warning
+        with pytest.raises(BackendError, match=f"cannot enter {hidden}.*RHIZOME_LEARNER_PYTHON"):
+            auto.learner_user(spec)
     finally:
         shutil.rmtree(hidden, ignore_errors=True)

@@ -1,0 +1,171 @@
+"""The simulated backend: learners that train nothing, for measuring the control plane.
+
+Each "learner" is a thread in the guardian's process that walks the real status path of
+a learner controller: it claims its rank's etcd key under a lease, records STARTING,
+DOWNLOADING and PROCESSING through the controller's own ``Controller.record``, appends
+log lines to its ``stdout.log`` as a command would, and ends COMPLETED (or HALTED when
+stopped). Everything the platform does around it (API, scheduler, LCM, guardian, etcd
+watches, MongoDB transitions) is the real thing; only the process, the code download and
+the training are left out. So N jobs cost what the control plane costs for N jobs, which
+is what `benchmarks/control_plane_scale.py` measures.
+
+How long a learner "trains" comes from the manifest's environment: ``SIM_SECONDS``
+(default 5) and ``SIM_LOG_LINES`` (default 10, spread over that time); with
+``SIM_UNTIL_FILE`` it goes on, after its lines, until that file exists (a benchmark holds
+N jobs alive at once and ends them together). Not a backend for users: `rhizomed
+--backend simulated` says so in its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.etcd import EtcdClient
+from contract.learner_spec import LearnerSpec
+from contract.status import ExitCode, LearnerStatus
+from services.backends.api import Backend, BackendError, JobSpec
+from services.backends.local.backend import learner_spec, prepare_job_dir, tail_logs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SECONDS = 5.0
+DEFAULT_LOG_LINES = 10
+UNTIL_POLL_S = 0.1
+
+
+@dataclass
+class _Learner:
+    job_id: str
+    rank: int
+    thread: threading.Thread | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    exit_code: int | None = None
+
+
+class SimulatedBackend(Backend):
+    name = "simulated"
+
+    def __init__(self, **_: Any) -> None:
+        log.warning("backend 'simulated': learners train nothing (for control-plane benchmarks)")
+        self._handles = itertools.count(1)
+        self._learners: dict[int, _Learner] = {}
+        self._lock = threading.Lock()
+        self._etcd: dict[str, EtcdClient] = {}
+
+    # -- deploy steps -------------------------------------------------------------------
+    def prepare_volume(self, job: JobSpec) -> None:
+        try:
+            prepare_job_dir(job)
+        except OSError as exc:
+            raise BackendError(f"cannot prepare the job directory: {exc}") from exc
+
+    def write_secrets(self, job: JobSpec) -> None:
+        """Nothing runs that could read them."""
+
+    def start_helper(self, job: JobSpec) -> None:
+        """Logs stay in the learners' files; nothing ships them."""
+
+    def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
+        spec = learner_spec(job, rank, restart)
+        learner = _Learner(job.job_id, rank)
+        handle = next(self._handles)
+        learner.thread = threading.Thread(
+            target=self._learn,
+            args=(spec, learner),
+            name=f"sim-{job.job_id}-{rank}",
+            daemon=True,
+        )
+        with self._lock:
+            self._learners[handle] = learner
+        learner.thread.start()
+        return handle
+
+    # -- the simulated learner ----------------------------------------------------------
+    def _client(self, url: str) -> EtcdClient:
+        with self._lock:
+            if url not in self._etcd:
+                self._etcd[url] = EtcdClient(url)
+            return self._etcd[url]
+
+    def _learn(self, spec: LearnerSpec, learner: _Learner) -> None:
+        from learner.controller.controller import Controller  # the real status writer
+
+        seconds = float(spec.env.get("SIM_SECONDS", DEFAULT_SECONDS))
+        lines = int(spec.env.get("SIM_LOG_LINES", DEFAULT_LOG_LINES))
+        etcd = self._client(spec.etcd_url)
+        ctl = Controller(spec, etcd)
+        lease = ctl.lease = etcd.grant(spec.lease_ttl_s).keep_alive()
+        try:
+            if not ctl.claim():
+                learner.exit_code = int(ExitCode.FATAL)
+                return
+            ctl.record(LearnerStatus.DOWNLOADING)
+            ctl.record(LearnerStatus.PROCESSING)
+            out = Path(spec.learner_dir) / "stdout.log"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a", encoding="utf-8") as fh:
+                for i in range(lines):
+                    if learner.stop.wait(seconds / max(lines, 1)):
+                        break
+                    fh.write(f"step {i + 1} loss {1.0 / (i + 1):.4f}\n")
+                    fh.flush()
+            until = spec.env.get("SIM_UNTIL_FILE", "")
+            while until and not Path(until).exists() and not learner.stop.wait(UNTIL_POLL_S):
+                pass
+            if learner.stop.is_set():
+                ctl.record(LearnerStatus.HALTED, int(ExitCode.PREEMPTED), "stopped")
+                learner.exit_code = int(ExitCode.PREEMPTED)
+            else:
+                ctl.record(LearnerStatus.COMPLETED, int(ExitCode.OK))
+                learner.exit_code = int(ExitCode.OK)
+        except Exception as exc:  # an etcd hiccup ends this learner as a failure would
+            log.warning("simulated learner %s/%d: %r", spec.job_id, spec.rank, exc)
+            learner.exit_code = int(ExitCode.FATAL)
+        finally:
+            with contextlib.suppress(Exception):
+                lease.revoke()
+
+    # -- watch and teardown -------------------------------------------------------------
+    def learner_exited(self, handle: int) -> int | None:
+        with self._lock:
+            learner = self._learners.get(handle)
+            if learner is None or learner.thread is None or learner.thread.is_alive():
+                return None
+            del self._learners[handle]
+        return learner.exit_code
+
+    def _of(self, job_id: str) -> list[_Learner]:
+        with self._lock:
+            return [ln for ln in self._learners.values() if ln.job_id == job_id]
+
+    def stop_learners(self, job_id: str, grace_s: float) -> None:
+        for learner in self._of(job_id):
+            learner.stop.set()
+        deadline = time.monotonic() + grace_s
+        for learner in self._of(job_id):
+            if learner.thread is not None:
+                learner.thread.join(max(0.0, deadline - time.monotonic()))
+
+    def rollback(self, job_id: str, job_dir: str) -> None:
+        self.stop_learners(job_id, grace_s=5.0)
+
+    def running(self, job_id: str) -> list[int]:
+        return [
+            ln.rank for ln in self._of(job_id) if ln.thread is not None and ln.thread.is_alive()
+        ]
+
+    def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
+        return tail_logs(job_dir, rank, lines)
+
+    def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
+        return any(
+            ln.rank == rank and ln.thread is not None and ln.thread.is_alive()
+            for ln in self._of(job_id)
+        )

@@ -1,0 +1,258 @@
+"""The guardian's part in a pipeline job (docs/lifecycle.md, docs/runtime.md).
+
+Failover is the runtime's, not the guardian's: a pipeline learner that was killed
+(preempted) or evicted by its peers is not restarted. The guardian records the
+preemption, writes into the history who serves the lost stage once the runtime's state
+has it among the dead, and starts a replacement that joins as a standby
+(reconfiguration). Only the runtime's fatal loss (a stage and its shadow) makes the
+guardian act on the whole job: every learner restarts from the latest checkpoint.
+
+Split out of services/guardian/guardian.py, which calls `PipelineFailover.losses` each
+monitoring round of a pipeline job and `PipelineFailover.fatal` when every learner was
+lost; the state lives in etcd (the deploy keys below), so a restarted guardian resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from contract import etcd_keys
+from contract.env import JOIN_TOKEN
+from contract.status import PREEMPTION_EXIT_CODES, ExitCode, LearnerStatus
+from services.backends.api import BackendError, JobSpec
+from services.store import states
+from services.store.jobs import JobRecord
+
+if TYPE_CHECKING:  # the guardian imports this module
+    from services.guardian.guardian import Guardian
+
+log = logging.getLogger("rhizome.guardian")
+
+# A pipeline job's lost learners: rank -> {"code", "reported"} (kept in etcd so that a
+# restarted guardian neither records a preemption twice nor repeats a history entry).
+LOST = "lost"
+# A pipeline job's replaced learners: rank -> {"count", "joined"} (replacements started,
+# the generation whose admission of the last one the history already shows).
+REPLACED = "replaced"
+# A pipeline job's restarts from the checkpoint after fatal losses: {"count"}.
+PIPELINE_RESTARTS = "pipeline_restarts"
+# Exit codes of a pipeline learner the runtime fails over without (the worker was
+# preempted, or its peers declared it dead and it left).
+PIPELINE_LOSS_CODES = PREEMPTION_EXIT_CODES | {int(ExitCode.EVICTED)}
+
+# What `losses` and `fatal` return: the job record and the lost learners still not
+# replaced, or the guardian's exit code when the job ended.
+Outcome = tuple[JobRecord, dict[str, dict[str, Any]]] | int
+
+
+class PipelineFailover:
+    """The pipeline part of one job's guardian (it uses the guardian's etcd, records,
+    backend and learner handles, and ends the job through it)."""
+
+    def __init__(self, guardian: Guardian) -> None:
+        self.guardian = guardian
+        self.job_id = guardian.job_id
+
+    def runtime_state(self) -> dict[str, Any]:
+        """The pipeline runtime's cluster state (`runtime/state`, written by the workers by
+        compare-and-set: generation, stages, pipelines, dead, fatal), or {}."""
+        entry = self.guardian.etcd.get(etcd_keys.runtime_prefix(self.job_id) + "state")
+        return entry.value if entry is not None and isinstance(entry.value, dict) else {}
+
+    def losses(self, job: JobRecord, spec: JobSpec, statuses: dict[int, LearnerStatus]) -> Outcome:
+        """A pipeline learner that ended FAILED is not restarted. Killed (preempted) or
+        evicted by its peers: the preemption is recorded and, once the runtime's state has
+        it among the dead, the history says who serves its stage now; the job goes on.
+        The runtime's fatal loss (a stage and its shadow) fails the job with the runtime's
+        one-line reason; any other exit code fails it as a learner failure would."""
+        key = etcd_keys.deploy_step(self.job_id, LOST)
+        entry = self.guardian.etcd.get(key)
+        lost: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        changed = False
+        state = self.runtime_state()
+        now = time.monotonic()
+        for rank, status in statuses.items():
+            if status != LearnerStatus.FAILED or str(rank) in lost:
+                continue
+            value = self.guardian.etcd.get(etcd_keys.learner_status(self.job_id, rank))
+            code = int((value.value or {}).get("exit_code") or 1) if value else 1
+            if code == ExitCode.FATAL or state.get("fatal"):
+                return self.fatal(job, spec, state, rank, code)
+            if code not in PIPELINE_LOSS_CODES:
+                return self.guardian.fail_learner(rank, code, 0)
+            self.guardian.record_preemption(spec, rank, code, now)
+            lost[str(rank)] = {"code": code, "reported": False}
+            changed = True
+            log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
+        if state.get("fatal"):
+            return self.fatal(job, spec, state, -1, ExitCode.FATAL)
+        for rank_s, info in sorted(lost.items()):
+            if info.get("reported") or int(rank_s) not in (state.get("dead") or []):
+                continue
+            job = self.guardian.jobs.note(self.job_id, self.failover_message(int(rank_s), state))
+            info["reported"] = True
+            changed = True
+        job = self.replace_lost(job, spec, lost, state, statuses)
+        if changed:
+            self.guardian.etcd.put(key, lost)
+        return job, lost
+
+    def replace_lost(
+        self,
+        job: JobRecord,
+        spec: JobSpec,
+        lost: dict[str, dict[str, Any]],
+        state: dict[str, Any],
+        statuses: dict[int, LearnerStatus],
+    ) -> JobRecord:
+        """Reconfiguration (docs/lifecycle.md): a lost learner whose failover the history
+        shows gets a replacement, at most `max_learner_restarts` times per rank. The
+        replacement is a new incarnation of the rank on the lost learner's allocation; it
+        carries a fresh admission ticket (`runtime/tickets/<rank>`, its token in the
+        learner's environment), joins the runtime as a standby and takes its stage back
+        at the next step boundary. Its admission (`joined_at` in the runtime's state) is
+        written into the history once."""
+        key = etcd_keys.deploy_step(self.job_id, REPLACED)
+        entry = self.guardian.etcd.get(key)
+        replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        changed = False
+        joined_at = {str(k): int(v) for k, v in (state.get("joined_at") or {}).items()}
+        for rank_s, info in sorted(replaced.items()):
+            gen = joined_at.get(rank_s)
+            if gen is not None and gen > int(info.get("joined", -1)):
+                job = self.guardian.jobs.note(
+                    self.job_id,
+                    f"learner {rank_s} replaced: stage {int(rank_s) % int(state['stages'])} "
+                    f"served by its own learner again, every block has a replica "
+                    f"(generation {gen})",
+                )
+                info["joined"] = gen
+                changed = True
+        for rank_s, info in sorted(lost.items()):
+            rank = int(rank_s)
+            done = int(replaced.get(rank_s, {}).get("count", 0))
+            if not info.get("reported") or done >= spec.manifest.max_learner_restarts:
+                continue
+            token = os.urandom(16).hex()
+            self.guardian.etcd.put(
+                etcd_keys.runtime_ticket(self.job_id, rank),
+                {"token": token, "generation": int(state.get("generation") or 0)},
+            )
+            status_key = etcd_keys.learner_status(self.job_id, rank)
+            final = self.guardian.etcd.get(status_key)  # the lost incarnation's FAILED status
+            self.guardian.etcd.delete(status_key)  # the new controller creates its own
+            join = {JOIN_TOKEN: token}
+            # the restart number of the new incarnation only grows (a checkpoint restart
+            # also starts new incarnations)
+            incarnation = int(replaced.get(rank_s, {}).get("incarnation", done)) + 1
+            try:
+                self.guardian.handles[rank] = self.guardian.backend.start_learner(
+                    dataclasses.replace(spec, platform_env={**spec.platform_env, **join}),
+                    rank,
+                    incarnation,
+                )
+            except BackendError as exc:
+                # the job goes on without redundancy there; the history says why
+                if final is not None:
+                    self.guardian.etcd.put(status_key, final.value)
+                replaced[rank_s] = {**replaced.get(rank_s, {}), "count": done + 1}
+                self.guardian.etcd.put(key, replaced)
+                return self.guardian.jobs.note(
+                    self.job_id, f"learner {rank} lost: its replacement could not start: {exc}"
+                )
+            self.guardian.started_at[rank] = time.monotonic()
+            statuses[rank] = LearnerStatus.STARTING
+            replaced[rank_s] = {
+                **replaced.get(rank_s, {}),
+                "count": done + 1,
+                "incarnation": incarnation,
+            }
+            del lost[rank_s]
+            self.guardian.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), lost)
+            changed = True
+            log.info(
+                "job %s: started replacement %d of pipeline learner %d", self.job_id, done + 1, rank
+            )
+            job = self.guardian.jobs.note(
+                self.job_id,
+                f"learner {rank} lost: a replacement joins as a standby "
+                f"(replacement {done + 1} of at most {spec.manifest.max_learner_restarts})",
+            )
+        if changed:
+            self.guardian.etcd.put(key, replaced)
+        return job
+
+    @staticmethod
+    def failover_message(rank: int, state: dict[str, Any]) -> str:
+        """`learner 1 preempted; stage 1 now served by learner 0 (generation 1)`: the shadow
+        (the previous stage of the same pipeline, which held the replica) took it over."""
+        stages = int(state.get("stages") or 1)
+        stage, pipeline = rank % stages, rank // stages
+        shadow = pipeline * stages + (stage - 1) % stages
+        return (
+            f"learner {rank} preempted; stage {stage} now served by learner {shadow} "
+            f"(generation {state.get('generation')})"
+        )
+
+    def fatal(
+        self, job: JobRecord, spec: JobSpec, state: dict[str, Any], rank: int, code: int
+    ) -> Outcome:
+        """A stage and its shadow were both lost (the runtime's `FatalFailure`), or every
+        learner was: the job restarts from the latest checkpoint — every learner stopped
+        and started again (a new incarnation of each rank), the runtime's keys erased, so
+        the workers create generation 0 anew and load the latest complete block checkpoint
+        (learner/runtime/block_checkpoint.py, under the job's checkpoint directory).
+        Recorded in the history as RECOVERING then PROCESSING; at most
+        `max_learner_restarts` times, then the job fails with the runtime's reason."""
+        reason = state.get("fatal") or "a stage and its shadow were lost"
+        self.guardian.backend.stop_learners(self.job_id, grace_s=2.0)
+        key = etcd_keys.deploy_step(self.job_id, PIPELINE_RESTARTS)
+        entry = self.guardian.etcd.get(key)
+        done = int(entry.value.get("count", 0)) if entry is not None else 0
+        limit = spec.manifest.max_learner_restarts
+        if done >= limit:
+            lines = self.guardian.backend.log_tail(self.guardian.job_dir, rank) if rank >= 0 else []
+            return self.guardian.finish(
+                states.FAILED,
+                f"pipeline runtime: fatal: {reason}"
+                + (f" (after {done} restarts from the checkpoint)" if done else ""),
+                exit_code=int(ExitCode.FATAL if code == ExitCode.FATAL else code),
+                last_log_lines=lines,
+            )
+        self.guardian.etcd.put(key, {"count": done + 1})
+        job = self.guardian.jobs.transition(
+            self.job_id,
+            states.RECOVERING,
+            f"pipeline runtime: fatal: {reason}; restarting every learner from the latest "
+            f"checkpoint (restart {done + 1} of at most {limit})",
+        )
+        # Nothing of the lost configuration may reach the new one: its generations,
+        # members, rendezvous store, the learners' final statuses, the losses recorded.
+        self.guardian.etcd.delete_prefix(etcd_keys.runtime_prefix(self.job_id))
+        self.guardian.etcd.put(
+            etcd_keys.runtime_config(self.job_id), self.guardian.runtime_config(spec)
+        )
+        self.guardian.etcd.delete_prefix(etcd_keys.learner_prefix(self.job_id))
+        self.guardian.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), {})
+        replaced_key = etcd_keys.deploy_step(self.job_id, REPLACED)
+        got = self.guardian.etcd.get(replaced_key)
+        replaced: dict[str, dict[str, Any]] = dict(got.value) if got is not None else {}
+        now = time.monotonic()
+        for r in range(spec.learners):
+            # a new incarnation of every rank: its restart number only grows
+            info = replaced.get(str(r), {})
+            incarnation = int(info.get("incarnation", info.get("count", 0))) + 1
+            replaced[str(r)] = {**info, "incarnation": incarnation, "joined": -1}
+            self.guardian.handles[r] = self.guardian.backend.start_learner(spec, r, incarnation)
+            self.guardian.started_at[r] = now
+        self.guardian.etcd.put(replaced_key, replaced)
+        job = self.guardian.jobs.transition(
+            self.job_id,
+            states.PROCESSING,
+            "every learner restarted; the runtime resumes from its latest complete checkpoint",
+        )
+        return job, {}

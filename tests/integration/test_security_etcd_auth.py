@@ -1,0 +1,78 @@
+"""etcd with authentication (contract/etcd.py `enable_auth`, `EtcdCredentials`), against a
+real etcd of its own (authentication would lock the shared one's other users out)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contract import etcd_keys
+from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, enable_auth
+from services.embedded.servers import EtcdServer
+
+pytestmark = pytest.mark.integration
+
+ROOT = EtcdCredentials("root", "root-pw-" + os.urandom(6).hex())
+PLATFORM = EtcdCredentials("rhizome", "platform-pw-" + os.urandom(6).hex())
+
+
+@pytest.fixture(scope="module")
+def etcd_with_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-auth")))
+    server.start()
+    try:
+        enable_auth(server.url, ROOT, PLATFORM, etcd_keys.ROOT + "/")
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_an_unauthenticated_client_is_refused_naming_why(etcd_with_auth: str) -> None:
+    client = EtcdClient(etcd_with_auth)
+    try:
+        with pytest.raises(EtcdAuthError, match="requires authentication"):
+            client.put(etcd_keys.control("job-x"), {"action": "halt"})
+        with pytest.raises(EtcdAuthError):
+            client.get(etcd_keys.control("job-x"))
+    finally:
+        client.close()
+
+
+def test_a_wrong_password_is_refused_without_printing_it(etcd_with_auth: str) -> None:
+    wrong = EtcdCredentials("rhizome", "not-the-password")
+    with pytest.raises(EtcdAuthError, match="refused user 'rhizome'") as err:
+        EtcdClient(etcd_with_auth, credentials=wrong)
+    assert "not-the-password" not in str(err.value)
+    assert "not-the-password" not in repr(wrong)
+
+
+def test_the_platform_user_works_under_its_prefix_only(etcd_with_auth: str) -> None:
+    client = EtcdClient.connect(etcd_with_auth, credentials=PLATFORM)
+    try:
+        key = etcd_keys.control("job-y")
+        client.put(key, {"action": "halt"})
+        assert client.get(key) is not None
+        with pytest.raises(EtcdAuthError):
+            client.put("/elsewhere/key", 1)
+    finally:
+        client.close()
+
+
+def test_enable_auth_again_leaves_it_as_it_is(etcd_with_auth: str) -> None:
+    enable_auth(etcd_with_auth, ROOT, PLATFORM, etcd_keys.ROOT + "/")
+    client = EtcdClient.connect(etcd_with_auth, credentials=PLATFORM)
+    client.close()
+
+
+def test_credentials_file_round_trip_is_0600_and_refuses_a_readable_file(tmp_path: Path) -> None:
+    path = tmp_path / "etcd-rhizome.secret"
+    PLATFORM.write(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert EtcdCredentials.from_file(path) == PLATFORM
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match=f"chmod 600 {path}"):
+        EtcdCredentials.from_file(path)
