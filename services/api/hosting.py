@@ -195,7 +195,14 @@ def build(ctx: DaemonContext) -> Hosted:
 
         from services.api.rest import build_app
 
-        app = build_app(core, ctx.channel("tds"), auth, ctx.channel("scheduler"))
+        app = build_app(
+            core,
+            ctx.channel("tds"),
+            auth,
+            ctx.channel("scheduler"),
+            ctx.config.data_dir,
+            ctx.config.quota_config,
+        )
         host, port = split_address(ctx.config.rest_address)
         tls: dict[str, Any] = {}
         if ctx.config.tls_cert:  # the same certificate as the public gRPC port

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -141,7 +142,11 @@ def build_app(
     tds_channel: grpc.Channel | None = None,
     auth: Authenticator | None = None,
     scheduler_channel: grpc.Channel | None = None,
+    dashboard_dir: Path | None = None,
+    quota_config: str = "",
 ) -> FastAPI:
+    """`dashboard_dir`: where the dashboard keeps its session key; `quota_config`: the
+    scheduler's quota file, for the dashboard's Cluster page (docs/dashboard.md)."""
     app = FastAPI(
         title="Rhizome Trainer API",
         version=__version__,
@@ -603,5 +608,7 @@ def build_app(
         return _message_json(token_to_proto(authenticator.revoke_token(who, token_id)))
 
     # The web dashboard (docs/dashboard.md): its pages sign in with a session cookie.
-    mount_dashboard(app, core, tds_channel, authenticator, scheduler_channel)
+    mount_dashboard(
+        app, core, tds_channel, authenticator, scheduler_channel, dashboard_dir, quota_config
+    )
     return app
