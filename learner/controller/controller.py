@@ -51,7 +51,7 @@ from contract import etcd_keys, procs
 from contract.env import PIPELINE_STAGES, LearnerEnv, Role, RuntimeEnv, labels
 from contract.etcd import EtcdClient, Lease
 from contract.learner_spec import LearnerSpec
-from contract.status import ExitCode, LearnerStatus
+from contract.status import ExitCode, LearnerStatus, status_value
 from learner.controller.fetch import (
     CodeFetchError,
     ResultStoreError,
@@ -104,18 +104,18 @@ class Controller:
 
     # -- etcd status --------------------------------------------------------------------
     def _value(self, status: LearnerStatus, exit_code: int | None, message: str) -> dict[str, Any]:
-        return {
-            "status": status.value,
-            "pid": os.getpid(),
-            "start": procs.start_ticks(os.getpid()),
-            "lease": self.lease.id if self.lease else 0,
-            "generation": self.spec.generation,
-            "restart": self.spec.restart,
-            "exit_code": exit_code,
-            "message": message,
-            "time": time.time(),
-            "history": self.history[-20:],
-        }
+        return status_value(
+            status,
+            pid=os.getpid(),
+            start=procs.start_ticks(os.getpid()),
+            lease=self.lease.id if self.lease else 0,
+            generation=self.spec.generation,
+            restart=self.spec.restart,
+            exit_code=exit_code,
+            message=message,
+            time=time.time(),
+            history=self.history,
+        )
 
     def record(
         self, status: LearnerStatus, exit_code: int | None = None, message: str = ""
