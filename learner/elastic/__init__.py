@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from contract.env import ELASTIC_ETCD, JOB_ID
 from learner.elastic.api import (
     ElasticConfigError,
     ElasticError,
@@ -54,17 +55,15 @@ def join(
     mini-batch boundary."""
     from learner.elastic.worker import ElasticWorker  # torch.distributed only when used
 
-    url = etcd or os.environ.get("RHIZOME_ELASTIC_ETCD", "")
+    url = etcd or os.environ.get(ELASTIC_ETCD, "")
     if not url:
-        raise ElasticConfigError(
-            "no etcd URL: pass etcd='http://HOST:PORT' or set RHIZOME_ELASTIC_ETCD"
-        )
+        raise ElasticConfigError(f"no etcd URL: pass etcd='http://HOST:PORT' or set {ELASTIC_ETCD}")
     worker = ElasticWorker(
         model,
         optimizer,
         dataset,
         batch_size=batch_size,
-        job_id=job_id or os.environ.get("RHIZOME_JOB_ID", ""),
+        job_id=job_id or os.environ.get(JOB_ID, ""),
         etcd=url,
         **options,
     )

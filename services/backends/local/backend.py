@@ -120,6 +120,8 @@ def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
         checkpoint_dir=job.checkpoint_dir,
         result_dir=str(Path(job.job_dir) / "results" / str(rank)),
         secrets=str(Path(job.job_dir) / "secrets" / "env"),
+        # the platform's etcd, not a manifest's choice: the workers' rendezvous lives there
+        elastic_etcd=job.etcd_url if job.manifest.elastic is not None else None,
     )
     env.update(contract_env.to_environ())
     env.update(
