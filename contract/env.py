@@ -519,6 +519,19 @@ class LearnerEnv:
         )
 
 
+def elastic_worker_name(rank: int) -> str:
+    """An elastic job's worker name on the platform: its learner's rank and a random part
+    (a rank added again after it left is a new worker). The guardian finds a scale-out's
+    learners among the members of the workers' state by it (`elastic_worker_rank`)."""
+    return f"learner{rank}-{os.urandom(3).hex()}"
+
+
+def elastic_worker_rank(name: str) -> int | None:
+    head, sep, _ = name.partition("-")
+    rank = head.removeprefix("learner")
+    return int(rank) if sep and head.startswith("learner") and rank.isdigit() else None
+
+
 def labels(job_id: str, rank: int, role: Role) -> dict[str, str]:
     """The three variables by which `contract.procs.labelled` finds a job's processes
     (a pid alone is not an identity; these survive their parent's death)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from contract.env import ELASTIC_ETCD, JOB_ID
+from contract.env import ELASTIC_ETCD, JOB_ID, RANK, elastic_worker_name
 from learner.elastic.api import (
     ElasticConfigError,
     ElasticError,
@@ -58,6 +58,10 @@ def join(
     url = etcd or os.environ.get(ELASTIC_ETCD, "")
     if not url:
         raise ElasticConfigError(f"no etcd URL: pass etcd='http://HOST:PORT' or set {ELASTIC_ETCD}")
+    rank = os.environ.get(RANK, "")
+    if options.get("worker") is None and rank.isdigit():
+        # on the platform: the guardian knows a scale-out's learner by this name
+        options["worker"] = elastic_worker_name(int(rank))
     worker = ElasticWorker(
         model,
         optimizer,

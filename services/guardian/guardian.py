@@ -51,6 +51,7 @@ from contract.status import (
     LearnerStatus,
 )
 from services.backends.api import Backend, BackendError, JobSpec
+from services.guardian.elastic import ElasticScaler
 from services.manifest import Manifest
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
@@ -176,6 +177,7 @@ class Guardian:
         self.handles: dict[int, int] = {}
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
+        self.elastic = ElasticScaler(self)  # scale requests of an elastic job
 
     # -- ownership ------------------------------------------------------------------------
     def acquire(self) -> bool:
@@ -459,6 +461,8 @@ class Guardian:
             if action == "delete":
                 self.backend.stop_learners(self.job_id, grace_s=2.0)
                 return self.finish(states.DELETED, self.control_reason())
+            if spec.manifest.elastic is not None:
+                job, spec = self.elastic.apply(job, spec)
             statuses = self.learner_statuses(spec, max_restarts)
             if isinstance(statuses, int):
                 return statuses

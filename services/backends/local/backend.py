@@ -513,6 +513,10 @@ class LocalBackend(Backend):
         self._kill_job_user(job_id)
         self._reap()
 
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        procs.kill_labelled(job_id, rank, grace_s=grace_s)
+        self._reap()
+
     def rollback(self, job_id: str, job_dir: str) -> None:
         procs.kill_labelled(job_id)
         uid = isolation.claimed_uid(Path(job_dir).parent, job_id)
