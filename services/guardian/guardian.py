@@ -69,6 +69,9 @@ EXIT_TERMINATED = ExitCode.PREEMPTED
 STEPS = ("keys", "volume", "secrets", "learners", "helper")
 COMPLETE = "complete"
 RESTARTS = "restarts"
+# rank -> restarts after preemptions (a command ended by SIGTERM or SIGKILL): counted apart
+# from RESTARTS (the command failed by itself), bounded by the manifest's max_preemptions.
+PREEMPTIONS = "preemptions"
 # A pipeline job's lost learners: rank -> {"code", "reported"} (kept in etcd so that a
 # restarted guardian neither records a preemption twice nor repeats a history entry).
 LOST = "lost"
@@ -100,6 +103,20 @@ def _rank_of(key: str) -> int:
     """The rank in a learner status key (`.../learners/<rank>/status`); -1 if none."""
     part = key.rstrip("/").split("/")[-2:-1]
     return int(part[0]) if part and part[0].isdigit() else -1
+
+
+def preemption_message(rank: int, code: int, count: int, spec: JobSpec) -> str:
+    """The history line of a learner's preemption: what ended it, and that it is restarted
+    without counting against max_learner_restarts."""
+    how = (
+        "SIGTERM: its node's preemption notice (a spot reclaim, the scheduler, an injector)"
+        if code in (int(ExitCode.PREEMPTED), -15)
+        else "SIGKILL: at the end of its notice, or its node went away without one"
+    )
+    return (
+        f"learner {rank} preempted (exit {code}, {how}); restarted, preemption {count} of "
+        f"at most {spec.manifest.max_preemptions} (not counted against max_learner_restarts)"
+    )
 
 
 class DeployStepFailed(RuntimeError):
@@ -496,6 +513,8 @@ class Guardian:
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
         restarts_entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, RESTARTS))
         restarts: dict[str, int] = dict(restarts_entry.value) if restarts_entry else {}
+        preempted_entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, PREEMPTIONS))
+        preemptions: dict[str, int] = dict(preempted_entry.value) if preempted_entry else {}
         statuses: dict[int, LearnerStatus] = {}
         now = time.monotonic()
         for rank in range(spec.learners):
@@ -517,9 +536,10 @@ class Guardian:
                             + (f" ({note})" if note else ""),
                         )
                     log.info("job %s: (re)starting the controller of learner %d", self.job_id, rank)
-                    self.handles[rank] = self.backend.start_learner(
-                        spec, rank, int(restarts.get(str(rank), 0))
+                    incarnation = int(restarts.get(str(rank), 0)) + int(
+                        preemptions.get(str(rank), 0)
                     )
+                    self.handles[rank] = self.backend.start_learner(spec, rank, incarnation)
                     self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             elif entry.lease:
@@ -532,17 +552,27 @@ class Guardian:
                 statuses[rank] = LearnerStatus.FAILED
             elif value.get("status") == LearnerStatus.FAILED:
                 done = int(restarts.get(str(rank), 0))
+                lost = int(preemptions.get(str(rank), 0))
                 code = int(value.get("exit_code") or 1)
-                if done >= max_restarts:
-                    return self.fail_learner(rank, code, done)
-                self.record_preemption(spec, rank, code, now)
-                restarts[str(rank)] = done + 1
-                self.etcd.put(etcd_keys.deploy_step(self.job_id, RESTARTS), restarts)
+                if code in PREEMPTION_EXIT_CODES:
+                    # The node was taken away: not the user's code failing, so it does not
+                    # count against max_learner_restarts.
+                    if lost >= spec.manifest.max_preemptions:
+                        return self.fail_learner(rank, code, done + lost)
+                    self.record_preemption(spec, rank, code, now)
+                    preemptions[str(rank)] = lost = lost + 1
+                    self.etcd.put(etcd_keys.deploy_step(self.job_id, PREEMPTIONS), preemptions)
+                    self.jobs.note(self.job_id, preemption_message(rank, code, lost, spec))
+                else:
+                    if done >= max_restarts:
+                        return self.fail_learner(rank, code, done)
+                    restarts[str(rank)] = done = done + 1
+                    self.etcd.put(etcd_keys.deploy_step(self.job_id, RESTARTS), restarts)
                 self.etcd.delete_if(entry.key, entry.mod_revision)
                 log.info(
-                    "job %s: learner %d exited %d; restart %d", self.job_id, rank, code, done + 1
+                    "job %s: learner %d exited %d; restart %d", self.job_id, rank, code, done + lost
                 )
-                self.handles[rank] = self.backend.start_learner(spec, rank, done + 1)
+                self.handles[rank] = self.backend.start_learner(spec, rank, done + lost)
                 self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             else:
