@@ -249,6 +249,8 @@ class TrainerCore:
         gang = scale_gang_id(job.job_id, job.version)
         field = f"placement.scale_gangs.{gang}"
         entry = {"learners": added, "target": target, "state": "requested", "nodes": []}
+        if not job.placement:  # a field path cannot be created inside a null placement
+            self._wrap(lambda: self.jobs.update_fields(job.job_id, placement={}))
         self._wrap(lambda: self.jobs.update_fields(job.job_id, **{field: entry}))
         try:
             nodes = self.scale_gangs.place(job, gang, added)
