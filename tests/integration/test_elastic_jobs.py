@@ -3,7 +3,8 @@ Elasticsearch-API server, the local backend, the scheduler): examples/elastic-re
 is submitted with `rhizome train`, scaled 2 → 3 → 2 with `rhizome scale` while it
 trains, and completes; every epoch used each sample exactly once (the sample logs every
 worker wrote, checked by the library's own test helpers) and the history shows both
-changes."""
+changes; a count outside the bounds and a scale of the ended job are refused, saying
+why."""
 
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ def test_rhizome_scale_takes_an_elastic_job_2_to_3_to_2_while_it_trains(platform
         lambda: all("step 20 " in stdout(platform, job_id, r) for r in (0, 1)),
     )
 
+    refused = rz(platform, "scale", job_id, "9", check=False)
+    assert refused.returncode != 0
+    assert "learners=9 is outside the job's elastic bounds [1, 4]" in refused.stderr
+
     scaled = rz(platform, "scale", job_id, "3", "--json")
     assert json.loads(scaled.stdout)["resources"]["learners"] == 3, scaled.stderr
     wait_for(
@@ -97,6 +102,10 @@ def test_rhizome_scale_takes_an_elastic_job_2_to_3_to_2_while_it_trains(platform
     history = [e["message"] for e in job["history"]]
     assert any("scaled 2 → 3 learners: learner 2 joined" in m for m in history), history
     assert any("scaled 3 → 2 learners: learner 2 left" in m for m in history), history
+
+    late = rz(platform, "scale", job_id, "3", check=False)
+    assert late.returncode != 0
+    assert "is COMPLETED: a running elastic job is scaled while it is PROCESSING" in late.stderr
 
     records = sample_records(platform, job_id)
     steps = committed_steps(records)
