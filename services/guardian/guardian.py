@@ -558,7 +558,10 @@ class Guardian:
                     # The node was taken away: not the user's code failing, so it does not
                     # count against max_learner_restarts.
                     if lost >= spec.manifest.max_preemptions:
-                        return self.fail_learner(rank, code, done + lost)
+                        limit = spec.manifest.max_preemptions
+                        return self.fail_learner(
+                            rank, code, done, f"preempted {lost + 1} times; max_preemptions {limit}"
+                        )
                     self.record_preemption(spec, rank, code, now)
                     preemptions[str(rank)] = lost = lost + 1
                     self.etcd.put(etcd_keys.deploy_step(self.job_id, PREEMPTIONS), preemptions)
@@ -817,10 +820,10 @@ class Guardian:
         self.backend.stop_learners(self.job_id, grace_s=1.0)
         return self.finish(states.HALTED, self.control_reason())
 
-    def fail_learner(self, rank: int, code: int, restarts: int) -> int:
+    def fail_learner(self, rank: int, code: int, restarts: int, why: str = "") -> int:
         self.backend.stop_learners(self.job_id, grace_s=2.0)
         lines = self.backend.log_tail(self.job_dir, rank)
-        note = self.backend.exit_note(self.job_id, rank)
+        note = "; ".join(n for n in (why, self.backend.exit_note(self.job_id, rank)) if n)
         return self.finish(
             states.FAILED,
             f"learner {rank} exited with code {code}"

@@ -86,3 +86,30 @@ def test_a_failure_of_the_users_code_still_counts_against_max_learner_restarts(
         if guardian.poll() is None:
             guardian.kill()
             guardian.wait()
+
+
+def test_past_max_preemptions_the_job_fails_saying_so(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    repo = stores["repo"]
+    job = submit(repo, tmp_path, "sh run.sh", files={"run.sh": SCRIPT}, max_preemptions=0)
+    guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
+    try:
+        wait_for("PROCESSING", lambda: repo.get(job.job_id).status == states.PROCESSING)
+        inject = subprocess.run(
+            [sys.executable, "-m", "services.client.cli", "inject", "--job", job.job_id,
+             "--etcd", stores["etcd_url"], "--mttp", "0.5", "--count", "1", "--notice", "1"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert inject.returncode == 0, inject.stderr
+        assert guardian.wait(timeout=60) == 0
+        record = repo.get(job.job_id)
+        assert record.status == states.FAILED
+        assert re.match(
+            r"learner 0 exited with code (143|137) \(preempted 1 times; max_preemptions 0\)",
+            record.status_message,
+        ), record.status_message
+    finally:
+        if guardian.poll() is None:
+            guardian.kill()
+            guardian.wait()
