@@ -121,6 +121,12 @@ class ElasticScaler:
             return job, spec
         job = self.jobs.get(self.job_id)  # the API wrote the request's gang meanwhile
         current, target = int(job.resources["learners"]), int(request["learners"])
+        if job.status not in (states.PROCESSING, states.RESCALING):
+            # the learners moved on (STORING) after the request was taken: too late
+            self._put(APPLIED, {"seq": seq})
+            return self.jobs.note(
+                self.job_id, f"scale to {target} learners not applied: the job is {job.status}"
+            ), spec
         if target == current:
             self._put(APPLIED, {"seq": seq})
             return self.jobs.note(

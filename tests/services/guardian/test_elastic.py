@@ -98,3 +98,26 @@ def test_a_scale_out_whose_new_learner_fails_is_rolled_back_to_the_old_size(
         if guardian.poll() is None:
             guardian.kill()
             guardian.wait()
+
+
+def test_a_request_that_comes_too_late_is_noted_not_applied(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    """Taken while PROCESSING, found by the guardian once the learners are STORING: the
+    job finishes on its size and the history says the request was not applied."""
+    from types import SimpleNamespace
+
+    from services.guardian.elastic import ElasticScaler
+
+    repo, etcd = stores["repo"], stores["etcd"]
+    job_id = running(stores, tmp_path, **ELASTIC)
+    request_scale(etcd, repo, job_id, 3, "late")
+    repo.transition(job_id, states.STORING, "storing")
+    guardian = SimpleNamespace(etcd=etcd, jobs=repo, job_id=job_id)
+    scaler = ElasticScaler(guardian)  # type: ignore[arg-type]
+    job, _ = scaler.apply(repo.get(job_id), None)  # type: ignore[arg-type]
+    assert job.status == states.STORING and job.resources["learners"] == 2
+    assert job.history[-1].message == "scale to 3 learners not applied: the job is STORING"
+    job, _ = scaler.apply(repo.get(job_id), None)  # type: ignore[arg-type]
+    assert job.history[-1].message == "scale to 3 learners not applied: the job is STORING"
+    assert len([h for h in job.history if "not applied" in h.message]) == 1  # applied once
