@@ -76,6 +76,18 @@ class Lifecycle(Protocol):
     def scale(self, job_id: str, learners: int, reason: str) -> str: ...
 
 
+class ScaleGangs(Protocol):
+    """The scheduler as a scale-out sees it: the learners added to a running elastic job
+    are a gang of their own, placed now under the job owner's quota, or refused."""
+
+    def place(self, job: JobRecord, gang_id: str, learners: int) -> list[str]:
+        """The nodes of the placed gang (one per learner), or errors.Conflict saying why
+        the scheduler cannot place it now; a refused gang is not left queued."""
+        ...
+
+    def release(self, gang_id: str) -> None: ...
+
+
 @dataclass
 class Created:
     job: JobRecord
@@ -123,6 +135,9 @@ class TrainerCore:
         self.on_deleted: Callable[[str], None] | None = None
         # Webhook registrations (services/events); None: this daemon offers no events.
         self.events: EventEndpoints | None = None
+        # The scheduler's side of a running elastic job's scale-out (None: no scheduler,
+        # the added learners run on the job's own nodes).
+        self.scale_gangs: ScaleGangs | None = None
 
     # -- submit ---------------------------------------------------------------------------
     def create(
@@ -379,11 +394,44 @@ class TrainerCore:
             raise errors.BadRequest(
                 f"learners={learners} is outside the job's elastic bounds [{lo}, {hi}]"
             )
-        if self.lifecycle is None or job.status not in states.ACTIVE_STATES:
+        if self.lifecycle is None or job.status in (states.QUEUED, states.HALTED):
+            # nothing runs: the next deploy starts this many
             resources = dict(job.resources, learners=learners)
             return self._wrap(lambda: self.jobs.update_fields(job_id, resources=resources))
-        self.lifecycle.scale(job_id, learners, "scaled by user")
+        if job.status not in (states.PROCESSING, states.RESCALING):
+            raise errors.Conflict(
+                f"job {job_id} is {job.status}: a running elastic job is scaled while it is "
+                "PROCESSING (a queued or halted one changes its size for its next deploy); "
+                f"wait until `rhizome show {job_id}` says PROCESSING and try again"
+            )
+        reason = f"scaled to {learners} learners by {as_principal(owner).user}"
+        current = int(job.resources["learners"])
+        if learners > current and self.scale_gangs is not None:
+            self._place_scale_gang(job, learners - current, learners)
+        self.lifecycle.scale(job_id, learners, reason)
         return self.get(owner, job_id)
+
+    def _place_scale_gang(self, job: JobRecord, added: int, target: int) -> None:
+        """The learners a scale-out adds, as a gang of their own: listed in the job's
+        record before the scheduler places it (the scheduler releases a gang its job does
+        not list), and the nodes written once it is placed; the guardian deploys onto them.
+        Raises errors.Conflict when the scheduler cannot place it now."""
+        assert self.scale_gangs is not None
+        from services.scheduler.api import scale_gang_id
+
+        gang = scale_gang_id(job.job_id, job.version)
+        field = f"placement.scale_gangs.{gang}"
+        entry = {"learners": added, "target": target, "state": "requested", "nodes": []}
+        if not job.placement:  # a field path cannot be created inside a null placement
+            self._wrap(lambda: self.jobs.update_fields(job.job_id, placement={}))
+        self._wrap(lambda: self.jobs.update_fields(job.job_id, **{field: entry}))
+        try:
+            nodes = self.scale_gangs.place(job, gang, added)
+        except errors.ApiError:
+            self._wrap(lambda: self.jobs.update_fields(job.job_id, **{field: None}))
+            raise
+        placed = {**entry, "nodes": nodes}
+        self._wrap(lambda: self.jobs.update_fields(job.job_id, **{field: placed}))
 
     def _control(
         self,

@@ -85,6 +85,14 @@ class Backend(abc.ABC):
     def stop_learners(self, job_id: str, grace_s: float) -> None:
         """SIGTERM-then-kill every running learner of the job (halt, delete, failure)."""
 
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        """SIGTERM-then-kill one learner (an elastic job's scale-in). A backend that
+        cannot stop one learner alone refuses, and the scale is rolled back."""
+        raise BackendError(
+            f"the {type(self).__name__} cannot stop one learner alone: scale this job in "
+            "by halting it, scaling it while halted and resuming it"
+        )
+
     @abc.abstractmethod
     def rollback(self, job_id: str, job_dir: str) -> None:
         """Remove everything a deploy created (idempotent); checkpoints and logs stay."""

@@ -690,21 +690,6 @@ _job_action(
 
 @cli.command()
 @job_id_argument
-@click.argument("learners", type=int)
-@json_option
-@click.pass_obj
-@handles_errors
-def scale(obj: Ctx, job_id: str, learners: int, as_json: bool) -> None:
-    """Scale an elastic job to LEARNERS learners."""
-    job = obj.client.scale_job(job_id, learners)
-    if as_json:
-        emit_json(to_dict(job))
-    else:
-        out.print(f"job {job.job_id} {status_name(job.status)}, {job.resources.learners} learners")
-
-
-@cli.command()
-@job_id_argument
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 @click.option("--learner", type=int, default=-1, help="Only this learner's lines.")
 @click.option("--search", default="", help="Only lines matching this full-text query.")
@@ -824,6 +809,7 @@ PLUGGED_COMMANDS = (
     ("services.client.tokens_cli", "token"),
     ("services.client.ffdl_cli", "download"),
     ("services.client.ffdl_cli", "events"),
+    ("services.client.scale_cli", "scale"),
 )
 
 

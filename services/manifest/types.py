@@ -157,6 +157,7 @@ class Manifest:
     resources: Resources
     priority: int
     max_learner_restarts: int
+    max_preemptions: int  # restarts after preemptions, counted apart from failures
     env: Mapping[str, str]
     data_stores: tuple[DataStore, ...]
     framework: Framework
@@ -229,6 +230,7 @@ class Manifest:
             max_learner_restarts=int(
                 doc.get("max_learner_restarts", schema_default("max_learner_restarts"))
             ),
+            max_preemptions=int(doc.get("max_preemptions", schema_default("max_preemptions"))),
             env={str(k): str(v) for k, v in (doc.get("env") or {}).items()},
             data_stores=tuple(
                 DataStore(

@@ -32,6 +32,7 @@ import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from requests.exceptions import RequestException
 
+from contract.env import ELASTIC_ETCD
 from contract.learner_spec import StorageAccess
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
 from services.backends.docker.spec import (
@@ -277,6 +278,8 @@ class DockerBackend(Backend):
             spec.env["CUDA_VISIBLE_DEVICES"] = inside
             if network != "host":
                 spec.etcd_url = reachable_url(spec.etcd_url, network)
+                if ELASTIC_ETCD in spec.env:  # an elastic job's rendezvous
+                    spec.env[ELASTIC_ETCD] = spec.etcd_url
                 spec.tds_address = reachable_url(spec.tds_address, network)
                 spec.env["MASTER_ADDR"] = container_name(job.job_id, 0, job.generation)
             spec_path = spec.learner_dir / "spec.json"
