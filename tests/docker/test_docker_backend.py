@@ -81,10 +81,8 @@ def containers(client: docker.DockerClient, job_id: str, all: bool = True) -> li
 
 
 def learner_log(platform: DockerPlatform, job_id: str, rank: int = 0) -> str:
-    path = platform.data_dir / "jobs" / job_id / "learners" / str(rank) / "stdout.log"
-    with contextlib.suppress(OSError):
-        return path.read_text()
-    return ""
+    """The learner's stdout: its containers' streams, as the job's collector shipped them."""
+    return platform.learner_output(job_id, rank)
 
 
 def step_of(platform: DockerPlatform, job_id: str, rank: int = 0) -> int:
