@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,8 +64,8 @@ from services.backends.local.backend import (
     learner_spec,
     prepare_job_dir,
     remove_deploy_files,
+    secrets_text,
     tail_logs,
-    write_secrets_file,
 )
 from services.images.build import LABEL_PREFIX, LEARNER_UID, engine_url, learner_tag
 from services.objectstore.api import (
@@ -273,9 +275,33 @@ class DockerBackend(Backend):
                 if path:
                     _chown_tree(Path(path), self.options.uid, self.options.gid)
 
+    def secrets_file(self, job_dir: str) -> Path:
+        """Where the job's data-store credentials are on the host: a tmpfs (`/dev/shm`, or
+        `RHIZOME_DOCKER_SECRETS_DIR`), so they never reach a disk; per data directory (a
+        hash of its jobs directory), then per job. The container sees the file read-only
+        at `<job_dir>/secrets/env`, where `RHIZOME_SECRETS` says it is."""
+        jobs = str(Path(job_dir).parent.resolve())
+        tag = hashlib.sha256(jobs.encode()).hexdigest()[:12]
+        base = Path(os.environ.get("RHIZOME_DOCKER_SECRETS_DIR") or "/dev/shm")
+        return base / f"rhizome-secrets-{tag}" / Path(job_dir).name / "env"
+
     def write_secrets(self, job: JobSpec) -> None:
-        owner = (self.options.uid, self.options.gid) if self.chown else None
-        write_secrets_file(job, owner=owner)
+        path = self.secrets_file(job.job_dir)
+        try:
+            path.parent.parent.mkdir(mode=0o700, exist_ok=True)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.chmod(0o600)  # a 0400 file of an earlier deploy
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets_text(job))
+            if self.chown:
+                os.chown(path, self.options.uid, self.options.gid)
+            path.chmod(0o400)
+        except OSError as exc:
+            raise BackendError(
+                f"job {job.job_id}: cannot write its secrets in {path}: {exc}"
+            ) from exc
 
     def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
         what = f"job {job.job_id}: starting learner {rank}"
@@ -312,7 +338,7 @@ class DockerBackend(Backend):
             spec.dump(spec_path)
             if self.chown:
                 _chown_tree(spec.learner_dir, self.options.uid, self.options.gid)
-            secrets = Path(job.job_dir) / "secrets" / "env"
+            secrets = self.secrets_file(job.job_dir)
             options = self.options
             if options.network != network:
                 options = dataclasses.replace(options, network=network)
@@ -324,7 +350,10 @@ class DockerBackend(Backend):
                 options,
                 image=self.image_for(job),
                 gpu_ids=host_gpus if job.gpus_per_learner > 0 else "",
-                secrets_file=str(secrets) if secrets.exists() else None,
+                secrets_file=str(Path(job.job_dir) / "secrets" / "env")
+                if secrets.exists()
+                else None,
+                secrets_source=str(secrets),
             )
             self._remove_leftover(client, kwargs["name"], job.job_id)
             try:
@@ -653,6 +682,7 @@ class DockerBackend(Backend):
             except ObjectStoreError as exc:
                 raise BackendError(f"job {job_id}: rollback: {exc}") from exc
         remove_deploy_files(job_dir)
+        shutil.rmtree(self.secrets_file(job_dir).parent, ignore_errors=True)
 
     def close(self) -> None:
         for watch in list(self._watches.values()):

@@ -125,6 +125,7 @@ def container_spec(
     image: str | None = None,
     gpu_ids: str = "",
     secrets_file: str | None = None,
+    secrets_source: str | None = None,
 ) -> dict[str, Any]:
     """`containers.create` arguments for learner `rank` of `job`."""
     learner_dir = str(Path(spec_path).parent)
@@ -137,7 +138,10 @@ def container_spec(
         *data_mounts(job, rank),
     ]
     if secrets_file:
-        mounts.append(Mount(secrets_file, secrets_file, type="bind", read_only=True))
+        # At the path the learner is told (`RHIZOME_SECRETS`), from where the backend
+        # keeps it on the host (a tmpfs: `DockerBackend.secrets_file`).
+        source = secrets_source or secrets_file
+        mounts.append(Mount(secrets_file, source, type="bind", read_only=True))
     tmpfs = {
         "/tmp": f"rw,nosuid,nodev,size={options.tmp_size},mode=1777",
         LEARNER_HOME: f"rw,nosuid,nodev,size=256m,uid={options.uid},gid={options.gid},mode=0700",
