@@ -4,7 +4,8 @@
    server and the daemon) in a temporary data directory on free ports;
 2. submits examples/mnist (a small CNN on scikit-learn's bundled digits);
 3. shows every status change and the learner's output as it trains (read from the
-   learner's log files in its job directory, so it works with or without log streaming);
+   learner's log files in its job directory, so it works with or without log streaming;
+   on the docker backend, where the output is the container's, from the TDS);
 4. shows the job COMPLETED with its final accuracy, then stops the platform.
 
 `--backend docker` (`make demo-docker`) runs the learner in a container instead: the
@@ -69,6 +70,29 @@ class LogTail:
                 print(f"    learner 0{stream} | {line}", flush=True)
 
 
+class TdsTail:
+    """Prints a learner's new lines from the TDS: on the docker backend the learner writes
+    to its container's streams, which the job's log collector ships there (no files)."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client, self.job_id = client, job_id
+        self.seen = 0
+        self.lines: list[str] = []
+
+    def poll(self) -> None:
+        from rhizome.v1 import tds_pb2
+
+        try:
+            got = list(self.client.logs(tds_pb2.LogsRequest(job_id=self.job_id, learner=0)))
+        except ClientError:
+            return  # the next poll tries again
+        for line in got[self.seen :]:
+            self.lines.append(line.line)
+            stream = "" if line.stream == "stdout" else f" ({line.stream})"
+            print(f"    learner 0{stream} | {line.line}", flush=True)
+        self.seen = max(self.seen, len(got))
+
+
 def run(data_dir: Path, backend: str) -> int:
     say(f"starting the embedded platform in {data_dir} (free ports, {backend} backend) ...")
     up = ["up", "--embedded", "--grpc-port", "0", "--rest-port", "0", "--backend", backend]
@@ -84,7 +108,11 @@ def run(data_dir: Path, backend: str) -> int:
         resp = client.create_job(manifest, code)
         job_id = resp.job_id
         say(f"submitted examples/mnist as job {job_id}")
-        tail = LogTail(data_dir / "jobs" / job_id / "learners" / "0")
+        tail: LogTail | TdsTail = (
+            TdsTail(client, job_id)
+            if backend == "docker"
+            else LogTail(data_dir / "jobs" / job_id / "learners" / "0")
+        )
         seen = ""
         started = time.monotonic()
         while time.monotonic() - started < TIMEOUT_S:

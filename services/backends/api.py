@@ -75,7 +75,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def start_helper(self, job: JobSpec) -> None:
-        """Per-job helper (FfDL's log collector / controller sidecar), if the backend needs one."""
+        """Per-job helper (FfDL's log collector / controller sidecar), if the backend needs
+        one. Idempotent: the guardian calls it again while it watches a deployed job (also
+        one it took over), so a helper that died is started again."""
+
+    def stop_helper(self, job_id: str, job_dir: str) -> None:  # noqa: B027 - optional hook
+        """Stop the per-job helper, letting it finish its work (the platform is shutting
+        down and the job stays; `rollback` stops it too)."""
 
     @abc.abstractmethod
     def learner_exited(self, handle: int) -> int | None:

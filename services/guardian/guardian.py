@@ -48,7 +48,7 @@ from contract.status import (
     ExitCode,
     LearnerStatus,
 )
-from services.backends.api import Backend, JobSpec
+from services.backends.api import Backend, BackendError, JobSpec
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
@@ -465,6 +465,12 @@ class Guardian:
                 return self.detach()
             if self.lease and self.lease.lost.is_set():
                 return EXIT_LEASE_LOST
+            try:
+                # The helper (docker: the log collector) of a job we took over, or one
+                # that died: started again; a no-op while it runs.
+                self.backend.start_helper(spec)
+            except BackendError as exc:
+                log.warning("job %s: the helper cannot start: %s", self.job_id, exc)
             action = self.control().get("action")
             if action == "halt":
                 return self.halt(spec)
@@ -672,4 +678,5 @@ class Guardian:
         """The platform is shutting down: learners save and stop, the job stays as it is,
         and the next guardian restarts them where they were."""
         self.backend.stop_learners(self.job_id, grace_s=self.config.learner_grace_s)
+        self.backend.stop_helper(self.job_id, self.job_dir)
         return EXIT_TERMINATED
