@@ -57,11 +57,16 @@ def check_servers() -> list[Check]:
 
 
 def check_modules() -> Check:
+    import importlib.util
+
     missing = []
+    # Found, not imported: importing torch alone takes seconds on a busy machine.
     for module in ("grpc", "torch", "rhizome.v1.trainer_pb2"):
         try:
-            __import__(module)
-        except ImportError:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             missing.append(module)
     if missing:
         return Check(
@@ -70,7 +75,9 @@ def check_modules() -> Check:
             f"cannot import {', '.join(missing)}",
             "run `make install` (rhizome.v1 is generated into gen/ from protos/)",
         )
-    return Check("python packages", "ok", "grpc, torch and the generated rhizome.v1 stubs import")
+    return Check(
+        "python packages", "ok", "grpc, torch and the generated rhizome.v1 stubs are installed"
+    )
 
 
 def check_data_dir(data_dir: Path) -> list[Check]:
