@@ -23,11 +23,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from services.client.options import (
+    Ctx,
+    add_global_options,
+    defaults_for,
+    global_options,
+    json_option,
+)
 from services.client.sdk import Client, ClientError, zip_directory
 from services.client.stages import print_stage_table, stage_rows
 from services.client.stages import stage_placement as stage_placement  # tests import it here
 from services.client.up_summary import print_up_summary
-from services.config import DEFAULT_API_ADDRESS, DEFAULT_DATA_DIR
+from services.config import DEFAULT_DATA_DIR
 from services.manifest import ManifestError, parse_manifest
 
 out = Console(highlight=False, soft_wrap=True)
@@ -55,60 +62,6 @@ def fmt_time(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts.seconds))
 
 
-class Ctx:
-    def __init__(
-        self,
-        api: str | None,
-        user: str | None,
-        data_dir: Path,
-        token: str | None = None,
-        tls_ca: Path | None = None,
-        plaintext: bool = False,
-    ) -> None:
-        self._api = api
-        self.user = user
-        self.data_dir = data_dir
-        self.token = token
-        self.tls_ca = tls_ca
-        self.plaintext = plaintext
-        self.json = False  # `rhizome --json CMD`: every command's --json
-        self._client: Client | None = None
-
-    def override(self, attr: str, value: Any) -> None:
-        """A global option given after the subcommand (`rhizome list --data-dir X`)."""
-        if attr == "data_dir":
-            value = Path(value).expanduser()
-        setattr(self, "_api" if attr == "api" else attr, value)
-        self._client = None  # the next call connects with what is set now
-
-    @property
-    def api(self) -> str:
-        if self._api:
-            return self._api
-        from services.embedded.platform import StaleStateError, read_state
-
-        try:
-            state = read_state(self.data_dir)
-        except StaleStateError as exc:
-            raise ClientError("FAILED_PRECONDITION", str(exc)) from None
-        if state and state.api_address:
-            return state.api_address
-        return DEFAULT_API_ADDRESS
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = Client(
-                self.api,
-                self.user,
-                token=self.token,
-                data_dir=self.data_dir,
-                tls=False if self.plaintext else None,
-                ca_file=self.tls_ca,
-            )
-        return self._client
-
-
 def handles_errors(fn: F) -> F:
     """One line on stderr and exit 1 for every expected failure; never a traceback."""
 
@@ -124,20 +77,6 @@ def handles_errors(fn: F) -> F:
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper  # type: ignore[return-value]
-
-
-def _json_default(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
-    obj = ctx.find_object(Ctx)
-    return value or bool(obj and obj.json)
-
-
-json_option = click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    callback=_json_default,
-    help="Print machine-readable JSON.",
-)
 
 
 def resolve_job_id(client: Client, given: str) -> str:
@@ -171,72 +110,8 @@ def _job_id_argument(ctx: click.Context, _param: click.Parameter, value: str) ->
 job_id_argument = click.argument("job_id", callback=_job_id_argument)
 
 
-# The options every command takes, before or after its name (`rhizome --data-dir X up` and
-# `rhizome up --data-dir X`): (Ctx attribute, click declarations, the group's settings).
-GLOBAL_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    (
-        "api",
-        ("--api",),
-        {
-            "envvar": "RHIZOME_API",
-            "metavar": "HOST:PORT",
-            "help": "Trainer API address (default: the embedded platform's, else 127.0.0.1:50051).",
-        },
-    ),
-    (
-        "token",
-        ("--token",),
-        {
-            "envvar": "RHIZOME_TOKEN",
-            "help": "API token (default: $RHIZOME_TOKEN, else the embedded platform's "
-            "<data dir>/admin.token).",
-        },
-    ),
-    (
-        "user",
-        ("--user",),
-        {
-            "envvar": "RHIZOME_USER",
-            "help": "User id sent when there is no token; only a daemon run with "
-            "--insecure-trust-user-header believes it (default: $USER).",
-        },
-    ),
-    (
-        "data_dir",
-        ("--data-dir",),
-        {
-            "type": click.Path(path_type=Path, file_okay=False),
-            "envvar": "RHIZOME_DATA_DIR",
-            "help": f"Embedded platform data directory (default: {DEFAULT_DATA_DIR}).",
-        },
-    ),
-    (
-        "tls_ca",
-        ("--tls-ca", "tls_ca"),
-        {
-            "type": click.Path(path_type=Path, dir_okay=False),
-            "envvar": "RHIZOME_TLS_CA",
-            "help": "Call the API over TLS trusting this CA certificate (default: the "
-            "embedded platform's <data dir>/tls/ca.pem when --api is that platform's).",
-        },
-    ),
-    (
-        "plaintext",
-        ("--insecure-plaintext", "plaintext"),
-        {"is_flag": True, "help": "Call the API without TLS (tokens travel in clear text)."},
-    ),
-    ("json", ("--json", "as_json"), {"is_flag": True, "help": "Print machine-readable JSON."}),
-]
-
-
-def _global_options(fn: F) -> F:
-    for _attr, decls, settings in reversed(GLOBAL_OPTIONS):
-        fn = click.option(*decls, default=None, **settings)(fn)
-    return fn
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@_global_options
+@global_options
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -255,58 +130,7 @@ def cli(
     ctx.obj.json = bool(as_json)
     # Commands of other parts (estimate, inject, image) read their own --json and
     # --data-dir; the group's reach them as defaults.
-    ctx.default_map = _defaults_for(cli, {"as_json": True} if as_json else {}, data_dir)
-
-
-def _defaults_for(
-    group: click.Group, flags: dict[str, Any], data_dir: Path | None
-) -> dict[str, Any]:
-    values = dict(flags)
-    if data_dir is not None:
-        values["data_dir"] = str(data_dir)
-    out: dict[str, Any] = {}
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            out[name] = _defaults_for(command, flags, data_dir)
-        else:
-            names = {p.name for p in command.params}
-            out[name] = {k: v for k, v in values.items() if k in names}
-    return out
-
-
-def _after_subcommand(attr: str) -> Callable[[click.Context, click.Parameter, Any], None]:
-    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
-        obj = ctx.find_object(Ctx)
-        if obj is not None and value not in (None, False):
-            obj.override(attr, value)
-
-    return callback
-
-
-def add_global_options(command: click.Command) -> None:
-    """Give `command` (and a group's subcommands) the global options it lacks, parsed
-    before its own (eager), so that a job id prefix is resolved against the platform
-    they name."""
-    if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            add_global_options(sub)
-        return
-    taken = {opt for p in command.params for opt in p.opts}
-    for attr, decls, settings in GLOBAL_OPTIONS:
-        flags = [d for d in decls if d.startswith("--")]
-        if taken & set(flags) or attr == "json":
-            continue  # the command's own option of that name (up's --tls-ca serves one)
-        kept = {k: v for k, v in settings.items() if k != "envvar"}  # the group reads env
-        command.params.append(
-            click.Option(
-                flags,
-                default=None,
-                expose_value=False,
-                is_eager=True,
-                callback=_after_subcommand(attr),
-                **kept,
-            )
-        )
+    ctx.default_map = defaults_for(cli, {"as_json": True} if as_json else {}, data_dir)
 
 
 # -- platform -------------------------------------------------------------------------------
@@ -847,46 +671,12 @@ def version(obj: Ctx, as_json: bool) -> None:
         )
 
 
-@cli.command()
-@json_option
-@click.pass_obj
-def doctor(obj: Ctx, as_json: bool) -> None:
-    """Check this machine for what the platform needs, and say what to fix."""
-    from services.client.doctor import run_checks
-
-    checks = run_checks(obj.data_dir)
-    failed = any(c.state == "fail" for c in checks)
-    if as_json:
-        emit_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})
-    else:
-        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
-        table = Table("check", "state", "detail", "fix")
-        for c in checks:
-            table.add_row(c.name, f"[{colour[c.state]}]{c.state}[/]", c.detail, c.fix)
-        out.print(table)
-        out.print("[red]fix the failures above[/red]" if failed else "[green]ready[/green]")
-    sys.exit(1 if failed else 0)
-
-
-SHELLS = ("bash", "zsh", "fish")
-
-
-@cli.command()
-@click.argument("shell", type=click.Choice(SHELLS))
-def completion(shell: str) -> None:
-    """Print the shell completion script for SHELL; e.g. in ~/.bashrc:
-    eval "$(rhizome completion bash)"."""
-    from click.shell_completion import get_completion_class
-
-    cls = get_completion_class(shell)
-    assert cls is not None  # every name in SHELLS is one of click's
-    click.echo(cls(cli, {}, "rhizome", "_RHIZOME_COMPLETE").source())
-
-
 # Commands whose code lives with the part they drive (the spot simulator, the preemption
 # injector, the image builder); plain click commands registered here so `rhizome` is the
 # one door.
 PLUGGED_COMMANDS = (
+    ("services.client.doctor", "doctor"),
+    ("services.client.doctor", "completion"),
     ("services.sim.cli", "estimate"),
     ("services.injector.cli", "inject"),
     ("services.images.cli", "image"),
@@ -895,7 +685,7 @@ PLUGGED_COMMANDS = (
 
 
 # Plugged commands that get the global options after their name: those that call the API.
-CALLS_THE_API = {"token"}
+CALLS_THE_API = {"token", "doctor"}
 
 
 def _plug_commands() -> None:

@@ -1,4 +1,5 @@
-"""`rhizome doctor`: checks what the platform needs on this machine and says what to fix.
+"""`rhizome doctor`: checks what the platform needs on this machine and says what to fix;
+and `rhizome completion SHELL`, the shell completion script (click's own).
 
 Each check answers ok, warn (a feature that needs it will not work) or fail (`rhizome up
 --embedded` cannot work); every answer other than ok carries the fix.
@@ -12,7 +13,11 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import click
+from rich.table import Table
+
 from contract.procs import venv_bin
+from services.client.options import Ctx, json_option
 
 MIN_FREE_DISK = 2 * 2**30  # etcd, the two databases, code archives and checkpoints
 
@@ -205,3 +210,41 @@ def run_checks(data_dir: Path) -> list[Check]:
         check_docker(),
         check_chromium(),
     ]
+
+
+@click.command(name="doctor")
+@json_option
+@click.pass_obj
+def doctor(obj: Ctx, as_json: bool) -> None:
+    """Check this machine for what the platform needs, and say what to fix."""
+    from services.client.cli import emit_json, out  # plugged into the CLI, which is loaded
+
+    checks = run_checks(obj.data_dir)
+    failed = any(c.state == "fail" for c in checks)
+    if as_json:
+        emit_json({"ok": not failed, "checks": [c.as_dict() for c in checks]})
+    else:
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        table = Table("check", "state", "detail", "fix")
+        for c in checks:
+            table.add_row(c.name, f"[{colour[c.state]}]{c.state}[/]", c.detail, c.fix)
+        out.print(table)
+        out.print("[red]fix the failures above[/red]" if failed else "[green]ready[/green]")
+    sys.exit(1 if failed else 0)
+
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+@click.command(name="completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script for SHELL; e.g. in ~/.bashrc:
+    eval "$(rhizome completion bash)"."""
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # every name in SHELLS is one of click's
+    root = ctx.find_root().command  # `rhizome` itself, with every command plugged in
+    click.echo(cls(root, {}, "rhizome", "_RHIZOME_COMPLETE").source())
