@@ -5,9 +5,9 @@
 2. submits examples/mnist (a small CNN on scikit-learn's bundled digits);
 3. shows every status change and the learner's output as it trains (read from the
    learner's log files in its job directory, so it works with or without log streaming);
-4. halts the job after its third epoch and resumes it: the learner starts again from the
-   checkpoint it saved through the SDK (examples/mnist checkpoints every epoch), so the
-   resumed run continues with epoch 4 instead of starting over;
+4. halts the job (30 epochs here) after its third epoch and resumes it: the learner
+   starts again from the checkpoint it saved through the SDK (examples/mnist checkpoints
+   every epoch), so the resumed run continues where it stopped instead of starting over;
 5. shows the job COMPLETED with its final accuracy, then stops the platform.
 
 `--backend docker` (`make demo-docker`) runs the learner in a container instead: the
@@ -37,6 +37,7 @@ from services.embedded.platform import load_state  # noqa: E402
 EXAMPLE = ROOT / "examples" / "mnist"
 TIMEOUT_S = 600
 HALT_AFTER_EPOCH = 3
+DEMO_EPOCHS = 30
 TERMINAL = {"COMPLETED", "FAILED", "DELETED", "HALTED"}
 
 
@@ -86,7 +87,11 @@ def run(data_dir: Path, backend: str) -> int:
     assert state is not None
     # The platform wrote an admin token into its data directory; the SDK reads it.
     with Client(state.api_address, data_dir=data_dir) as client:
+        # 30 epochs instead of 10 (about 1 s each): long enough that the halt lands
+        # while it trains, and the resume has epochs left to continue with.
         manifest = (EXAMPLE / "manifest.yml").read_text()
+        manifest = manifest.replace("--epochs 10", f"--epochs {DEMO_EPOCHS}")
+        assert f"--epochs {DEMO_EPOCHS}" in manifest, "examples/mnist/manifest.yml changed"
         code = zip_directory(EXAMPLE)
         resp = client.create_job(manifest, code)
         job_id = resp.job_id
