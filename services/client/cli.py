@@ -351,7 +351,7 @@ def train(
         err.print(f"packaging {code} ...")
     archive = zip_directory(code)
     if not as_json:
-        err.print(f"uploading {len(archive):,} bytes of code ({len(archive) / 2**20:.1f} MiB)")
+        err.print(f"uploading {len(archive) / 2**20:.1f} MiB of code ({len(archive):,} bytes)")
     resp = obj.client.create_job(text, archive, idempotency_key)
     if as_json:
         emit_json(to_dict(resp))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -80,7 +81,7 @@ def test_train_wait_shows_step_loss_and_eta(data_dir: Path, tmp_path: Path) -> N
     lines = [ln for ln in proc.stderr.splitlines() if "/8, loss" in ln]
     assert lines, f"no progress line in:\n{proc.stderr}"
     assert any("ETA" in ln for ln in lines), f"no ETA in:\n{proc.stderr}"
-    assert "bytes of code" in proc.stderr
+    assert re.search(r"uploading [0-9.]+ MiB of code \([0-9,]+ bytes\)", proc.stderr)
 
 
 def test_an_explicit_port_wins_over_the_remembered_one(data_dir: Path) -> None:
