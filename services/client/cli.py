@@ -30,7 +30,7 @@ from services.client.options import (
     global_options,
     json_option,
 )
-from services.client.sdk import Client, ClientError, zip_directory
+from services.client.sdk import UPLOAD_CHUNK, Client, ClientError, zip_directory
 from services.client.stages import print_stage_table, stage_rows
 from services.client.stages import stage_placement as stage_placement  # tests import it here
 from services.client.up_summary import print_up_summary
@@ -352,7 +352,13 @@ def train(
     archive = zip_directory(code)
     if not as_json:
         err.print(f"uploading {len(archive) / 2**20:.1f} MiB of code ({len(archive):,} bytes)")
-    resp = obj.client.create_job(text, archive, idempotency_key)
+    if as_json or len(archive) <= UPLOAD_CHUNK:
+        resp = obj.client.create_job(text, archive, idempotency_key)
+    else:
+        from services.client.upload_progress import upload_progress
+
+        with upload_progress(err, len(archive)) as report:
+            resp = obj.client.create_job(text, archive, idempotency_key, progress=report)
     if as_json:
         emit_json(to_dict(resp))
     else:
