@@ -40,6 +40,7 @@ from contract.procs import free_port
 class RhizomeEmulator(KubernetesEmulator):
     fail_next: list[int] = attrs.field(factory=list)
     gone_next: int = 0
+    gone_only: str = ""  # when set, only watches of this resource (plural) get the 410
     bindings: list[tuple[str, str]] = attrs.field(factory=list)  # (pod, node) bound
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000))
     closing: asyncio.Event = attrs.field(factory=asyncio.Event)
@@ -85,7 +86,8 @@ class RhizomeEmulator(KubernetesEmulator):
         )
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
-        if self.gone_next > 0:
+        plural = request.resource.plural if request.resource is not None else ""
+        if self.gone_next > 0 and self.gone_only in ("", plural):
             self.gone_next -= 1
             yield b""
             yield {
