@@ -214,7 +214,8 @@ def test_emulator_binder_loop_follows_pods_by_watch_and_relists_after_410(
     try:
         wait_for(sched.pod_watch.synced.is_set, "the pod watch's first list")
         first = make_job(tmp_path, learners=2)
-        deploy(cluster.backend(), first)
+        backend = cluster.backend()
+        deploy(backend, first)
         wait_for(
             lambda: all(p["spec"].get("nodeName") for p in cluster.objects("pods", first.job_id)),
             "the first gang bound",
@@ -222,10 +223,12 @@ def test_emulator_binder_loop_follows_pods_by_watch_and_relists_after_410(
         # Rounds read the watched view: no list per round, one list in all so far.
         assert sched.pod_watch.relists == 1 and sched.rounds >= 1
         # The API server restarts and the next watch is answered 410 Gone: listed again.
+        # (The backend's own pod watch must not take the 410 meant for the binder's.)
+        backend.close()
         emulator.km.gone_only = "pods"
         emulator.km.gone_next = 1
         emulator.restart()
-        wait_for(lambda: sched.pod_watch.gone >= 1, "the 410 answered by a relist")
+        wait_for(lambda: sched.pod_watch.gone >= 1, "the 410 answered by a relist", 60)
         second = make_job(tmp_path, learners=2)
         deploy(cluster.backend(), second)
         wait_for(
