@@ -13,9 +13,13 @@ the client-side and scheduler costs over HTTP on loopback, not a real cluster's 
    nodes are created in the emulator and the scheduler's Node watch lists and follows
    them; then gangs of 4, 16 and 32 learners (--sizes) are placed (BSA `pack`) and bound, median
    per gang. Compared with the `first-fit` policy on the same model in the same run.
+3. A binder round with P pods already in the cluster (--pods, bound, in other
+   namespaces): reading the list+watch view (what `GangScheduler.run` does) against
+   listing every pod for the round (what it did before), same emulator, same run.
+   Ratio: watched / listed round time.
 
     .venv/bin/python benchmarks/k8s_backend.py [--jobs 10] [--learners 4] [--nodes 1000]
-        [--sizes 4,16,32] [--reps 3]
+        [--sizes 4,16,32] [--reps 3] [--pods 300]
 """
 
 from __future__ import annotations
@@ -131,6 +135,40 @@ def bind_latency(
     return out
 
 
+def round_cost(
+    settings: KubeSettings, api: k8s.CoreV1Api, pods: int, reps: int
+) -> tuple[float, float]:
+    """Median seconds of a binder round over `pods` bound pods: (watched view, listed)."""
+    for i in range(pods):
+        api.create_namespaced_pod(
+            f"other-{i % 5}",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"p{i}", "namespace": f"other-{i % 5}"},
+                "spec": {"nodeName": f"n{i % 32:04d}", "containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Running"},
+            },
+            _preload_content=False,
+        )
+    sched = GangScheduler(settings).start()
+    sched.node_watch.synced.wait(30)
+    sched.pod_watch.synced.wait(30)
+    deadline = time.monotonic() + 30
+    while len(sched.pod_watch.pods()) < pods and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watched, listed = [], []
+    for _ in range(reps * 10):
+        start = time.perf_counter()
+        sched.schedule_once(sched.pod_watch.pods())
+        watched.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        sched.schedule_once()
+        listed.append(time.perf_counter() - start)
+    sched.close()
+    return statistics.median(watched), statistics.median(listed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10)
@@ -138,6 +176,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--sizes", default="4,16,32", help="gang sizes, comma-separated")
+    parser.add_argument("--pods", type=int, default=300, help="pods in the cluster (round cost)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rz-k8s-bench-"))
 
@@ -177,6 +216,20 @@ def main() -> None:
                 f"place + bind, median of {args.reps}): pack (BSA) {pack[size] * 1000:.1f} ms, "
                 f"first-fit {first[size] * 1000:.1f} ms, ratio {pack[size] / first[size]:.2f}"
             )
+    finally:
+        emu.stop()
+
+    emu = Emulator().start()
+    try:
+        add_nodes(emu, 32)
+        settings = KubeSettings(server=emu.url, namespace="bench")
+        api = k8s.CoreV1Api(k8s.ApiClient(_config(emu.url)))
+        watched, listed = round_cost(settings, api, args.pods, args.reps)
+        print(
+            f"binder round with {args.pods} pods in the cluster (median of {args.reps * 10}): "
+            f"watched view {watched * 1000:.2f} ms, listing every pod {listed * 1000:.2f} ms, "
+            f"ratio {watched / listed:.3f}"
+        )
     finally:
         emu.stop()
 

@@ -341,7 +341,8 @@ def _export_object_store(config: PlatformConfig) -> None:
     "--cluster-config",
     envvar="RHIZOME_CLUSTER_CONFIG",
     default="",
-    help="Cluster description for the scheduler (YAML).",
+    help="Cluster description for the scheduler (YAML) with the local and docker backends; "
+    "with --backend kubernetes the scheduler reads the cluster's Nodes instead (refused here).",
 )
 @click.option(
     "--quota-config",

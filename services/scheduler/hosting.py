@@ -23,20 +23,26 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 from services.hosting import DaemonContext, Hosted, jobs_repository
-from services.scheduler.api import PlacementStore, SchedState, SchedulerError, scale_gang_parent
-from services.scheduler.cluster import load_cluster_config
+from services.scheduler.api import (
+    ClusterConfigError,
+    PlacementStore,
+    SchedState,
+    SchedulerError,
+    scale_gang_parent,
+)
+from services.scheduler.cluster import Cluster
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
 from services.scheduler.requests import job_request
 from services.scheduler.scheduler import GangScheduler
 from services.scheduler.servicer import SchedulerServicer, placement_to_proto
+from services.scheduler.source import ClusterSource, cluster_source
 from services.store import states
 from services.store.errors import JobNotFound
 from services.store.jobs import JobsRepository
@@ -44,7 +50,6 @@ from services.store.mongo import database_name
 
 log = logging.getLogger("rhizome.scheduler")
 
-DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "cluster-local.yaml"
 PASS_INTERVAL_S = 0.2
 # Explanations are for people reading `rhizome show`: refreshed every second for the
 # jobs at the head of the queue, not rewritten for every queued job on every pass.
@@ -64,8 +69,11 @@ class SchedulingLoop:
         servicer: SchedulerServicer,
         jobs: JobsRepository,
         lcm_channel: grpc.Channel | None,
+        source: ClusterSource | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.source = source
+        self._nodes_version = -1  # the first pass takes the source's nodes as they are then
         self.lock = servicer._lock  # the servicer and the loop share one scheduler
         self.jobs = jobs
         self.lcm = lcm_pb2_grpc.LifecycleManagerStub(lcm_channel) if lcm_channel else None
@@ -116,6 +124,7 @@ class SchedulingLoop:
 
     def run_pass(self) -> None:
         now = time.monotonic()
+        self._follow_nodes()
         if now - self._synced_at >= RESYNC_INTERVAL_S:
             self._synced_at = now
             self._resync()
@@ -157,6 +166,33 @@ class SchedulingLoop:
         if now - self._released_at >= RELEASE_INTERVAL_S:
             self._released_at = now
             self._release_finished([p.job_id for p in placements])
+
+    def _follow_nodes(self) -> None:
+        """Rebuild the model when the cluster source's nodes changed (Kubernetes: a node
+        added, removed, cordoned, NotReady), so admission, the queue's reasons and
+        placement see the nodes the pods are bound to."""
+        if self.source is None or self.source.version() == self._nodes_version:
+            return
+        version = self.source.version()
+        nodes = self.source.nodes()
+        with self.lock:
+            try:
+                gone = self.scheduler.replace_nodes(nodes)
+            except ClusterConfigError as exc:
+                # No schedulable node at all (every one cordoned or NotReady): keep the
+                # last model, so queued jobs wait rather than fail as "never fits".
+                log.warning(
+                    "%s: %s; keeping the last %d nodes",
+                    self.source.describe(),
+                    exc,
+                    len(self.scheduler.cluster.nodes),
+                )
+                self._nodes_version = version
+                return
+        self._nodes_version = version
+        log.info("%s: %d schedulable nodes", self.source.describe(), len(nodes))
+        for job_id in gone:
+            log.info("job %s: its nodes left the cluster model", job_id)
 
     def _resync(self) -> None:
         """Bring the scheduler's queue in line with the QUEUED records: jobs the API's push
@@ -307,20 +343,41 @@ class LoopedSchedulerServicer(SchedulerServicer):
 
 
 def build(ctx: DaemonContext) -> Hosted:
-    """Host the Scheduler service and its loop over the jobs store."""
-    cluster = ctx.config.cluster_config or str(DEFAULT_CLUSTER)
+    """Host the Scheduler service and its loop over the jobs store, on the nodes of the
+    backend's cluster source (services/scheduler/source.py)."""
     uri = ctx.config.mongodb_uri
-    store = PlacementsOnlyStore(MongoPlacementStore.from_url(uri, database_name(uri)))
-    nodes = load_cluster_config(cluster)
-    quotas = (
-        load_quota_config(ctx.config.quota_config, nodes.gpu_types)
-        if ctx.config.quota_config
-        else None
-    )
-    scheduler = GangScheduler(nodes, quotas=quotas, store=store)
+    source = cluster_source(ctx.config)
+    loop_ref: list[SchedulingLoop] = []
+    source.start(lambda: loop_ref[0].wake.set() if loop_ref else None)
+    try:
+        nodes = source.nodes()
+        if not nodes:
+            raise ClusterConfigError(
+                f"{source.describe()}: no schedulable node (all cordoned, NotReady, tainted "
+                "or none registered); add or uncordon a node and start again"
+            )
+        cluster = Cluster(nodes)
+        store = PlacementsOnlyStore(MongoPlacementStore.from_url(uri, database_name(uri)))
+        quotas = (
+            load_quota_config(ctx.config.quota_config, cluster.gpu_types)
+            if ctx.config.quota_config
+            else None
+        )
+    except Exception:
+        source.close()
+        raise
+    scheduler = GangScheduler(cluster, quotas=quotas, store=store)
     servicer = LoopedSchedulerServicer(scheduler)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, ctx.server)
-    loop = SchedulingLoop(scheduler, servicer, jobs_repository(ctx), ctx.channel("lcm"))
+    loop = SchedulingLoop(
+        scheduler, servicer, jobs_repository(ctx), ctx.channel("lcm"), source=source
+    )
+    loop_ref.append(loop)
     servicer.loop = loop
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
-    return Hosted([name], loop.start, loop.stop)
+
+    def stop() -> None:
+        loop.stop()
+        source.close()
+
+    return Hosted([name], loop.start, stop)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from services.scheduler.api import (
     ScheduleResult,
     UnknownJob,
 )
-from services.scheduler.cluster import Cluster
+from services.scheduler.cluster import Cluster, Node
 from services.scheduler.placement import get_policy
 from services.scheduler.queue import JobQueue
 from services.scheduler.quota import QuotaClass, QuotaConfig, QuotaLedger
@@ -293,6 +293,27 @@ class GangScheduler:
         if self.store is not None:
             self.store.delete(job_id)
         return True
+
+    def replace_nodes(self, nodes: Sequence[Node]) -> list[str]:
+        """The cluster's nodes changed (a cluster source reported a node added, removed,
+        cordoned): rebuild the model and keep each placement whose nodes are still there.
+        Returns the placed jobs whose nodes left the model; they keep their records (the
+        backend reports their learners' fate) but hold nothing in it. Raises
+        ClusterConfigError, changing nothing, when no node is left."""
+        cluster = Cluster(nodes)
+        gone: list[str] = []
+        for rec in self.records.values():
+            if rec.placement is None:
+                continue
+            try:
+                idx = tuple(cluster.index[n] for n in rec.placement.learner_nodes)
+                cluster.allocate(rec.job, idx)
+            except (KeyError, OverCommitError):
+                gone.append(rec.job.job_id)
+                idx = ()
+            rec.learner_idx = idx
+        self.cluster = cluster
+        return gone
 
     # -- views -------------------------------------------------------------------------
 

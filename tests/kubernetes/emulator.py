@@ -40,6 +40,12 @@ from contract.procs import free_port
 class RhizomeEmulator(KubernetesEmulator):
     fail_next: list[int] = attrs.field(factory=list)
     gone_next: int = 0
+    gone_only: str = ""  # when set, only watches of this resource (plural) get the 410
+    # Graceful pod deletion as the real API server does it when a kubelet runs the pod: a
+    # DELETE of a bound pod with a grace period only sets deletionTimestamp; the kubelet
+    # (tests/kubernetes/kubelet.py) stops the containers, reports their end, and deletes
+    # with grace 0. Off by default: without a kubelet, nothing would ever finish it.
+    graceful_pods: bool = False
     bindings: list[tuple[str, str]] = attrs.field(factory=list)  # (pod, node) bound
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000))
     closing: asyncio.Event = attrs.field(factory=asyncio.Event)
@@ -56,6 +62,15 @@ class RhizomeEmulator(KubernetesEmulator):
                 "creationTimestamp",
                 datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             )
+        if (
+            self.graceful_pods
+            and request.resource is not None
+            and request.resource.plural == "pods"
+            and request.action == enums.action.DELETE
+            and request.name is not None
+            and not request.subresource
+        ):
+            return await self._delete_pod(request)
         if (
             request.resource is not None
             and request.resource.plural == "pods"
@@ -84,8 +99,37 @@ class RhizomeEmulator(KubernetesEmulator):
             {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}, status=201
         )
 
+    async def _delete_pod(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        assert request.resource is not None
+        key = (request.resource, request.namespace, str(request.name or ""))
+        body = request.data if isinstance(request.data, dict) else {}
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                raise KubernetesObjectNotFoundError()
+            pod = self._objects[key]
+            spec = pod.get("spec") or {}
+            given = request.params.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
+            grace = (
+                int(given)
+                if given is not None
+                else int(spec.get("terminationGracePeriodSeconds", 30))
+            )
+            if grace == 0 or not spec.get("nodeName"):
+                pod.delete()  # no kubelet runs it (or the kubelet is done): gone now
+                raw = pod.last.raw
+                await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+                return aiohttp.web.json_response(raw)
+            if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+                now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                pod.patch(
+                    {"metadata": {"deletionTimestamp": now, "deletionGracePeriodSeconds": grace}}
+                )
+                await self._buses[request.resource].put({"type": "MODIFIED", "object": pod.raw})
+            return aiohttp.web.json_response(pod.raw)
+
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
-        if self.gone_next > 0:
+        plural = request.resource.plural if request.resource is not None else ""
+        if self.gone_next > 0 and self.gone_only in ("", plural):
             self.gone_next -= 1
             yield b""
             yield {

@@ -74,6 +74,16 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "network-policy-off": {"networkPolicy": {"enabled": False}},
     "pdb-off": {"daemon": {"standby": True}, "podDisruptionBudget": {"enabled": False}},
     "service-lb": {"service": {"type": "LoadBalancer"}},
+    "ingress": {"ingress": {"enabled": True, "host": "rhizome.example.com"}},
+    "ingress-tls": {
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "host": "rhizome.example.com",
+            "annotations": {"nginx.ingress.kubernetes.io/proxy-body-size": "64m"},
+            "tls": {"secretName": "rhizome-public-tls"},
+        }
+    },
     "placement": {
         "nodeSelector": {"pool": "system"},
         "tolerations": [{"key": "system", "operator": "Exists", "effect": "NoSchedule"}],
@@ -143,6 +153,31 @@ def test_chart_tls_mounts_the_secret_and_passes_it_to_the_daemon() -> None:
     plain_daemon = plain["spec"]["template"]["spec"]["containers"][0]
     assert not any(a.startswith("--tls-") for a in plain_daemon["args"])
     assert "grpc" in plain_daemon["readinessProbe"]
+
+
+def test_chart_ingress_routes_rest_to_the_api_service_only_when_enabled() -> None:
+    assert find(render({}), "Ingress") == []
+    objects = render(OPTIONS["ingress-tls"])
+    (ingress,) = find(objects, "Ingress")
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == "nginx"
+    assert spec["tls"] == [{"hosts": ["rhizome.example.com"], "secretName": "rhizome-public-tls"}]
+    (rule,) = spec["rules"]
+    assert rule["host"] == "rhizome.example.com"
+    (path,) = rule["http"]["paths"]
+    api = next(s for s in find(objects, "Service") if s["metadata"]["name"] == "rz-rhizome")
+    assert path["backend"]["service"] == {"name": api["metadata"]["name"], "port": {"name": "rest"}}
+    assert "rest" in [p["name"] for p in api["spec"]["ports"]]
+    assert ingress["metadata"]["annotations"] == {
+        "nginx.ingress.kubernetes.io/proxy-body-size": "64m"
+    }
+    (plain,) = find(render(OPTIONS["ingress"]), "Ingress")
+    assert "tls" not in plain["spec"] and "ingressClassName" not in plain["spec"]
+
+
+def test_chart_ingress_without_a_host_says_what_is_required() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=r"ingress\.host is required"):
+        render({"ingress": {"enabled": True}})
 
 
 def test_chart_gives_learner_pods_the_internal_port_and_no_one_else() -> None:
@@ -223,6 +258,8 @@ def test_chart_daemon_runs_the_kubernetes_backend_in_the_jobs_namespace() -> Non
         ({"daemon": {"standbyy": True}}, "'standbyy' not allowed"),
         ({"scheduler": {"policy": "fastest"}}, "/scheduler/policy"),
         ({"service": {"grpcPort": 70000}}, "/service/grpcPort"),
+        ({"ingress": {"enabled": True, "host": "Not A Host"}}, "/ingress/host"),
+        ({"ingress": {"enabled": "yes"}}, "/ingress/enabled"),
     ],
 )
 def test_chart_bad_values_are_refused_naming_the_key(values: dict[str, Any], named: str) -> None:

@@ -200,6 +200,116 @@ def test_emulator_bound_pods_take_room_from_the_model(
     assert set(again).isdisjoint(placed)  # the first gang's node has 1 CPU left
 
 
+def test_emulator_binder_loop_follows_pods_by_watch_and_relists_after_410(
+    cluster: Cluster, emulator: Emulator, tmp_path: Path
+) -> None:
+    import threading
+
+    api = cluster.api()
+    api.create_node(node("n0", cpu="8", memory="16Gi"))
+    sched = GangScheduler(cluster.settings)
+    stop = threading.Event()
+    loop = threading.Thread(target=sched.run, args=(stop, 0.05), daemon=True)
+    loop.start()
+    try:
+        wait_for(sched.pod_watch.synced.is_set, "the pod watch's first list")
+        first = make_job(tmp_path, learners=2)
+        backend = cluster.backend()
+        deploy(backend, first)
+        wait_for(
+            lambda: all(p["spec"].get("nodeName") for p in cluster.objects("pods", first.job_id)),
+            "the first gang bound",
+        )
+        # Rounds read the watched view: no list per round, one list in all so far.
+        assert sched.pod_watch.relists == 1 and sched.rounds >= 1
+        # The API server restarts and the next watch is answered 410 Gone: listed again.
+        # (The backend's own pod watch must not take the 410 meant for the binder's.)
+        backend.close()
+        emulator.km.gone_only = "pods"
+        emulator.km.gone_next = 1
+        emulator.restart()
+        wait_for(lambda: sched.pod_watch.gone >= 1, "the 410 answered by a relist", 60)
+        second = make_job(tmp_path, learners=2)
+        deploy(cluster.backend(), second)
+        wait_for(
+            lambda: all(p["spec"].get("nodeName") for p in cluster.objects("pods", second.job_id)),
+            "the second gang bound after the relist",
+        )
+        assert len(emulator.km.bindings) == 4  # each pod bound once, none twice
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+        sched.close()
+
+
+def test_emulator_node_source_follows_node_changes_not_heartbeats(
+    cluster: Cluster, emulator: Emulator
+) -> None:
+    """The scheduler service's cluster source (services/scheduler/source.py) on
+    Kubernetes: the same node model as the binder, a new version per real change."""
+    from services.backends.kubernetes.cluster_source import KubernetesNodeSource
+
+    api = cluster.api()
+    api.create_node(node("n1", cpu="4", labels={"topology.kubernetes.io/zone": "z1"}))
+    changes: list[int] = []
+    source = KubernetesNodeSource(cluster.settings)
+    source.start(lambda: changes.append(source.version()))
+    try:
+        assert [(n.name, n.cpus, n.zone) for n in source.nodes()] == [("n1", 4.0, "z1")]
+        first = source.version()
+        api.create_node(node("n2", labels={"karpenter.sh/capacity-type": "spot"}))
+        wait_for(lambda: [n.name for n in source.nodes()] == ["n1", "n2"], "n2 added")
+        assert source.nodes()[1].labels["rhizome.io/spot"] == "true"
+        after_add = source.version()
+        assert after_add > first
+        # A kubelet heartbeat (a condition's time) changes nothing the model reads.
+        api.patch_node_status(
+            "n1",
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                        }
+                    ]
+                }
+            },
+        )
+        api.patch_node("n1", {"metadata": {"annotations": {"seen": "yes"}}})
+        wait_for(
+            lambda: any(
+                (o["metadata"].get("annotations") or {}).get("seen")
+                for o in cluster.objects("nodes")
+            ),
+            "the annotation stored",
+        )
+        api.patch_node("n2", {"spec": {"unschedulable": True}})
+        wait_for(lambda: [n.name for n in source.nodes()] == ["n1"], "n2 cordoned")
+        assert source.version() == after_add + 1  # the heartbeat and annotation: no change
+        api.delete_node("n1")
+        wait_for(lambda: source.nodes() == [], "n1 removed")
+        assert changes and changes[-1] == source.version()
+    finally:
+        source.close()
+
+
+def test_emulator_node_source_unreachable_server_says_what_to_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from contract.procs import free_port
+    from services.backends.kubernetes import cluster_source
+    from services.backends.kubernetes.api import KubeSettings
+    from services.scheduler.api import ClusterConfigError
+
+    monkeypatch.setattr(cluster_source, "FIRST_LIST_TIMEOUT_S", 1.0)
+    settings = KubeSettings(server=f"http://127.0.0.1:{free_port()}", backoff_s=0.01)
+    source = cluster_source.KubernetesNodeSource(settings)
+    with pytest.raises(ClusterConfigError, match="could not list the cluster's Nodes"):
+        source.start(lambda: None)
+
+
 def test_scheduler_command_with_bad_input_prints_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

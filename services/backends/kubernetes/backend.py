@@ -53,6 +53,9 @@ from services.backends.local.backend import remove_deploy_files, tail_logs
 from services.images.build import learner_tag
 
 log = logging.getLogger(__name__)
+# How long `exit_note` waits for a learner's pod to end, so that the kubelet's reason
+# (OOMKilled) is known when the guardian writes the failure.
+EXIT_NOTE_WAIT_S = 5.0
 
 
 class KubernetesBackend(Backend):
@@ -248,23 +251,26 @@ class KubernetesBackend(Backend):
         stuck = self._stuck.get((job_id, rank))
         if stuck:
             return stuck
-        states = [s for s in self.watch(job_id).states() if s.rank == rank]
-        if not states:
+        last = self._last_pod(job_id, rank)
+        deadline = time.monotonic() + EXIT_NOTE_WAIT_S
+        # The controller records its learner's failure just before its container ends: the
+        # kubelet's reason for that end (OOMKilled) may be a moment behind. Wait for it.
+        while last is not None and last.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+            last = self._last_pod(job_id, rank)
+        if last is None:
             return ""
-        last = max(states, key=lambda s: (s.generation, s.restart))
         if last.reason == "OOMKilled":
-            limit = ""
-            with contextlib.suppress(Exception):
-                pod = json_body(
-                    self.core.read_namespaced_pod(last.name, self.namespace, _preload_content=False)
-                )
-                mem = pod["spec"]["containers"][0]["resources"]["limits"]["memory"]
-                limit = f" of {mem}"
+            limit = f" of {last.memory_limit}" if last.memory_limit else ""
             return f"out of memory: the learner's pod hit its memory limit{limit} (OOM kill)"
         if last.node_lost:
             node = f" {last.node}" if last.node else ""
             return f"its node{node} was lost ({last.reason or 'DisruptionTarget'})"
         return ""
+
+    def _last_pod(self, job_id: str, rank: int) -> PodState | None:
+        states = [s for s in self.watch(job_id).states() if s.rank == rank]
+        return max(states, key=lambda s: (s.generation, s.restart)) if states else None
 
     def running(self, job_id: str) -> list[int]:
         return [handle_of(str(p["metadata"]["name"])) for p in self._live_pods(job_id)]

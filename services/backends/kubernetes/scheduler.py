@@ -72,6 +72,9 @@ SPOT_MARKERS: Mapping[str, frozenset[str]] = {
 # Taints our learner pods tolerate (spec.py): GPU nodes' own.
 TOLERATED_TAINTS = frozenset({GPU_RESOURCE})
 _MB = 1024 * 1024
+# A round runs at least this often without a watch event (a gang waiting for resources
+# that other pods' ends free is woken by their events anyway; this is a safety net).
+RESYNC_S = 5.0
 
 
 def _quantity(value: Any) -> float:
@@ -158,6 +161,46 @@ class NodeWatch(ListWatch):
             return sorted((n for n in self._nodes.values() if n is not None), key=lambda n: n.name)
 
 
+class AllPodsWatch(ListWatch):
+    """Every pod of the cluster (namespace/name -> the object): the gangs waiting for us
+    and what bound pods take from their nodes. List+watch like the nodes, so a round reads
+    this view instead of listing every pod again."""
+
+    def __init__(self, core: k8s.CoreV1Api, calls: Calls) -> None:
+        super().__init__(calls, "scheduler: pods", core.list_pod_for_all_namespaces)
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+
+    @staticmethod
+    def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+    def replace_all(self, items: list[dict[str, Any]]) -> None:
+        found = {self._key(o): o for o in items}
+        with self._lock:
+            self._pods = found
+
+    def apply_object(self, kind: str, obj: dict[str, Any]) -> None:
+        with self._lock:
+            if kind == "DELETED":
+                self._pods.pop(self._key(obj), None)
+            else:
+                self._pods[self._key(obj)] = obj
+
+    def bound(self, namespace: str, name: str, node: str) -> None:
+        """A binding this process made, before the watch reports it, so the next round
+        neither binds the pod again nor forgets what it takes from the node."""
+        with self._lock:
+            pod = self._pods.get((namespace, name))
+            if pod is not None and not (pod.get("spec") or {}).get("nodeName"):
+                self._pods[(namespace, name)] = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+
+    def pods(self) -> list[dict[str, Any]]:
+        """A copy of each pod's top level and spec: a round may book nodes on its copy."""
+        with self._lock:
+            return [{**p, "spec": dict(p.get("spec") or {})} for p in self._pods.values()]
+
+
 def _live(pod: Mapping[str, Any]) -> bool:
     meta = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase") or "Pending"
@@ -180,14 +223,18 @@ class GangScheduler(PodBinder):
         self.policy = get_policy(policy)
         self.rng = np.random.default_rng(seed)
         self.node_watch = NodeWatch(self.core, self.calls)
+        self.pod_watch = AllPodsWatch(self.core, self.calls)
+        self.rounds = 0  # rounds `run` made (each reads the watched pods, lists none)
         self._explained: dict[str, str] = {}  # job -> the reason last written on its pods
 
     def start(self) -> GangScheduler:
         self.node_watch.start()
+        self.pod_watch.start()
         return self
 
     def close(self) -> None:
         self.node_watch.stop()
+        self.pod_watch.stop()
 
     # -- the model ---------------------------------------------------------------------
     def model(self, pods: list[dict[str, Any]]) -> Cluster:
@@ -205,6 +252,7 @@ class GangScheduler(PodBinder):
         return cluster
 
     def _pods(self) -> list[dict[str, Any]]:
+        """One list of every pod: a round asked for outside the watch loop."""
         body = json_body(
             self.calls.call(
                 "scheduler: listing pods",
@@ -320,6 +368,7 @@ class GangScheduler(PodBinder):
                     "of the gang already bound were deleted"
                 ) from exc
             bound.append(pod)
+            self.pod_watch.bound(namespace, pod, node)
 
     def _explain_on_pods(
         self, namespace: str, job_id: str, pods: list[dict[str, Any]], why: str
@@ -347,9 +396,10 @@ class GangScheduler(PodBinder):
             except ApiException as exc:
                 log.info("could not explain pod %s: %s", pod["metadata"]["name"], exc)
 
-    def schedule_once(self) -> dict[str, str]:
-        """Place and bind every complete gang waiting now; job -> node list or reason."""
-        pods = self._pods()
+    def schedule_once(self, pods: list[dict[str, Any]] | None = None) -> dict[str, str]:
+        """Place and bind every complete gang waiting now; job -> node list or reason.
+        `pods`: the watched view (`run`); None lists them once (a round outside the loop)."""
+        pods = self._pods() if pods is None else pods
         outcome: dict[str, str] = {}
         cluster = self.model(pods)
         for job_id, members in sorted(self.gangs(pods).items()):
@@ -374,15 +424,27 @@ class GangScheduler(PodBinder):
         return outcome
 
     def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
-        """Schedule until `stop`: the node watch keeps the model fresh in between."""
+        """Schedule until `stop`. A round runs when the pod or node watch reports a change
+        (a new pod, a binding, a node cordoned), at most every `interval_s`, and at least
+        every RESYNC_S (a gang that waits for resources others free)."""
         self.start()
         self.node_watch.synced.wait(timeout=30)
+        self.pod_watch.synced.wait(timeout=30)
+        last = 0.0
         while not stop.is_set():
+            self.pod_watch.changed.clear()
+            self.node_watch.changed.clear()
             try:
-                self.schedule_once()
+                self.rounds += 1
+                self.schedule_once(self.pod_watch.pods())
             except Exception as exc:  # the API server went away: keep trying
                 log.warning("scheduler round failed: %s", exc)
+            last = time.monotonic()
             stop.wait(interval_s)
+            while not stop.is_set() and time.monotonic() - last < RESYNC_S:
+                if self.pod_watch.changed.is_set() or self.node_watch.changed.is_set():
+                    break
+                stop.wait(min(interval_s, 0.1))
 
 
 def main(argv: list[str] | None = None) -> int:

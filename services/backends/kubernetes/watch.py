@@ -63,6 +63,7 @@ class PodState:
     terminating: bool = False
     node_lost: bool = False
     seen_at: float = 0.0  # monotonic time this process first saw it
+    memory_limit: str = ""  # the container's, for an OOM kill's note (the pod may be gone)
 
     @property
     def running(self) -> bool:
@@ -96,6 +97,11 @@ class PodState:
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                     reason = str(cond.get("reason") or "Unschedulable")
                     message = str(cond.get("message") or "")
+        memory_limit = ""
+        for container in spec.get("containers") or []:
+            if container.get("name") == CONTAINER:
+                limits = (container.get("resources") or {}).get("limits") or {}
+                memory_limit = str(limits.get("memory") or "")
         disrupted = any(
             c.get("type") == "DisruptionTarget" and c.get("status") == "True"
             for c in status.get("conditions") or []
@@ -114,6 +120,7 @@ class PodState:
             terminating=bool(meta.get("deletionTimestamp")),
             node_lost=disrupted or str(status.get("reason") or "") in NODE_LOSS_REASONS,
             seen_at=seen_at,
+            memory_limit=memory_limit,
         )
 
 
