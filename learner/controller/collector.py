@@ -58,7 +58,7 @@ import grpc
 import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
-from contract.credentials import with_bearer
+from contract.credentials import internal_channel, tls_channel_credentials, with_bearer
 from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
 from learner.controller.metric_sources.tail import LineTailer
@@ -139,6 +139,7 @@ class Collector:
         verify_interval_s: float = 5.0,
         max_rewinds: int = 3,
         token: str = "",
+        tls: Mapping[str, str] | None = None,
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
     ) -> None:
         if not job_id:
@@ -179,8 +180,11 @@ class Collector:
         self._last_verify = time.monotonic()
         # The job token (LearnerSpec.tds_token) goes on every call: the TDS's internal port
         # refuses calls without a credential, and confines this one to its own job.
-        self._raw_channel = grpc.insecure_channel(
+        # With `tls` (LearnerSpec.tds_tls) the channel is mutual TLS: the internal port of a
+        # TLS platform admits only certificates of its CA.
+        self._raw_channel = internal_channel(
             tds_address,
+            tls_channel_credentials(tls) if tls else None,
             options=[
                 # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
                 ("grpc.initial_reconnect_backoff_ms", 100),

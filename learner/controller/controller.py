@@ -295,6 +295,7 @@ class Controller:
                 self.spec.tds_address,
                 metric_sources=self.spec.metric_sources,
                 token=self.spec.tds_token,
+                tls=self.spec.tds_tls,
             )
             collector.start()
             return collector
