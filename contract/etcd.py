@@ -620,6 +620,12 @@ def etcd_argv(data_dir: Path, port: int, peer_port: int, binary: str | None = No
     ]
 
 
+def _auth(raw: Any) -> dict[str, Any]:
+    """The caller's etcd token for a raw stub call (the library adds it only to its own
+    methods); nothing before authentication is enabled."""
+    return {"metadata": raw.metadata, "credentials": raw.call_credentials}
+
+
 def grant_prefix(raw: Any, role: str, prefix: str, timeout_s: float = 5.0) -> None:
     """Create `role` (if missing) with read-write on every key under `prefix`."""
     from pyetcd import etcdrpc
@@ -627,14 +633,14 @@ def grant_prefix(raw: Any, role: str, prefix: str, timeout_s: float = 5.0) -> No
     from pyetcd.utils import prefix_range_end
 
     with contextlib.suppress(grpc.RpcError):  # it exists already
-        raw.authstub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role), timeout_s)
+        raw.authstub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role), timeout_s, **_auth(raw))
     permission = auth_pb2.Permission(
         permType=auth_pb2.Permission.READWRITE,
         key=prefix.encode(),
         range_end=prefix_range_end(prefix.encode()),
     )
     raw.authstub.RoleGrantPermission(
-        etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), timeout_s
+        etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), timeout_s, **_auth(raw)
     )
 
 
@@ -646,6 +652,7 @@ def add_user(raw: Any, credentials: EtcdCredentials, role: str, timeout_s: float
         raw.authstub.UserAdd(
             etcdrpc.AuthUserAddRequest(name=credentials.user, password=credentials.password),
             timeout_s,
+            **_auth(raw),
         )
     except grpc.RpcError:  # it exists: make its password the one we hold
         raw.authstub.UserChangePassword(
@@ -653,9 +660,10 @@ def add_user(raw: Any, credentials: EtcdCredentials, role: str, timeout_s: float
                 name=credentials.user, password=credentials.password
             ),
             timeout_s,
+            **_auth(raw),
         )
     raw.authstub.UserGrantRole(
-        etcdrpc.AuthUserGrantRoleRequest(user=credentials.user, role=role), timeout_s
+        etcdrpc.AuthUserGrantRoleRequest(user=credentials.user, role=role), timeout_s, **_auth(raw)
     )
 
 
@@ -682,6 +690,55 @@ def enable_auth(
             grant_prefix(raw, platform.user, prefix, timeout_s)
             add_user(raw, platform, platform.user, timeout_s)
             raw.authstub.AuthEnable(etcdrpc.AuthEnableRequest(), timeout_s)
+    finally:
+        client.close()
+
+
+def job_etcd_user(job_id: str) -> str:
+    """The etcd user (and role) of `job_id`'s learners."""
+    return f"rhizome-job-{job_id}"
+
+
+def add_job_user(
+    url: str, root: EtcdCredentials, job_id: str, timeout_s: float = 5.0
+) -> EtcdCredentials:
+    """A new etcd user for `job_id`'s learners, with a fresh random password, whose role
+    reads and writes only under the job's own prefix (`etcd_keys.job_prefix`: its status,
+    control, runtime and elastic keys all live there). Creating users takes etcd's root
+    user. Called again for the same job, it sets a new password (a redeploy)."""
+    import secrets
+
+    from contract import etcd_keys
+
+    user = job_etcd_user(job_id)
+    credentials = EtcdCredentials(user, secrets.token_urlsafe(24))
+    client = EtcdClient(url, timeout_s, credentials=root)
+    try:
+        with client._errors(f"add etcd user {user}"):
+            grant_prefix(client.raw, user, etcd_keys.job_prefix(job_id), timeout_s)
+            add_user(client.raw, credentials, user, timeout_s)
+    finally:
+        client.close()
+    return credentials
+
+
+def remove_job_user(url: str, root: EtcdCredentials, job_id: str, timeout_s: float = 5.0) -> None:
+    """Delete `job_id`'s etcd user and role (when the job ends for good); nothing to do
+    when they are gone already."""
+    from pyetcd import etcdrpc
+
+    user = job_etcd_user(job_id)
+    client = EtcdClient(url, timeout_s, credentials=root)
+    try:
+        with client._errors(f"remove etcd user {user}"):
+            with contextlib.suppress(grpc.RpcError):  # not found: removed before
+                client.raw.authstub.UserDelete(
+                    etcdrpc.AuthUserDeleteRequest(name=user), timeout_s, **_auth(client.raw)
+                )
+            with contextlib.suppress(grpc.RpcError):
+                client.raw.authstub.RoleDelete(
+                    etcdrpc.AuthRoleDeleteRequest(role=user), timeout_s, **_auth(client.raw)
+                )
     finally:
         client.close()
 

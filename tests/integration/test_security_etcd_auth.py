@@ -116,3 +116,28 @@ def test_an_expired_auth_token_is_renewed_and_the_call_retried(tmp_path: Path) -
         client.close()
     finally:
         server.stop()
+
+
+def test_a_job_user_reaches_its_own_jobs_keys_only_and_is_removed(etcd_with_auth: str) -> None:
+    from contract.etcd import add_job_user, remove_job_user
+
+    mine = add_job_user(etcd_with_auth, ROOT, "job-a")
+    add_job_user(etcd_with_auth, ROOT, "job-b")
+    client = EtcdClient.connect(etcd_with_auth, credentials=mine)
+    try:
+        status = etcd_keys.learner_status("job-a", 0)
+        client.put(status, {"status": "PROCESSING"})
+        assert client.get(status) is not None
+        # Another job's keys, the platform's own keys: refused, read and write.
+        with pytest.raises(EtcdAuthError):
+            client.get(etcd_keys.learner_status("job-b", 0))
+        with pytest.raises(EtcdAuthError):
+            client.put(etcd_keys.control("job-b"), {"action": "halt"})
+        with pytest.raises(EtcdAuthError):
+            client.get(etcd_keys.leader("lcm"))
+    finally:
+        client.close()
+    remove_job_user(etcd_with_auth, ROOT, "job-a")
+    remove_job_user(etcd_with_auth, ROOT, "job-a")  # again: nothing to do
+    with pytest.raises(EtcdAuthError, match="refused user 'rhizome-job-job-a'"):
+        EtcdClient(etcd_with_auth, credentials=mine)
