@@ -23,8 +23,10 @@ from contract.credentials import internal_channel, tls_channel_credentials, with
 from services.client.sdk import Client
 from services.daemon import INTERNAL_PORT_FILE
 from services.embedded.platform import TlsChoice, load_state
+from services.embedded.process import ManagedServer
 from services.security.tls import (
     ensure_client_certificate,
+    ensure_client_certificate_in,
     ensure_local_certificates,
     internal_channel_credentials,
 )
@@ -130,3 +132,65 @@ def test_plaintext_up_keeps_a_plaintext_internal_port() -> None:
     assert TlsChoice(plaintext=True).daemon_args() == []
     served = TlsChoice(cert="/c.pem", key="/c.key", internal_dir="/data/tls").daemon_args()
     assert "--internal-tls-dir=/data/tls" in served
+
+
+def test_daemons_reach_each_others_internal_port_over_mutual_tls(
+    mongo_server: ManagedServer, es_server: ManagedServer, tmp_path: Path
+) -> None:
+    """The API in one daemon, the TDS in another, sharing the CA directory and the secret:
+    the API's log reads cross the wire to the TDS's mutual-TLS port with the API daemon's
+    certificate; a daemon with the right secret but another CA is refused there."""
+    from contract.procs import free_port
+    from services.client.sdk import ClientError
+    from services.config import PlatformConfig
+    from services.daemon import Daemon
+    from tests.integration.conftest import token_client
+
+    uri = mongo_server.url.replace("/?", "/mtls_peers?")
+    secret = tmp_path / "shared.secret"
+
+    def daemon(name: str, services: tuple[str, ...], ca_dir: Path, **extra: object) -> Daemon:
+        (tmp_path / name).mkdir()
+        d = Daemon(
+            PlatformConfig(
+                data_dir=tmp_path / name,
+                mongodb_uri=uri,
+                elasticsearch_url=es_server.url,
+                services=services,
+                grpc_address=f"127.0.0.1:{free_port()}",
+                rest_address=f"127.0.0.1:{free_port()}",
+                internal_secret_file=str(secret),
+                internal_tls_dir=str(ca_dir),
+                **extra,  # type: ignore[arg-type]
+            )
+        )
+        d.start()
+        return d
+
+    tds = daemon("tds", ("tds",), tmp_path / "ca")
+    started = [tds]
+    try:
+        peer = {"tds": tds.config.internal_address}
+        api = daemon("api", ("api",), tmp_path / "ca", peers=peer)
+        started.append(api)
+        stranger = daemon("stranger", ("api",), tmp_path / "other-ca", peers=peer)
+        started.append(stranger)
+        with token_client(api, "mtls-admin", role="admin") as rz:
+            job_id = rz.create_job("name: peer\nframework: {command: 'true'}\n").job_id
+            line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="hi")
+            mine = internal_channel_credentials(ensure_client_certificate_in(tmp_path / "ca"))
+            with with_bearer(
+                internal_channel(tds.config.internal_address, mine),
+                tds.credentials.service_token(),
+            ) as channel:
+                stub = tds_pb2_grpc.TrainingDataStub(channel)
+                stub.AddLogLines(tds_pb2.AddLogLinesRequest(lines=[line]), timeout=10)
+            request = tds_pb2.LogsRequest(job_id=job_id, learner=-1)
+            assert [ln.line for ln in rz.logs(request)] == ["hi"]
+        with token_client(stranger, "mtls-admin", role="admin") as rz:
+            with pytest.raises(ClientError) as info:
+                list(rz.logs(request))
+            assert info.value.code == "UNAVAILABLE"
+    finally:
+        for d in reversed(started):
+            d.stop()
