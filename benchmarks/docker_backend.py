@@ -13,10 +13,20 @@
    and each learner fetches it with job-scoped STS credentials the backend issues; the
    ratio docker+s3 / docker says what the object store costs a deploy.
 3. Training throughput: the same CPU script as `overhead.py` (a small CNN, one thread,
-   400 steps; it times its own loop) bare and as a docker-backend job (cpus: 1),
-   alternately; ratio of medians. Goal ≥ 0.98.
+   400 steps; it times its own loop), in rounds; each round runs, in a rotating order,
+   - bare: `taskset -c CORE python -c TRAIN`;
+   - container: the learner container exactly as the backend creates it
+     (`services.backends.docker.spec.container_spec` for a job with `cpus: 1`,
+     `memory: 2Gb`: read-only, non-root, capabilities dropped, seccomp, the mounts,
+     `nano_cpus`), plus `cpuset_cpus=CORE`, running the same script;
+   - container without the CPU quota (no `nano_cpus`): tells quota throttling apart;
+   - job: a docker-backend job (`cpus: 1`) through the platform, controller included
+     (not pinned: the backend has no cpuset setting).
+   Figures: the per-round ratio to the same round's bare run (runs next to each other
+   share the machine's load of the moment), median and spread (min-max) over the
+   rounds. Goal ≥ 0.98.
 
-    .venv/bin/python benchmarks/docker_backend.py [--jobs 5] [--reps 3]
+    .venv/bin/python benchmarks/docker_backend.py [--jobs 5] [--rounds 7] [--core N]
 
 Uses DOCKER_HOST's engine, else starts its own dockerd under /tmp (stopped at the end).
 """
@@ -33,13 +43,15 @@ import sys
 import tempfile
 import time
 import zipfile
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from _platform import ROOT  # noqa: F401  (puts the repository on sys.path)
 from overhead import TRAIN
 
 from contract.procs import free_port
-from services.backends.docker.spec import ContainerOptions
+from services.backends.docker.spec import ContainerOptions, container_spec
 from services.client.sdk import Client
 from services.embedded.docker_engine import DockerEngine
 from services.embedded.platform import DaemonServer
@@ -49,6 +61,7 @@ from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 
 FIRST_STEP = 'echo "first_step $(date +%s.%N)"'
+ARMS = ("bare", "container", "container, no quota", "job")
 
 
 def manifest(name: str, command: str, cpus: float = 1) -> str:
@@ -143,13 +156,18 @@ def wait_end(repo: JobsRepository, job_id: str, timeout_s: float = 300) -> None:
     raise SystemExit(f"job {job_id} did not end in {timeout_s}s")
 
 
+# A docker-backend learner's output goes to its container's streams (shipped to the TDS,
+# which these daemons do not run), so the commands also keep it in the job directory.
+KEEP = ' | tee -a "$RHIZOME_JOB_DIR/out.txt"'
+
+
 def stdout_of(daemon: Daemon, job_id: str) -> str:
-    return (daemon.data_dir / "jobs" / job_id / "learners" / "0" / "stdout.log").read_text()
+    return (daemon.data_dir / "jobs" / job_id / "out.txt").read_text()
 
 
 def latency(daemon: Daemon, client: Client, repo: JobsRepository) -> tuple[float, float]:
     t0 = time.time()
-    job_id = client.create_job(manifest("latency", FIRST_STEP), code({"x": ""})).job_id
+    job_id = client.create_job(manifest("latency", FIRST_STEP + KEEP), code({"x": ""})).job_id
     wait_end(repo, job_id)
     history = {h.status: h.time for h in reversed(repo.get(job_id).history)}
     first = float(re.search(r"first_step ([\d.]+)", stdout_of(daemon, job_id)).group(1))  # type: ignore[union-attr]
@@ -160,9 +178,57 @@ def throughput_of(text: str) -> float:
     return float(re.search(r"throughput=([\d.]+)", text).group(1))  # type: ignore[union-attr]
 
 
-def bare_throughput() -> float:
-    out = subprocess.run([sys.executable, "-c", TRAIN], capture_output=True, text=True, check=True)
+def bare_throughput(core: int) -> float:
+    out = subprocess.run(
+        ["taskset", "-c", str(core), sys.executable, "-c", TRAIN],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return throughput_of(out.stdout)
+
+
+def learner_container_kwargs(image: str, scratch: Path, core: int, quota: bool) -> dict[str, Any]:
+    """The backend's own container arguments for a `cpus: 1`, `memory: 2Gb` learner,
+    with the training script as the command and pinned to `core`."""
+    from services.backends.api import JobSpec
+    from services.manifest import parse_manifest
+
+    job_dir = scratch / "tput-job"
+    (job_dir / "learners" / "0").mkdir(parents=True, exist_ok=True)
+    job = JobSpec(
+        job_id="tput",
+        command="python train.py",
+        learners=1,
+        job_dir=str(job_dir),
+        checkpoint_dir=str(job_dir / "checkpoints"),
+        result_store="",
+        etcd_url="",
+        manifest=parse_manifest(manifest("tput", "python train.py")),
+        memory_mb=2048,
+    )
+    spec_path = str(job_dir / "learners" / "0" / "spec.json")
+    kwargs = container_spec(job, 0, 0, spec_path, ContainerOptions(image=image), image=image)
+    kwargs.pop("name")
+    kwargs["command"] = ["python", "-c", TRAIN]
+    kwargs["cpuset_cpus"] = str(core)
+    kwargs["labels"] = {"rhizome.bench": "1"}
+    if not quota:
+        kwargs.pop("nano_cpus", None)
+    return kwargs
+
+
+def container_throughput(client: Any, kwargs: dict[str, Any]) -> float:
+    container = client.containers.create(**kwargs)
+    try:
+        container.start()
+        result = container.wait()
+        text = container.logs().decode()
+        if result.get("StatusCode") != 0:
+            raise SystemExit(f"the training container exited {result}: {text[-500:]}")
+        return throughput_of(text)
+    finally:
+        container.remove(force=True)
 
 
 def container_start(client: object, image: str, scratch: Path) -> tuple[float, float]:
@@ -206,7 +272,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, default=5, help="latency jobs per backend")
-    parser.add_argument("--reps", type=int, default=3, help="throughput runs each way")
+    parser.add_argument("--rounds", type=int, default=7, help="throughput rounds (every arm once)")
+    parser.add_argument(
+        "--core", type=int, default=0, help="the core bare and container runs share"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rzbench-", dir="/tmp"))
     engine = DockerEngine(work / "e")
@@ -232,8 +301,7 @@ def main() -> None:
             build_offline(docker_client, lambda m: print(f"  {m}", file=sys.stderr))
         repo = JobsRepository(connect(mongo.url))
         lat: dict[str, list[tuple[float, float]]] = {}
-        rz: list[float] = []
-        bare: list[float] = []
+        runs: dict[str, list[float]] = {arm: [] for arm in ARMS}
         variants = {
             "local": ("local", ()),
             "docker": ("docker", ()),
@@ -251,13 +319,34 @@ def main() -> None:
                 latency(daemon, client, repo)  # warm-up: first imports, first index use
                 lat[variant] = [latency(daemon, client, repo) for _ in range(args.jobs)]
                 if variant == "docker":
-                    for _ in range(args.reps):
-                        bare.append(bare_throughput())
+                    pinned = learner_container_kwargs(learner_tag(), work, args.core, quota=True)
+                    free = learner_container_kwargs(learner_tag(), work, args.core, quota=False)
+
+                    def job_run() -> float:
                         job_id = client.create_job(
-                            manifest("throughput", "python train.py"), code({"train.py": TRAIN})
+                            manifest("throughput", "python train.py" + KEEP),
+                            code({"train.py": TRAIN}),
                         ).job_id
                         wait_end(repo, job_id)
-                        rz.append(throughput_of(stdout_of(daemon, job_id)))
+                        return throughput_of(stdout_of(daemon, job_id))
+
+                    arms = {
+                        "bare": lambda: bare_throughput(args.core),
+                        "container": partial(container_throughput, docker_client, pinned),
+                        "container, no quota": partial(container_throughput, docker_client, free),
+                        "job": job_run,
+                    }
+                    for arm in arms.values():  # warm-up: page cache, first imports
+                        arm()
+                    for r in range(args.rounds):
+                        order = list(ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)])
+                        for arm_name in order:
+                            runs[arm_name].append(arms[arm_name]())
+                        print(
+                            f"  round {r + 1}/{args.rounds}: "
+                            + ", ".join(f"{a} {runs[a][-1]:.0f}" for a in ARMS),
+                            file=sys.stderr,
+                        )
         container_start(docker_client, learner_tag(), work)  # warm-up
         starts = [container_start(docker_client, learner_tag(), work) for _ in range(args.jobs)]
         bares = [bare_start() for _ in range(args.jobs)]
@@ -275,7 +364,6 @@ def main() -> None:
 
     sub = {b: med([v[0] for v in lat[b]]) for b in lat}
     dep = {b: med([v[1] for v in lat[b]]) for b in lat}
-    ratio = med(rz) / med(bare)
     print("| measure | local backend | docker backend | docker / local | goal |")
     print("| --- | --- | --- | --- | --- |")
     print(
@@ -310,13 +398,25 @@ def main() -> None:
     )
     print(f"| create → exit → removed (s, median of {args.jobs}) | – | {whole:.3f} | – |")
     print()
-    print("| measure | bare | docker-backend job | ratio | goal |")
-    print("| --- | --- | --- | --- | --- |")
+    bare = runs["bare"]
     print(
-        f"| training throughput (samples/s, median of {args.reps}) | {med(bare):.0f} "
-        f"| {med(rz):.0f} | {ratio:.3f} | ≥ 0.98 ({'met' if ratio >= 0.98 else 'NOT met'}) |"
+        f"| training throughput, {args.rounds} rounds (samples/s, median) | runs | "
+        "ratio to the same round's bare run: median (min-max) | goal |"
     )
-    print(f"bare runs: {[round(v) for v in bare]}; container runs: {[round(v) for v in rz]}")
+    print("| --- | --- | --- | --- |")
+    for arm in ARMS:
+        ratios = [v / b for v, b in zip(runs[arm], bare, strict=True)]
+        goal = ""
+        if arm != "bare":
+            goal = f"≥ 0.98 ({'met' if med(ratios) >= 0.98 else 'NOT met'})"
+        print(
+            f"| {arm} | {med(runs[arm]):.0f} | {med(ratios):.3f} "
+            f"({min(ratios):.3f}-{max(ratios):.3f}) | {goal} |"
+        )
+    spread = max(bare) / min(bare)
+    print(f"bare runs alone spread {spread:.2f}x (max/min): the machine's noise")
+    for arm in ARMS:
+        print(f"{arm} runs: {[round(v) for v in runs[arm]]}")
     for backend in lat:
         print(
             f"{backend}: submit→PROCESSING {[round(v[0], 2) for v in lat[backend]]}, "

@@ -38,7 +38,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,35 +279,6 @@ class CpuSampler:
         return (s[-1][1] if t > s[-1][0] else s[0][1]) / 1e9
 
 
-@contextlib.contextmanager
-def etcd_server() -> Iterator[tuple[str, int]]:
-    """A private etcd as the launcher starts one, but with its pid (for its CPU)."""
-    from contract.etcd import etcd_argv, etcd_healthy
-    from contract.procs import free_port
-
-    data = Path(tempfile.mkdtemp(prefix="runtime-vs-torch-etcd-"))
-    port, peer = free_port(), free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (data / "etcd.log").open("wb")
-    proc = subprocess.Popen(etcd_argv(data / "d", port, peer), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while not etcd_healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"etcd did not start; see {data / 'etcd.log'}")
-            time.sleep(0.1)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(data, ignore_errors=True)
-
-
 def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
     results = Path(tempfile.mkdtemp(prefix="runtime-vs-torch-"))
     argv = [
@@ -484,7 +454,9 @@ def driver(args: argparse.Namespace) -> None:
         raise SystemExit(f"--modes: unknown {unknown}; use some of {','.join(ALL_MODES)}")
     if not 2 <= args.stages <= 4:
         raise SystemExit(f"--stages {args.stages}: use 2, 3 or 4")
-    with etcd_server() as (url, pid):
+    from learner.runtime.launch import private_etcd_process
+
+    with private_etcd_process() as (url, pid):
         sampler = CpuSampler(pid)
         try:
             recs = launch(args, url)

@@ -16,3 +16,10 @@ def label_filter(job_id: str, rank: int | None = None) -> dict[str, list[str]]:
     if rank is not None:
         wanted.append(f"{LABEL_RANK}={rank}")
     return {"label": wanted}
+
+
+# The job's container log collector (a process of the platform's host, one per job): the
+# file in its state directory it holds an flock on while it runs (its pid and start time
+# inside), and the variable that carries the job's TDS token to it (never argv).
+COLLECTOR_LOCK_FILE = "collector.lock"
+COLLECTOR_TOKEN_ENV = "RHIZOME_TDS_TOKEN"

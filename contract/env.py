@@ -20,6 +20,7 @@ Written by the platform (the local backend, from the guardian's job spec):
 | `RHIZOME_MTTP_S` | `mttp_s` | platform's mean time to preemption (instance type + zone) | `3600` |
 | `RHIZOME_RESTART_S` | `restart_s` | platform's mean restart time R (allocation + preparation) | `300` |
 | `RHIZOME_JOIN_TOKEN` | `join_token` | a pipeline learner started as a replacement: its admission token (the runtime gets it as `RHIZOME_RUNTIME_JOIN_TOKEN`) | unset |
+| `RHIZOME_ELASTIC_ETCD` | `elastic_etcd` | an elastic job's learner (manifest `elastic:`): the etcd URL its workers coordinate through (`learner.elastic.join` reads it, with `RHIZOME_JOB_ID`) | unset |
 
 Checkpointing knobs (a manifest's `env` may set them; the backend passes them on):
 
@@ -85,6 +86,7 @@ SECRETS = "RHIZOME_SECRETS"
 MTTP_S = "RHIZOME_MTTP_S"
 RESTART_S = "RHIZOME_RESTART_S"
 JOIN_TOKEN = "RHIZOME_JOIN_TOKEN"
+ELASTIC_ETCD = "RHIZOME_ELASTIC_ETCD"
 GRACE_S = "RHIZOME_GRACE_S"
 BACKUP_URL = "RHIZOME_BACKUP_URL"
 S3_ENDPOINT_URL = "RHIZOME_S3_ENDPOINT_URL"
@@ -347,6 +349,7 @@ _LEARNER_VARS = {
     "mttp_s": MTTP_S,
     "restart_s": RESTART_S,
     "join_token": JOIN_TOKEN,
+    "elastic_etcd": ELASTIC_ETCD,
     "grace_s": GRACE_S,
     "backup_url": BACKUP_URL,
     "s3_endpoint_url": S3_ENDPOINT_URL,
@@ -384,6 +387,8 @@ class LearnerEnv:
     mttp_s: float = 3600.0
     restart_s: float = 300.0
     join_token: str | None = None
+    # an elastic job's coordination etcd (the platform's, as reachable from the learner)
+    elastic_etcd: str | None = None
     # checkpointing knobs
     grace_s: float = 30.0
     backup_url: str | None = None
@@ -487,6 +492,7 @@ class LearnerEnv:
             mttp_s=_float(env, MTTP_S, 3600.0),
             restart_s=_float(env, RESTART_S, 300.0, positive=False),
             join_token=_str(env, JOIN_TOKEN),
+            elastic_etcd=_str(env, ELASTIC_ETCD),
             grace_s=_float(env, GRACE_S, 30.0, positive=False),
             backup_url=_str(env, BACKUP_URL),
             s3_endpoint_url=_str(env, S3_ENDPOINT_URL),
@@ -511,6 +517,19 @@ class LearnerEnv:
             pipeline_microbatches=optional_int[PIPELINE_MICROBATCHES],
             runtime=RuntimeEnv.from_environ(env) if RuntimeEnv.present(env) else None,
         )
+
+
+def elastic_worker_name(rank: int) -> str:
+    """An elastic job's worker name on the platform: its learner's rank and a random part
+    (a rank added again after it left is a new worker). The guardian finds a scale-out's
+    learners among the members of the workers' state by it (`elastic_worker_rank`)."""
+    return f"learner{rank}-{os.urandom(3).hex()}"
+
+
+def elastic_worker_rank(name: str) -> int | None:
+    head, sep, _ = name.partition("-")
+    rank = head.removeprefix("learner")
+    return int(rank) if sep and head.startswith("learner") and rank.isdigit() else None
 
 
 def labels(job_id: str, rank: int, role: Role) -> dict[str, str]:

@@ -13,10 +13,28 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from contract import env as learner_env
+
+
+class CommandOutput(StrEnum):
+    """Where the user command's stdout and stderr go, and so who ships them to the TDS.
+
+    One writer per record id (`{job}-{rank}-{stream}-{seq}`): either the controller's own
+    collector tails files, or the platform reads the container's streams; never both.
+    """
+
+    # `<learner_dir>/{stdout,stderr}.log`, tailed and shipped by the controller's own
+    # collector (the local backend: learners are processes of this machine).
+    FILES = "files"
+    # The controller's own stdout and stderr, i.e. the container's output streams, which
+    # the engine keeps with a timestamp per line; the platform's per-job collector ships
+    # them (the docker backend; learner/controller/container_logs.py). The controller's
+    # own log goes to `controller.log`, so those streams are the command's alone.
+    PASSTHROUGH = "passthrough"
 
 
 @dataclass
@@ -48,6 +66,20 @@ class LearnerSpec:
     # learner can open (an object store): a `StorageAccess` as a dict, with the job's
     # short-lived credentials. Empty: `model_zip` and `result_store` are paths.
     storage: dict[str, Any] = field(default_factory=dict)
+    # A `CommandOutput` value: who ships the command's output (the backend decides).
+    command_output: str = CommandOutput.FILES.value
+
+    def __post_init__(self) -> None:
+        if self.command_output not in tuple(CommandOutput):
+            raise ValueError(
+                f"command_output is {self.command_output!r}; use one of "
+                + ", ".join(repr(o.value) for o in CommandOutput)
+            )
+
+    @property
+    def passthrough(self) -> bool:
+        """The command writes to the controller's own streams (a container's), not files."""
+        return self.command_output == CommandOutput.PASSTHROUGH
 
     # -- wire format ----------------------------------------------------------------------
     def to_json(self) -> str:

@@ -9,6 +9,7 @@ from the next; values that mean the same to every reader share one member.
 from __future__ import annotations
 
 from enum import IntEnum, StrEnum
+from typing import Any
 
 
 class LearnerStatus(StrEnum):
@@ -50,6 +51,36 @@ HAPPY_PATH = (
     LearnerStatus.STORING,
     LearnerStatus.COMPLETED,
 )
+
+
+def status_value(
+    status: LearnerStatus,
+    *,
+    pid: int,
+    start: int | None,
+    lease: int,
+    generation: int,
+    restart: int,
+    exit_code: int | None,
+    message: str,
+    time: float,
+    history: list[list[Any]],
+) -> dict[str, Any]:
+    """The value a learner's status key holds (what the guardian reads): its status, the
+    writer's process (`pid`, `start` ticks) for liveness checks, its lease, the deploy
+    generation and restart it belongs to, and the last 20 status changes."""
+    return {
+        "status": status.value,
+        "pid": pid,
+        "start": start,
+        "lease": lease,
+        "generation": generation,
+        "restart": restart,
+        "exit_code": exit_code,
+        "message": message,
+        "time": time,
+        "history": history[-20:],
+    }
 
 
 class ExitCode(IntEnum):

@@ -4,8 +4,12 @@
    server and the daemon) in a temporary data directory on free ports;
 2. submits examples/mnist (a small CNN on scikit-learn's bundled digits);
 3. shows every status change and the learner's output as it trains (read from the
-   learner's log files in its job directory, so it works with or without log streaming);
-4. shows the job COMPLETED with its final accuracy, then stops the platform.
+   learner's log files in its job directory, so it works with or without log streaming;
+   on the docker backend, where the output is the container's, from the TDS);
+4. halts the job (30 epochs here) after its third epoch and resumes it: the learner
+   starts again from the checkpoint it saved through the SDK (examples/mnist checkpoints
+   every epoch), so the resumed run continues where it stopped instead of starting over;
+5. shows the job COMPLETED with its final accuracy, then stops the platform.
 
 `--backend docker` (`make demo-docker`) runs the learner in a container instead: the
 platform uses DOCKER_HOST's engine or starts its own dockerd under the data directory,
@@ -33,6 +37,8 @@ from services.embedded.platform import load_state  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "mnist"
 TIMEOUT_S = 600
+HALT_AFTER_EPOCH = 3
+DEMO_EPOCHS = 30
 TERMINAL = {"COMPLETED", "FAILED", "DELETED", "HALTED"}
 
 
@@ -61,12 +67,38 @@ class LogTail:
                     data = fh.read()
             except OSError:
                 continue
+            if not data and path.stat().st_size < self.offsets[path]:
+                self.offsets[path] = 0  # a restarted learner began the file again
+                continue
             complete = data.rsplit(b"\n", 1)[0] + b"\n" if b"\n" in data else b""
             self.offsets[path] += len(complete)
             for line in complete.decode(errors="replace").splitlines():
                 self.lines.append(line)
                 stream = "" if path.name == "stdout.log" else " (stderr)"
                 print(f"    learner 0{stream} | {line}", flush=True)
+
+
+class TdsTail:
+    """Prints a learner's new lines from the TDS: on the docker backend the learner writes
+    to its container's streams, which the job's log collector ships there (no files)."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client, self.job_id = client, job_id
+        self.seen = 0
+        self.lines: list[str] = []
+
+    def poll(self) -> None:
+        from rhizome.v1 import tds_pb2
+
+        try:
+            got = list(self.client.logs(tds_pb2.LogsRequest(job_id=self.job_id, learner=0)))
+        except ClientError:
+            return  # the next poll tries again
+        for line in got[self.seen :]:
+            self.lines.append(line.line)
+            stream = "" if line.stream == "stdout" else f" ({line.stream})"
+            print(f"    learner 0{stream} | {line.line}", flush=True)
+        self.seen = max(self.seen, len(got))
 
 
 def run(data_dir: Path, backend: str) -> int:
@@ -79,13 +111,22 @@ def run(data_dir: Path, backend: str) -> int:
     assert state is not None
     # The platform wrote an admin token into its data directory; the SDK reads it.
     with Client(state.api_address, data_dir=data_dir) as client:
+        # 30 epochs instead of 10 (about 1 s each): long enough that the halt lands
+        # while it trains, and the resume has epochs left to continue with.
         manifest = (EXAMPLE / "manifest.yml").read_text()
+        manifest = manifest.replace("--epochs 10", f"--epochs {DEMO_EPOCHS}")
+        assert f"--epochs {DEMO_EPOCHS}" in manifest, "examples/mnist/manifest.yml changed"
         code = zip_directory(EXAMPLE)
         resp = client.create_job(manifest, code)
         job_id = resp.job_id
         say(f"submitted examples/mnist as job {job_id}")
-        tail = LogTail(data_dir / "jobs" / job_id / "learners" / "0")
+        tail: LogTail | TdsTail = (
+            TdsTail(client, job_id)
+            if backend == "docker"
+            else LogTail(data_dir / "jobs" / job_id / "learners" / "0")
+        )
         seen = ""
+        halted = halted_too_late = False
         started = time.monotonic()
         while time.monotonic() - started < TIMEOUT_S:
             try:
@@ -98,10 +139,26 @@ def run(data_dir: Path, backend: str) -> int:
                 say(f"job {job_id} is {status} ({time.monotonic() - started:.1f}s)")
                 seen = status
             tail.poll()
+            if not halted and not halted_too_late and _epochs_done(tail.lines) >= HALT_AFTER_EPOCH:
+                outcome = _halt_and_resume(client, job_id)
+                if outcome == "failed":
+                    return 1
+                halted = outcome == "resumed"
+                if outcome == "ended":
+                    halted_too_late = True
+                continue
             if status in TERMINAL:
                 break
             time.sleep(0.3)
         tail.poll()
+        resumed = [line for line in tail.lines if line.startswith("resuming from")]
+        if halted and not resumed:
+            say(
+                "the resumed learner did not start from a checkpoint: examples/mnist saves one every epoch"
+            )
+            return 1
+        if resumed:
+            say(f"after the resume the learner said: {resumed[-1]!r}: no epoch was trained twice")
         if seen != "COMPLETED":
             say(f"the job ended {seen}: {job.status_message}")
             for line in job.last_log_lines:
@@ -115,6 +172,31 @@ def run(data_dir: Path, backend: str) -> int:
         for entry in job.history:
             print(f"    {_status_name(entry.status):<12} {entry.message}")
     return 0
+
+
+def _epochs_done(lines: list[str]) -> int:
+    done = [int(line.split()[1].split("/")[0]) for line in lines if line.startswith("epoch ")]
+    return max(done, default=0)
+
+
+def _halt_and_resume(client: Client, job_id: str) -> str:
+    """Halt the job (its learner stops; its checkpoint stays) and resume it: "resumed",
+    "ended" (it finished before the halt took effect) or "failed"."""
+    say(f"halting job {job_id} after epoch {HALT_AFTER_EPOCH} (its checkpoint is kept) ...")
+    client.halt_job(job_id)
+    deadline = time.monotonic() + 120
+    while _status_name(client.get_job(job_id).status) not in TERMINAL:
+        if time.monotonic() > deadline:
+            say("the job did not halt within 120 s")
+            return "failed"
+        time.sleep(0.3)
+    status = _status_name(client.get_job(job_id).status)
+    if status != "HALTED":
+        say(f"the job ended {status} before the halt took effect; no resume to show")
+        return "ended" if status == "COMPLETED" else "failed"
+    say(f"job {job_id} HALTED; resuming it: the learner should continue from the checkpoint")
+    client.resume_job(job_id)
+    return "resumed"
 
 
 def _status_name(value: int) -> str:

@@ -50,8 +50,10 @@ def save_checkpoint(path: Path, job: elastic.ElasticJob) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--etcd", required=True)
+    # On the platform both come from the learner's environment (RHIZOME_JOB_ID and
+    # RHIZOME_ELASTIC_ETCD, contract/env.py), which `elastic.join` reads by itself.
+    parser.add_argument("--job", default=None, help="job id (default: RHIZOME_JOB_ID)")
+    parser.add_argument("--etcd", default=None, help="etcd URL (default: RHIZOME_ELASTIC_ETCD)")
     parser.add_argument("--worker", default=None, help="worker name (default: random)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=512)

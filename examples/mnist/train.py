@@ -3,6 +3,11 @@
 Runs bare (`python examples/mnist/train.py`) or as a Rhizome learner; prints progress
 each epoch and the final test accuracy, and writes it to $RHIZOME_RESULT_DIR when set.
 Single-threaded on purpose: the machines we demo on are small and shared.
+
+It checkpoints through the Rhizome SDK (`learner.sdk`) after every epoch, so a job that is
+halted (or preempted) and resumed continues from the last finished epoch; each epoch's
+shuffle is drawn from (seed, epoch), so the resumed run trains exactly as an unbroken one.
+Bare, the SDK is a no-op and nothing is saved.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
+
+import learner.sdk as rz
 
 
 class SmallCNN(nn.Module):
@@ -57,19 +64,30 @@ def main() -> None:
     model = SmallCNN()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
+    done = 0  # epochs finished, by this run or the one a checkpoint came from
+    ckpt = rz.latest_checkpoint()
+    if ckpt is not None:
+        state = torch.load(ckpt.path, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        done = int(state["epoch"])
+        print(f"resuming from the checkpoint of epoch {done}/{args.epochs}", flush=True)
     start = time.time()
     accuracy = 0.0
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(done + 1, args.epochs + 1):
         model.train()
-        perm = torch.randperm(len(y_train))
+        perm = torch.randperm(
+            len(y_train), generator=torch.Generator().manual_seed(args.seed * 1_000_003 + epoch)
+        )
         total = 0.0
         for i in range(0, len(perm), args.batch_size):
-            batch = perm[i : i + args.batch_size]
-            opt.zero_grad()
-            loss = loss_fn(model(x_train[batch]), y_train[batch])
-            loss.backward()
-            opt.step()
-            total += float(loss.detach()) * len(batch)
+            with rz.step():  # a preemption notice is acted on between steps
+                batch = perm[i : i + args.batch_size]
+                opt.zero_grad()
+                loss = loss_fn(model(x_train[batch]), y_train[batch])
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(batch)
         model.eval()
         with torch.no_grad():
             accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
@@ -78,6 +96,16 @@ def main() -> None:
             f"test_accuracy={accuracy:.4f} ({time.time() - start:.1f}s)",
             flush=True,
         )
+        # Every epoch: a halt or preemption loses at most the epoch under way. On a
+        # preemption notice this save is the emergency one, after which the SDK exits.
+        path = rz.staging_path("mnist.pt")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch}, path)
+        rz.backup(path, step=epoch)
+    rz.close()
+    if done >= args.epochs:  # resumed after the last epoch: report the checkpoint's model
+        model.eval()
+        with torch.no_grad():
+            accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
     print(f"final test accuracy: {accuracy:.4f}", flush=True)
     result_dir = os.environ.get("RHIZOME_RESULT_DIR")
     if result_dir:

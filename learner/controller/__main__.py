@@ -17,7 +17,7 @@ from contract.env import LearnerConfigError, LearnerEnv
 from contract.etcd import EtcdClient
 from contract.learner_spec import LearnerSpec
 from contract.status import ExitCode
-from learner.controller.controller import Controller
+from learner.controller.controller import Controller, keep_streams_for_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"learner controller: {exc}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     controller = Controller(spec, EtcdClient(spec.etcd_url))
+    if spec.passthrough:
+        # Our stdout/stderr are the container's: the command's from here on (errors above,
+        # before the command could run, are worth seeing in the job's logs).
+        try:
+            spec.learner_dir.mkdir(parents=True, exist_ok=True)
+            controller.command_fds = keep_streams_for_command(spec.learner_dir / "controller.log")
+        except OSError as exc:
+            print(
+                f"learner controller: cannot open its log in {spec.learner_dir}: {exc}",
+                file=sys.stderr,
+            )
+            return ExitCode.USAGE
 
     def on_term(*_: object) -> None:
         controller.terminate.set()

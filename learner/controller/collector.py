@@ -58,6 +58,7 @@ import grpc
 import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
+from contract.containers import COLLECTOR_TOKEN_ENV
 from contract.credentials import internal_channel, tls_channel_credentials, with_bearer
 from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
@@ -99,8 +100,15 @@ def write_json_atomically(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+# Which metric sources a collector feeds: all of them, only those reading one of the
+# command's streams (they need the lines: the collector shipping the streams feeds them),
+# or only those reading their own files (the learner side, when the platform ships the
+# streams).
+SOURCES_ALL, SOURCES_STREAMS, SOURCES_FILES = "all", "streams", "files"
+SOURCE_KINDS = (SOURCES_ALL, SOURCES_STREAMS, SOURCES_FILES)
+
 # As a process, the collector takes its job token from this variable (LearnerSpec.tds_token).
-TOKEN_ENV = "RHIZOME_TDS_TOKEN"
+TOKEN_ENV = COLLECTOR_TOKEN_ENV
 
 
 class Tailer(Protocol):
@@ -141,6 +149,8 @@ class Collector:
         token: str = "",
         tls: Mapping[str, str] | None = None,
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        streams: Sequence[str] = STREAMS,
+        source_kinds: str = SOURCES_ALL,
     ) -> None:
         if not job_id:
             raise CollectorError("job_id is empty")
@@ -159,9 +169,24 @@ class Collector:
         self.verify_interval_s = verify_interval_s
         self.max_rewinds = max_rewinds
         self.clock_us = clock_us
-        self.sources: list[MetricSource] = create_sources(metric_sources, self.dir)
-        self.tailers: dict[str, Tailer] = {s: self.open_tailer(s) for s in STREAMS}
-        self.next_seq = dict.fromkeys(STREAMS, 0)
+        # Which of the command's streams this collector ships: both, or none when another
+        # process ships them (a container's streams, read by the platform's collector).
+        self.streams: tuple[str, ...] = tuple(streams)
+        unknown = sorted(set(self.streams) - set(STREAMS))
+        if unknown:
+            raise CollectorError(f"unknown streams {unknown}; a command has {list(STREAMS)}")
+        if source_kinds not in SOURCE_KINDS:
+            raise CollectorError(f"source_kinds is {source_kinds!r}; use one of {SOURCE_KINDS}")
+        # Every source is created (ids are positional: `regex_extractor.1` must name the
+        # same source on both sides), then only the kind this collector feeds is kept.
+        self.sources: list[MetricSource] = [
+            src
+            for src in create_sources(metric_sources, self.dir)
+            if source_kinds == SOURCES_ALL
+            or (src.stream is not None) == (source_kinds == SOURCES_STREAMS)
+        ]
+        self.tailers: dict[str, Tailer] = {s: self.open_tailer(s) for s in self.streams}
+        self.next_seq = dict.fromkeys(self.streams, 0)
         self.metric_seq = {src.source_id: 0 for src in self.sources}
         self.pending_lines: list[tds_pb2.LogLine] = []
         self.pending_samples: list[tds_pb2.MetricSample] = []
@@ -231,7 +256,7 @@ class Collector:
                     f"{st.get('learner')!r}, not {self.job_id!r} learner {self.learner}; "
                     "remove it or use the right job directory"
                 )
-            for s in STREAMS:
+            for s in self.streams:
                 pos = st["streams"].get(s, {})
                 self.tailers[s].seek(self.offset_of(pos.get("offset", 0)))
                 self.next_seq[s] = int(pos.get("seq", 0))
@@ -252,7 +277,7 @@ class Collector:
         """Where reading stands: what a restarted or rewound collector resumes from."""
         return {
             "streams": {
-                s: {"offset": self.tailers[s].offset, "seq": self.next_seq[s]} for s in STREAMS
+                s: {"offset": self.tailers[s].offset, "seq": self.next_seq[s]} for s in self.streams
             },
             "sources": {src.source_id: src.state() for src in self.sources},
             "metric_seq": dict(self.metric_seq),
@@ -266,7 +291,7 @@ class Collector:
                     "offset": self.offset_of(pos["streams"][s]["offset"]),
                     "seq": int(pos["streams"][s]["seq"]),
                 }
-                for s in STREAMS
+                for s in self.streams
             },
             "sources": {
                 src.source_id: dict(pos.get("sources", {}).get(src.source_id, {}))
@@ -288,7 +313,7 @@ class Collector:
         }
 
     def _rewind(self, pos: dict[str, Any]) -> None:
-        for s in STREAMS:
+        for s in self.streams:
             self.tailers[s].seek(self.offset_of(pos["streams"][s]["offset"]))
             self.next_seq[s] = int(pos["streams"][s]["seq"])
         for src in self.sources:
@@ -325,7 +350,7 @@ class Collector:
         budget = max(self.batch_lines - len(self.pending_lines), 1)
         now_us = self._now_us()
         n = 0
-        for stream in STREAMS:
+        for stream in self.streams:
             texts = self.tailers[stream].read_lines(budget, final)
             if not texts and not final:
                 continue
@@ -422,7 +447,7 @@ class Collector:
         ver = self._verified
         log_ranges = [
             tds_pb2.SeqRange(key=s, from_seq=ver["streams"][s]["seq"], to_seq=self.next_seq[s])
-            for s in STREAMS
+            for s in self.streams
             if self.next_seq[s] > ver["streams"][s]["seq"]
         ]
         metric_ranges = [

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import fcntl
+import json
 import logging
 import os
 import queue
@@ -52,14 +54,16 @@ import docker
 from docker.errors import DockerException, NotFound
 from requests.exceptions import RequestException
 
+from contract import procs
 from contract.containers import (
+    COLLECTOR_LOCK_FILE,
     LABEL_GENERATION,
     LABEL_JOB,
     LABEL_RANK,
     LABEL_RESTART,
     label_filter,
 )
-from learner.controller.collector import TOKEN_ENV, Collector, CollectorError
+from learner.controller.collector import SOURCES_STREAMS, TOKEN_ENV, Collector, CollectorError
 
 log = logging.getLogger(__name__)
 
@@ -386,9 +390,12 @@ class ContainerLogCollector(Collector):
     ) -> None:
         self.client = client
         self._tailer_poll_s = float(kwargs.pop("engine_poll_s", 0.2))
-        # Metrics keep their own path (the controller inside the container ships them).
-        kwargs.pop("metric_sources", None)
-        super().__init__(job_id, learner, state_dir, tds_address, None, **kwargs)
+        # The metric sources that read a stream get its lines here; those reading files
+        # stay with the controller inside the container (it runs as the learner, so a
+        # link the job put in its directory is never followed with the platform's rights).
+        kwargs.setdefault("source_kinds", SOURCES_STREAMS)
+        metric_sources = kwargs.pop("metric_sources", None)
+        super().__init__(job_id, learner, state_dir, tds_address, metric_sources, **kwargs)
 
     def open_tailer(self, stream: str) -> ContainerLogTailer:
         return ContainerLogTailer(
@@ -430,9 +437,16 @@ class JobLogCollector:
         self.failed: dict[int, str] = {}  # rank -> why it cannot be collected
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_seen = time.monotonic()  # when the engine last listed a job's container
+
+    def idle_s(self) -> float:
+        """For how long the engine has listed no container of the job (or not answered)."""
+        return time.monotonic() - self._last_seen
 
     def ranks(self) -> set[int]:
         found = self.client.containers.list(all=True, filters=label_filter(self.job_id))
+        if found:
+            self._last_seen = time.monotonic()
         out: set[int] = set()
         for c in found:
             labels = c.labels or {}
@@ -487,6 +501,32 @@ class JobLogCollector:
         return ok
 
 
+LOCK_FILE = COLLECTOR_LOCK_FILE
+
+
+def hold_lock(state_dir: Path, stop: threading.Event, poll_s: float = 0.2) -> int | None:
+    """Take the job's collector lock (`<state_dir>/collector.lock`, flock), waiting while an
+    earlier collector of the job still holds it (a drain in progress): two collectors of
+    one job would write the same offsets files. Returns the open descriptor (the lock
+    lives as long as this process: the kernel drops it at exit, also after a SIGKILL), or
+    None when `stop` is set before the lock is free. The file then holds our pid and start
+    time, so the platform knows whom to signal."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if stop.wait(poll_s):
+                os.close(fd)
+                return None
+    me = procs.ProcRef.of(os.getpid())
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "start": me.start if me else -1}).encode(), 0)
+    return fd
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m learner.controller.container_logs")
     p.add_argument("--job-id", required=True)
@@ -496,8 +536,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flush-interval-s", type=float, default=0.2)
     p.add_argument("--verify-interval-s", type=float, default=5.0)
     p.add_argument("--drain-timeout-s", type=float, default=60.0)
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="ship what the engine holds now, then exit (a drain; the platform runs it before "
+        "it removes a job's containers when no collector runs)",
+    )
+    p.add_argument(
+        "--idle-exit-s",
+        type=float,
+        default=60.0,
+        help="drain and exit once the engine has listed no container of the job for this "
+        "long (0: never); the platform starts a collector again when the job runs again",
+    )
+    p.add_argument(
+        "--metric-sources",
+        default=None,
+        help="the manifest's evaluation_metrics as JSON: those reading stdout/stderr are fed here",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s logs %(levelname)s %(message)s")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    try:
+        metric_sources = json.loads(args.metric_sources) if args.metric_sources else None
+        lock = hold_lock(Path(args.state_dir), done)
+    except (OSError, ValueError) as exc:
+        print(f"logs: {exc}", file=sys.stderr)
+        return 2
+    if lock is None:
+        return 0  # told to stop while an earlier collector of the job still ran
     try:
         client = (
             docker.DockerClient(base_url=args.docker_host)
@@ -521,15 +590,20 @@ def main(argv: list[str] | None = None) -> int:
             flush_interval_s=args.flush_interval_s,
             verify_interval_s=args.verify_interval_s,
             drain_timeout_s=args.drain_timeout_s,
+            metric_sources=metric_sources,
         ).start()
-    except (CollectorError, ValueError) as exc:
+    except (CollectorError, ValueError, *_ENGINE_ERRORS) as exc:
         print(f"logs: {exc}", file=sys.stderr)
         return 2
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+    if args.once:
+        return 0 if job.stop(drain=True) else 1
     print(f"logs collector running for {args.job_id}", flush=True)
-    done.wait()
+    while not done.wait(1.0):
+        if args.idle_exit_s > 0 and job.idle_s() > args.idle_exit_s:
+            # The job's containers are gone (or the engine is): nothing left to follow. An
+            # orphan must not outlive its job; the guardian starts one again if needed.
+            log.info("job %s: no container for %.0f s; exiting", args.job_id, job.idle_s())
+            break
     return 0 if job.stop(drain=True) else 1
 
 

@@ -10,7 +10,10 @@ lease, so it outlives the controller for the guardian to read:
 - ``DOWNLOADING``  the code (the job's model zip, from its volume or object store, within
                    the archive limits: fetch.py) and data stores into the job directory;
 - ``PROCESSING``   the user command runs, its stdout/stderr appended to
-                   ``<job_dir>/learners/<rank>/stdout.log`` and ``stderr.log``;
+                   ``<job_dir>/learners/<rank>/stdout.log`` and ``stderr.log``, or, with
+                   ``command_output: passthrough`` (a container), written to the
+                   controller's own stdout/stderr — the container's streams, which the
+                   platform's per-job collector ships (container_logs.py);
 - ``STORING``      ``$RHIZOME_RESULT_DIR`` is copied to the job's result store;
 - ``COMPLETED`` / ``FAILED`` (with the exit code) / ``HALTED`` (a halt was requested).
 
@@ -42,6 +45,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -51,7 +55,8 @@ from contract import etcd_keys, procs
 from contract.env import PIPELINE_STAGES, LearnerEnv, Role, RuntimeEnv, labels
 from contract.etcd import EtcdClient, Lease
 from contract.learner_spec import LearnerSpec
-from contract.status import ExitCode, LearnerStatus
+from contract.logs import COMMAND_STREAMS
+from contract.status import ExitCode, LearnerStatus, status_value
 from learner.controller.fetch import (
     CodeFetchError,
     ResultStoreError,
@@ -81,6 +86,23 @@ KILLED_EXIT_CODE = ExitCode.KILLED  # the command vanished without writing its e
 _WRAPPER = '/bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp" && mv "$2.tmp" "$2"; exit $rc'
 
 
+def keep_streams_for_command(log_path: Path) -> tuple[int, int]:
+    """Passthrough: keep this process's stdout and stderr (the container's streams) for
+    the command, and send everything the controller itself writes (its log, a traceback)
+    to `log_path` instead, so that the container's streams carry the command's output
+    only. Returns the kept (stdout, stderr) descriptors."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    kept = (os.dup(1), os.dup(2))
+    for fd in kept:
+        os.set_inheritable(fd, False)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    return kept
+
+
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, sort_keys=True))
@@ -101,21 +123,25 @@ class Controller:
         self.state_path = spec.learner_dir / "controller.json"
         self.exit_path = spec.learner_dir / f"exit-{spec.generation}-{spec.restart}"
         self.state: dict[str, Any] = {}
+        # Passthrough (`spec.passthrough`, a container): the descriptors the command writes
+        # its stdout and stderr to, the container's own streams; `keep_streams_for_command`
+        # sets them. None: the command inherits ours.
+        self.command_fds: tuple[int, int] | None = None
 
     # -- etcd status --------------------------------------------------------------------
     def _value(self, status: LearnerStatus, exit_code: int | None, message: str) -> dict[str, Any]:
-        return {
-            "status": status.value,
-            "pid": os.getpid(),
-            "start": procs.start_ticks(os.getpid()),
-            "lease": self.lease.id if self.lease else 0,
-            "generation": self.spec.generation,
-            "restart": self.spec.restart,
-            "exit_code": exit_code,
-            "message": message,
-            "time": time.time(),
-            "history": self.history[-20:],
-        }
+        return status_value(
+            status,
+            pid=os.getpid(),
+            start=procs.start_ticks(os.getpid()),
+            lease=self.lease.id if self.lease else 0,
+            generation=self.spec.generation,
+            restart=self.spec.restart,
+            exit_code=exit_code,
+            message=message,
+            time=time.time(),
+            history=self.history,
+        )
 
     def record(
         self, status: LearnerStatus, exit_code: int | None = None, message: str = ""
@@ -194,26 +220,41 @@ class Controller:
         env.update(self.spec.env)
         env.update(self.runtime_environ())
         env.update(labels(self.spec.job_id, self.spec.rank, Role.LEARNER))
-        with (
-            open(learner_dir / "stdout.log", "ab") as out,
-            open(learner_dir / "stderr.log", "ab") as err,
-        ):
+        argv = [
+            "/bin/sh",
+            "-c",
+            _WRAPPER,
+            "rhizome-learner",
+            self.spec.command,
+            str(self.exit_path),
+        ]
+        if self.spec.passthrough:
+            # Straight to the container's streams: the engine keeps each line with its
+            # time, and the platform's collector ships them (no file, no copy by us).
+            out_fd, err_fd = self.command_fds or (1, 2)
             proc = subprocess.Popen(
-                [
-                    "/bin/sh",
-                    "-c",
-                    _WRAPPER,
-                    "rhizome-learner",
-                    self.spec.command,
-                    str(self.exit_path),
-                ],
-                stdout=out,
-                stderr=err,
+                argv,
+                stdout=out_fd,
+                stderr=err_fd,
                 stdin=subprocess.DEVNULL,
                 cwd=self.spec.code_dir,
                 env=env,
                 start_new_session=True,
             )
+        else:
+            with (
+                open(learner_dir / "stdout.log", "ab") as out,
+                open(learner_dir / "stderr.log", "ab") as err,
+            ):
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    cwd=self.spec.code_dir,
+                    env=env,
+                    start_new_session=True,
+                )
         ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
         self.state.update(cmd_pid=ref.pid, cmd_start=ref.start)
         self.save_state()
@@ -284,9 +325,15 @@ class Controller:
         if not self.spec.tds_address:
             return None
         try:
-            from learner.controller.collector import Collector
+            from learner.controller.collector import SOURCES_ALL, SOURCES_FILES, Collector
         except ImportError:
             return None
+        streams: tuple[str, ...] = COMMAND_STREAMS
+        kinds = SOURCES_ALL
+        if self.spec.passthrough:
+            # The platform ships the container's streams (and the metrics read from them);
+            # here only the metric sources that read files of the job directory.
+            streams, kinds = (), SOURCES_FILES
         try:
             collector = Collector(
                 self.spec.job_id,
@@ -296,7 +343,12 @@ class Controller:
                 metric_sources=self.spec.metric_sources,
                 token=self.spec.tds_token,
                 tls=self.spec.tds_tls,
+                streams=streams,
+                source_kinds=kinds,
             )
+            if not streams and not collector.sources:
+                collector.stop(drain=False)
+                return None
             collector.start()
             return collector
         except Exception:  # logs still land in the files; only streaming is lost
@@ -307,12 +359,21 @@ class Controller:
         """The code cannot be had: FAILED with the reason, also in the learner's stderr
         (the guardian puts its last lines in the job's record)."""
         message = f"cannot fetch the job's code: {why}"
-        with contextlib.suppress(OSError), open(self.spec.learner_dir / "stderr.log", "a") as err:
-            err.write(f"rhizome: {message}\n")
+        self.command_stderr(f"rhizome: {message}\n")
         self.state.update(phase=FAILED, exit_code=ExitCode.FAILED)
         self.save_state()
         self.record(FAILED, exit_code=int(ExitCode.FAILED), message=message)
         return EXIT_OK
+
+    def command_stderr(self, text: str) -> None:
+        """A line in the command's stderr (the guardian puts its last lines in the job's
+        record): the file, or the container's stderr in passthrough."""
+        with contextlib.suppress(OSError):
+            if self.spec.passthrough:
+                os.write(self.command_fds[1] if self.command_fds else 2, text.encode())
+                return
+            with open(self.spec.learner_dir / "stderr.log", "a") as err:
+                err.write(text)
 
     # -- the whole life ---------------------------------------------------------------------
     def run(self) -> int:

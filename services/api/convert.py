@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf import struct_pb2, timestamp_pb2
 from rhizome.v1 import job_pb2, trainer_pb2
 
+from services.events.api import EndpointRecord
 from services.store import states
 from services.store.jobs import JobRecord
 from services.store.tokens import TokenRecord
@@ -24,6 +25,7 @@ def job_to_proto(job: JobRecord) -> job_pb2.Job:
         job_id=job.job_id,
         owner=job.owner,
         name=job.name,
+        display_name=job.spec.display_name or job.name,
         description=job.description,
         status=states.to_proto(job.status),  # type: ignore[arg-type]
         status_message=job.status_message,
@@ -74,3 +76,14 @@ def token_to_proto(token: TokenRecord) -> trainer_pb2.Token:
     if token.revoked_at:
         msg.revoked_at.CopyFrom(timestamp(token.revoked_at))
     return msg
+
+
+def endpoint_to_proto(endpoint: EndpointRecord) -> trainer_pb2.EventEndpoint:
+    """A webhook as the API shows it: never its signing secret."""
+    return trainer_pb2.EventEndpoint(
+        endpoint_id=endpoint.endpoint_id,
+        job_id=endpoint.job_id,
+        event_type=endpoint.event_type,
+        url=endpoint.url,
+        created_at=timestamp(endpoint.created_at),
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -97,6 +98,47 @@ def admit_client(channel: grpc.Channel | None) -> AdmitFn | None:
     return admit
 
 
+class SchedulerGangs:
+    """`services.api.core.ScaleGangs` over the scheduler's RPCs: admit the gang under the
+    job owner's quota, run a pass, and take its placement or say why there is none."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    def place(self, job: JobRecord, gang_id: str, learners: int) -> list[str]:
+        import dataclasses
+
+        from rhizome.v1 import scheduler_pb2
+
+        from services.scheduler.requests import job_request, request_to_proto
+
+        request = dataclasses.replace(job_request(job), job_id=gang_id, learners=learners)
+        try:
+            admitted = self.stub.Admit(request_to_proto(request), timeout=10)
+            if not admitted.admitted:
+                raise errors.Conflict(
+                    f"cannot add {learners} learners to job {job.job_id}: {admitted.reason}"
+                )
+            placed = self.stub.Schedule(scheduler_pb2.ScheduleRequest(), timeout=30)
+            for p in placed.placements:
+                if p.job_id == gang_id:
+                    return [p.placement.learner_nodes[r] for r in sorted(p.placement.learner_nodes)]
+            why = self.stub.Explain(scheduler_pb2.ExplainRequest(job_id=gang_id), timeout=10)
+            self.release(gang_id)
+        except grpc.RpcError as exc:
+            raise errors.Unavailable(f"the scheduler is unavailable: {exc.details()}") from None
+        raise errors.Conflict(
+            f"cannot add {learners} learners to job {job.job_id} now: {why.explanation or 'no room'}"
+            " (a scale-out is placed at once or refused; try again when resources are free)"
+        )
+
+    def release(self, gang_id: str) -> None:
+        from rhizome.v1 import scheduler_pb2
+
+        with contextlib.suppress(grpc.RpcError):
+            self.stub.Release(scheduler_pb2.ReleaseRequest(job_id=gang_id), timeout=10)
+
+
 def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
     """Hand each stored job to the scheduler without waiting for it; a push that fails
     is caught by the scheduler's periodic resync with the QUEUED records."""
@@ -156,10 +198,19 @@ def build(ctx: DaemonContext) -> Hosted:
     scheduler_channel = ctx.channel("scheduler")
     if scheduler_channel is not None:
         core.on_stored = scheduler_push(scheduler_channel)
+        core.scale_gangs = SchedulerGangs(scheduler_channel)
     tds_channel = ctx.channel("tds")
     if tds_channel is not None:
         core.on_deleted = tds_forget(tds_channel)
     ctx.shared["trainer_core"] = core
+    # Job events (webhooks): registrations in MongoDB, delivered from this daemon by a
+    # dispatcher of its own, so no job-side process ever waits on a receiver.
+    from services.events.delivery import Dispatcher
+    from services.events.store import MongoEventEndpoints
+
+    core.events = endpoints = MongoEventEndpoints(mongo_database(ctx))
+    endpoints.ensure_indexes()
+    dispatcher = Dispatcher(endpoints, lambda job_id: core.jobs.get(job_id))
     tokens = TokensRepository(mongo_database(ctx))
     tokens.ensure_indexes()
     if ctx.config.admin_token_file:
@@ -187,7 +238,14 @@ def build(ctx: DaemonContext) -> Hosted:
 
         from services.api.rest import build_app
 
-        app = build_app(core, ctx.channel("tds"), auth, ctx.channel("scheduler"))
+        app = build_app(
+            core,
+            ctx.channel("tds"),
+            auth,
+            ctx.channel("scheduler"),
+            ctx.config.data_dir,
+            ctx.config.quota_config,
+        )
         host, port = split_address(ctx.config.rest_address)
         tls: dict[str, Any] = {}
         if ctx.config.tls_cert:  # the same certificate as the public gRPC port
@@ -207,6 +265,7 @@ def build(ctx: DaemonContext) -> Hosted:
         if not server.started:
             raise RuntimeError(f"the REST gateway could not listen on {ctx.config.rest_address}")
         gauges.start()
+        dispatcher.start()
 
     def publish_job_gauges() -> None:
         from services.metrics import JOBS_BY_STATE, QUEUE_LENGTH
@@ -225,6 +284,7 @@ def build(ctx: DaemonContext) -> Hosted:
 
     def stop() -> None:
         gauges_stop.set()
+        dispatcher.stop()
         if "server" in rest:
             rest["server"].should_exit = True
             rest["thread"].join(timeout=5)

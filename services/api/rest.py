@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,7 +27,7 @@ from starlette.routing import Match, Route
 from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
-from services.api.convert import job_to_proto, token_to_proto
+from services.api.convert import endpoint_to_proto, job_to_proto, timestamp, token_to_proto
 from services.api.core import (
     MAX_LOG_SEARCH,
     MAX_METRIC_NAME,
@@ -34,6 +35,7 @@ from services.api.core import (
     MAX_NAME_PREFIX,
     MAX_PAGE_TOKEN,
     TrainerCore,
+    chunks,
 )
 from services.dashboard.app import is_dashboard_path
 from services.dashboard.app import mount as mount_dashboard
@@ -88,6 +90,15 @@ class ScaleBody(BaseModel):
     learners: int
 
 
+class EventEndpointBody(BaseModel):
+    """FfDL's EventEndpointRegistration: `url` (and its ignored `type`), plus an optional
+    endpoint id (FfDL takes it in the path)."""
+
+    url: str
+    endpoint_id: str = ""
+    type: str = ""
+
+
 class TokenBody(BaseModel):
     user: str = ""  # default: the calling admin
     role: str = "user"
@@ -131,7 +142,11 @@ def build_app(
     tds_channel: grpc.Channel | None = None,
     auth: Authenticator | None = None,
     scheduler_channel: grpc.Channel | None = None,
+    dashboard_dir: Path | None = None,
+    quota_config: str = "",
 ) -> FastAPI:
+    """`dashboard_dir`: where the dashboard keeps its session key; `quota_config`: the
+    scheduler's quota file, for the dashboard's Cluster page (docs/dashboard.md)."""
     app = FastAPI(
         title="Rhizome Trainer API",
         version=__version__,
@@ -270,7 +285,11 @@ def build_app(
     @app.post("/v1/models", status_code=201, tags=["models"])
     async def create_model(
         manifest: UploadFile = File(..., description="manifest.yml"),
-        model_definition: UploadFile | None = File(None, description="zipped training code"),
+        model_definition: UploadFile | None = File(
+            None,
+            description=f"zipped training code, at most {MAX_MODEL_BYTES // 2**20} MiB "
+            "(a multipart part: spooled to disk, never held whole in memory)",
+        ),
         idempotency_key: str = Form(""),
         who: Principal = Depends(caller),
         idempotency_key_header: str | None = Header(None, alias="Idempotency-Key"),
@@ -278,9 +297,12 @@ def build_app(
         text = await manifest.read(MAX_MANIFEST_BYTES + 1)
         if len(text) > MAX_MANIFEST_BYTES:
             raise errors.TooLarge(f"manifest is larger than {MAX_MANIFEST_BYTES} bytes")
-        code = b""
+        # The multipart parser has spooled the part to a temporary file already; the
+        # core checks its size and the archive on that file.
+        code: Any = b""
         if model_definition is not None:
-            code = await model_definition.read(MAX_MODEL_BYTES + 1)
+            model_definition.file.seek(0)
+            code = model_definition.file
         # In the thread pool, not on the event loop: the submit blocks on the store (and
         # may wait for a submit slot), and on the loop it held every other request back,
         # one submit at a time (which also left group commit nothing to gather).
@@ -382,9 +404,36 @@ def build_app(
         200: {"description": "one JSON object a line", "content": {NDJSON: {}}}
     }
 
+    def _since(req: Any, since_time: str) -> Any:
+        """FfDL's `since_time`: milliseconds since the epoch, or a negative number of
+        lines counted back from the end (as `pos`); empty: from the start."""
+        text = since_time.strip()
+        if not text:
+            return req
+        try:
+            value = int(text)
+        except ValueError:
+            raise errors.BadRequest(
+                f"since_time: {since_time[:40]!r} is not an integer (milliseconds since the "
+                "epoch, or a negative number of lines from the end)"
+            ) from None
+        if value < 0:
+            req.pos = value
+        else:
+            req.since.CopyFrom(timestamp(value / 1000))
+        return req
+
+    # `/v1/logs/{id}/loglines` and `/v1/logs/{id}/emetrics` are FfDL's paths of the same
+    # streams: the same functions answer both.
     @app.get(
         "/v1/models/{model_id}/logs",
         tags=["models"],
+        response_class=NdjsonResponse,
+        responses=ndjson,
+    )
+    @app.get(
+        "/v1/logs/{model_id}/loglines",
+        tags=["ffdl aliases"],
         response_class=NdjsonResponse,
         responses=ndjson,
     )
@@ -395,6 +444,7 @@ def build_app(
         search: str = Query("", max_length=MAX_LOG_SEARCH),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
+        since_time: str = Query("", max_length=32),
         who: Principal = Depends(caller),
     ) -> NdjsonResponse:
         req = tds_pb2.LogsRequest(
@@ -405,11 +455,17 @@ def build_app(
             pos=pos,
             page_size=pagesize,
         )
-        return _stream(model_id, who, "GetLogs", req, follow)
+        return _stream(model_id, who, "GetLogs", _since(req, since_time), follow)
 
     @app.get(
         "/v1/models/{model_id}/metrics",
         tags=["models"],
+        response_class=NdjsonResponse,
+        responses=ndjson,
+    )
+    @app.get(
+        "/v1/logs/{model_id}/emetrics",
+        tags=["ffdl aliases"],
         response_class=NdjsonResponse,
         responses=ndjson,
     )
@@ -420,12 +476,115 @@ def build_app(
         name: str = Query("", max_length=MAX_METRIC_NAME),
         pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
         pagesize: int = Query(0, ge=0, le=INT32_MAX),
+        since_time: str = Query("", max_length=32),
         who: Principal = Depends(caller),
     ) -> NdjsonResponse:
         req = tds_pb2.MetricsRequest(
             job_id=model_id, follow=follow, learner=learner, name=name, pos=pos, page_size=pagesize
         )
-        return _stream(model_id, who, "GetMetrics", req, follow)
+        return _stream(model_id, who, "GetMetrics", _since(req, since_time), follow)
+
+    # -- downloads (FfDL) -------------------------------------------------------------------
+    zip_response: dict[int | str, dict[str, Any]] = {
+        200: {"description": "a zip archive", "content": {"application/zip": {}}}
+    }
+
+    @app.get(
+        "/v1/models/{model_id}/definition",
+        tags=["models"],
+        response_class=StreamingResponse,
+        responses=zip_response,
+    )
+    def download_definition(model_id: str, who: Principal = Depends(caller)) -> StreamingResponse:
+        """The code archive the job was submitted with (gRPC DownloadModelDefinition,
+        `rhizome download ID --definition`)."""
+        data = core.model_definition(who, model_id)
+        return StreamingResponse(
+            iter([data]),
+            media_type="application/zip",
+            headers={"Content-Disposition": f'attachment; filename="{model_id}-definition.zip"'},
+        )
+
+    @app.get(
+        "/v1/models/{model_id}/trained_model",
+        tags=["models"],
+        response_class=StreamingResponse,
+        responses=zip_response,
+    )
+    def download_trained_model(
+        model_id: str, who: Principal = Depends(caller)
+    ) -> StreamingResponse:
+        """What the job's learners wrote to their results location, as a zip of
+        `<rank>/<path>` (gRPC DownloadTrainedModel, `rhizome download ID`)."""
+        archive = core.trained_model(who, model_id)
+        return StreamingResponse(
+            chunks(archive),
+            media_type="application/zip",
+            headers={"Content-Disposition": f'attachment; filename="{model_id}-trained.zip"'},
+        )
+
+    # -- events (FfDL) ----------------------------------------------------------------------
+    def _endpoint_json(record: Any) -> dict[str, Any]:
+        return _message_json(endpoint_to_proto(record))
+
+    def _created_endpoint(record: Any, secret: str) -> JSONResponse:
+        return JSONResponse({"endpoint": _endpoint_json(record), "secret": secret}, status_code=201)
+
+    @app.get("/v1/models/{model_id}/events", tags=["events"])
+    def list_all_events(model_id: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        """Every webhook of the job, of every event type (never a secret)."""
+        return {"endpoints": [_endpoint_json(e) for e in core.event_endpoints(who, model_id)]}
+
+    @app.get("/v1/models/{model_id}/events/{event_type}", tags=["events"])
+    def list_events(
+        model_id: str, event_type: str, who: Principal = Depends(caller)
+    ) -> dict[str, Any]:
+        """The job's webhooks for `event_type` (never a secret)."""
+        found = core.event_endpoints(who, model_id, event_type)
+        return {"endpoints": [_endpoint_json(e) for e in found]}
+
+    @app.post("/v1/models/{model_id}/events/{event_type}", status_code=201, tags=["events"])
+    def create_event(
+        model_id: str, event_type: str, body: EventEndpointBody, who: Principal = Depends(caller)
+    ) -> JSONResponse:
+        """Register a webhook; the response holds its signing secret, and nothing later does."""
+        record, secret = core.add_event_endpoint(
+            who, model_id, event_type, body.url, body.endpoint_id
+        )
+        return _created_endpoint(record, secret)
+
+    @app.post(
+        "/v1/models/{model_id}/events/{event_type}/{endpoint_id}",
+        status_code=201,
+        tags=["events"],
+    )
+    def create_named_event(
+        model_id: str,
+        event_type: str,
+        endpoint_id: str,
+        body: EventEndpointBody,
+        who: Principal = Depends(caller),
+    ) -> JSONResponse:
+        """FfDL's form: the caller names the endpoint in the path."""
+        record, secret = core.add_event_endpoint(who, model_id, event_type, body.url, endpoint_id)
+        return _created_endpoint(record, secret)
+
+    @app.get("/v1/models/{model_id}/events/{event_type}/{endpoint_id}", tags=["events"])
+    def get_event(
+        model_id: str, event_type: str, endpoint_id: str, who: Principal = Depends(caller)
+    ) -> dict[str, Any]:
+        for endpoint in core.event_endpoints(who, model_id, event_type):
+            if endpoint.endpoint_id == endpoint_id:
+                return _endpoint_json(endpoint)
+        raise errors.NotFound(
+            f"job {model_id} has no {event_type!r} event endpoint {endpoint_id!r}"
+        )
+
+    @app.delete("/v1/models/{model_id}/events/{event_type}/{endpoint_id}", tags=["events"])
+    def delete_event(
+        model_id: str, event_type: str, endpoint_id: str, who: Principal = Depends(caller)
+    ) -> dict[str, Any]:
+        return _endpoint_json(core.delete_event_endpoint(who, model_id, event_type, endpoint_id))
 
     @app.post("/v1/tokens", status_code=201, tags=["tokens"])
     def create_token(body: TokenBody, who: Principal = Depends(caller)) -> dict[str, Any]:
@@ -449,5 +608,7 @@ def build_app(
         return _message_json(token_to_proto(authenticator.revoke_token(who, token_id)))
 
     # The web dashboard (docs/dashboard.md): its pages sign in with a session cookie.
-    mount_dashboard(app, core, tds_channel, authenticator, scheduler_channel)
+    mount_dashboard(
+        app, core, tds_channel, authenticator, scheduler_channel, dashboard_dir, quota_config
+    )
     return app

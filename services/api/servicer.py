@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import io
+import itertools
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -20,8 +23,20 @@ from rhizome.v1 import (
 from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
-from services.api.convert import job_to_proto, token_to_proto
-from services.api.core import MAX_LOG_SEARCH, MAX_METRIC_NAME, TrainerCore, bounded
+from services.api.convert import endpoint_to_proto, job_to_proto, token_to_proto
+from services.api.core import (
+    HOW_TO_UPLOAD_LARGE_CODE,
+    MAX_LOG_SEARCH,
+    MAX_METRIC_NAME,
+    MAX_MODEL_BYTES,
+    MAX_UNARY_MODEL_BYTES,
+    SPOOL_BYTES,
+    ModelArchive,
+    TrainerCore,
+    bounded,
+    chunks,
+    too_large,
+)
 from services.store import states
 
 T = TypeVar("T")
@@ -79,15 +94,112 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def CreateJob(
         self, request: trainer_pb2.CreateJobRequest, context: grpc.ServicerContext
     ) -> trainer_pb2.CreateJobResponse:
+        who = self.caller(context)
+        size = len(request.model_definition)
+        if size > MAX_UNARY_MODEL_BYTES:
+            raise too_large(
+                size, MAX_UNARY_MODEL_BYTES, f"in one CreateJob message; {HOW_TO_UPLOAD_LARGE_CODE}"
+            )
         created = self.core.create(
-            self.caller(context),
-            request.manifest_yaml,
-            request.model_definition,
-            request.idempotency_key,
+            who, request.manifest_yaml, request.model_definition, request.idempotency_key
         )
         return trainer_pb2.CreateJobResponse(
             job_id=created.job.job_id, job=job_to_proto(created.job), existing=created.existing
         )
+
+    @_abort_on_api_error
+    def CreateJobStream(
+        self, request_iterator: Iterator[trainer_pb2.CreateJobChunk], context: grpc.ServicerContext
+    ) -> trainer_pb2.CreateJobResponse:
+        # Who is calling, and whether the manifest is good, before a byte of code is read.
+        who = self.caller(context)
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            raise errors.BadRequest(
+                "the first CreateJobStream message must carry `header` (the manifest and "
+                "idempotency key); the code follows in `data`"
+            )
+        header = first.header
+        if header.model_definition:
+            raise errors.BadRequest(
+                "header.model_definition must be empty in CreateJobStream; send the code in `data`"
+            )
+        self.core.check_idempotency_key(header.idempotency_key)
+        self.core.check_manifest(header.manifest_yaml)
+        # The code goes to a spooled file: memory up to SPOOL_BYTES, disk beyond. Nothing
+        # is stored before the last piece arrived, so a client that goes away mid-upload
+        # (the iterator raises) leaves no job, no record and no object.
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
+            size = 0
+            for n, chunk in enumerate(itertools.chain([first], request_iterator)):
+                if n and chunk.HasField("header"):
+                    raise errors.BadRequest("only the first CreateJobStream message has a header")
+                size += len(chunk.data)
+                if size > MAX_MODEL_BYTES:
+                    raise too_large(
+                        size, MAX_MODEL_BYTES, "(put data in a data store, not in the model zip)"
+                    )
+                spool.write(chunk.data)
+            spool.seek(0)
+            code: ModelArchive = spool if size else b""
+            created = self.core.create(who, header.manifest_yaml, code, header.idempotency_key)
+        return trainer_pb2.CreateJobResponse(
+            job_id=created.job.job_id, job=job_to_proto(created.job), existing=created.existing
+        )
+
+    def DownloadModelDefinition(
+        self, request: trainer_pb2.GetJobRequest, context: grpc.ServicerContext
+    ) -> Iterator[trainer_pb2.DataChunk]:
+        try:
+            data = self.core.model_definition(self.caller(context), request.job_id)
+        except errors.ApiError as exc:
+            context.abort(exc.grpc_code, exc.message)
+        for piece in chunks(io.BytesIO(data)):
+            yield trainer_pb2.DataChunk(data=piece)
+
+    def DownloadTrainedModel(
+        self, request: trainer_pb2.GetJobRequest, context: grpc.ServicerContext
+    ) -> Iterator[trainer_pb2.DataChunk]:
+        try:
+            archive = self.core.trained_model(self.caller(context), request.job_id)
+        except errors.ApiError as exc:
+            context.abort(exc.grpc_code, exc.message)
+        for piece in chunks(archive):
+            yield trainer_pb2.DataChunk(data=piece)
+
+    # -- events -------------------------------------------------------------------------------
+    @_abort_on_api_error
+    def CreateEventEndpoint(
+        self, request: trainer_pb2.CreateEventEndpointRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.CreateEventEndpointResponse:
+        record, secret = self.core.add_event_endpoint(
+            self.caller(context),
+            request.job_id,
+            request.event_type,
+            request.url,
+            request.endpoint_id,
+        )
+        return trainer_pb2.CreateEventEndpointResponse(
+            endpoint=endpoint_to_proto(record), secret=secret
+        )
+
+    @_abort_on_api_error
+    def ListEventEndpoints(
+        self, request: trainer_pb2.ListEventEndpointsRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.ListEventEndpointsResponse:
+        found = self.core.event_endpoints(self.caller(context), request.job_id, request.event_type)
+        return trainer_pb2.ListEventEndpointsResponse(
+            endpoints=[endpoint_to_proto(e) for e in found]
+        )
+
+    @_abort_on_api_error
+    def DeleteEventEndpoint(
+        self, request: trainer_pb2.EventEndpointRequest, context: grpc.ServicerContext
+    ) -> trainer_pb2.EventEndpoint:
+        removed = self.core.delete_event_endpoint(
+            self.caller(context), request.job_id, request.event_type, request.endpoint_id
+        )
+        return endpoint_to_proto(removed)
 
     @_abort_on_api_error
     def GetJob(

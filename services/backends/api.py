@@ -78,7 +78,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def start_helper(self, job: JobSpec) -> None:
-        """Per-job helper (FfDL's log collector / controller sidecar), if the backend needs one."""
+        """Per-job helper (FfDL's log collector / controller sidecar), if the backend needs
+        one. Idempotent: the guardian calls it again while it watches a deployed job (also
+        one it took over), so a helper that died is started again."""
+
+    def stop_helper(self, job_id: str, job_dir: str) -> None:  # noqa: B027 - optional hook
+        """Stop the per-job helper, letting it finish its work (the platform is shutting
+        down and the job stays; `rollback` stops it too)."""
 
     @abc.abstractmethod
     def learner_exited(self, handle: int) -> int | None:
@@ -87,6 +93,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def stop_learners(self, job_id: str, grace_s: float) -> None:
         """SIGTERM-then-kill every running learner of the job (halt, delete, failure)."""
+
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        """SIGTERM-then-kill one learner (an elastic job's scale-in). A backend that
+        cannot stop one learner alone refuses, and the scale is rolled back."""
+        raise BackendError(
+            f"the {type(self).__name__} cannot stop one learner alone: scale this job in "
+            "by halting it, scaling it while halted and resuming it"
+        )
 
     @abc.abstractmethod
     def rollback(self, job_id: str, job_dir: str) -> None:

@@ -20,10 +20,21 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from rhizome.v1 import job_pb2, tds_pb2
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from services.client.sdk import Client, ClientError, zip_directory
-from services.config import DEFAULT_API_ADDRESS, DEFAULT_DATA_DIR
+from services.client.options import (
+    Ctx,
+    add_global_options,
+    defaults_for,
+    global_options,
+    json_option,
+)
+from services.client.sdk import UPLOAD_CHUNK, Client, ClientError, zip_directory
+from services.client.stages import print_stage_table, stage_rows
+from services.client.stages import stage_placement as stage_placement  # tests import it here
+from services.client.up_summary import print_up_summary
+from services.config import DEFAULT_DATA_DIR
 from services.manifest import ManifestError, parse_manifest
 
 out = Console(highlight=False, soft_wrap=True)
@@ -51,49 +62,6 @@ def fmt_time(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts.seconds))
 
 
-class Ctx:
-    def __init__(
-        self,
-        api: str | None,
-        user: str | None,
-        data_dir: Path,
-        token: str | None = None,
-        tls_ca: Path | None = None,
-        plaintext: bool = False,
-    ) -> None:
-        self._api = api
-        self.user = user
-        self.data_dir = data_dir
-        self.token = token
-        self.tls_ca = tls_ca
-        self.plaintext = plaintext
-        self._client: Client | None = None
-
-    @property
-    def api(self) -> str:
-        if self._api:
-            return self._api
-        from services.embedded.platform import load_state
-
-        state = load_state(self.data_dir)
-        if state and state.api_address:
-            return state.api_address
-        return DEFAULT_API_ADDRESS
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = Client(
-                self.api,
-                self.user,
-                token=self.token,
-                data_dir=self.data_dir,
-                tls=False if self.plaintext else None,
-                ca_file=self.tls_ca,
-            )
-        return self._client
-
-
 def handles_errors(fn: F) -> F:
     """One line on stderr and exit 1 for every expected failure; never a traceback."""
 
@@ -109,9 +77,6 @@ def handles_errors(fn: F) -> F:
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper  # type: ignore[return-value]
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
 
 def resolve_job_id(client: Client, given: str) -> str:
@@ -146,61 +111,26 @@ job_id_argument = click.argument("job_id", callback=_job_id_argument)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--api",
-    envvar="RHIZOME_API",
-    default=None,
-    metavar="HOST:PORT",
-    help="Trainer API address (default: the embedded platform's, else 127.0.0.1:50051).",
-)
-@click.option(
-    "--token",
-    envvar="RHIZOME_TOKEN",
-    default=None,
-    help="API token (default: $RHIZOME_TOKEN, else the embedded platform's "
-    "<data dir>/admin.token).",
-)
-@click.option(
-    "--user",
-    envvar="RHIZOME_USER",
-    default=None,
-    help="User id sent when there is no token; only a daemon run with "
-    "--insecure-trust-user-header believes it (default: $USER).",
-)
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    envvar="RHIZOME_DATA_DIR",
-    default=str(DEFAULT_DATA_DIR),
-    show_default=True,
-    help="Embedded platform data directory.",
-)
-@click.option(
-    "--tls-ca",
-    "tls_ca",
-    type=click.Path(path_type=Path),
-    envvar="RHIZOME_TLS_CA",
-    default=None,
-    help="Call the API over TLS trusting this CA certificate (default: the embedded "
-    "platform's <data dir>/tls/ca.pem when --api is that platform's).",
-)
-@click.option(
-    "--insecure-plaintext",
-    is_flag=True,
-    help="Call the API without TLS (tokens travel in clear text).",
-)
+@global_options
 @click.pass_context
 def cli(
     ctx: click.Context,
     api: str | None,
     token: str | None,
     user: str | None,
-    data_dir: Path,
+    data_dir: Path | None,
     tls_ca: Path | None,
-    insecure_plaintext: bool,
+    plaintext: bool | None,
+    as_json: bool | None,
 ) -> None:
     """Rhizome: train on cheap preemptible GPUs without babysitting them."""
-    ctx.obj = Ctx(api, user, data_dir.expanduser(), token, tls_ca, insecure_plaintext)
+    ctx.obj = Ctx(
+        api, user, (data_dir or DEFAULT_DATA_DIR).expanduser(), token, tls_ca, bool(plaintext)
+    )
+    ctx.obj.json = bool(as_json)
+    # Commands of other parts (estimate, inject, image) read their own --json and
+    # --data-dir; the group's reach them as defaults.
+    ctx.default_map = defaults_for(cli, {"as_json": True} if as_json else {}, data_dir)
 
 
 # -- platform -------------------------------------------------------------------------------
@@ -224,17 +154,16 @@ def cli(
 )
 @click.option(
     "--grpc-port",
-    type=int,
-    default=50051,
-    show_default=True,
-    help="API gRPC port (0: any free port).",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="API gRPC port, used exactly or `up` says who holds it (0: any free port; "
+    "default: the last run's, else 50051, else any free port).",
 )
 @click.option(
     "--rest-port",
-    type=int,
-    default=8080,
-    show_default=True,
-    help="REST gateway port (0: any free port).",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="REST gateway port, as --grpc-port (default: the last run's, else 8080).",
 )
 @click.option("--services", default="", help="Services the daemon hosts (default: all).")
 @click.option(
@@ -280,8 +209,8 @@ def up(
     etcd: str,
     mongodb_uri: str,
     elasticsearch_url: str,
-    grpc_port: int,
-    rest_port: int,
+    grpc_port: int | None,
+    rest_port: int | None,
     services: str,
     backend: str,
     tls_cert: Path | None,
@@ -316,40 +245,7 @@ def up(
     except DependencyError as exc:
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(1)
-    err.print(
-        f"[green]Rhizome is up[/green]: API {state.api_address}, REST {state.rest_url}, data {state.data_dir}"
-    )
-    if state.tls:
-        trust = f"its CA is {state.tls_ca}" if state.tls_ca else "trusting the system's CAs"
-        err.print(f"TLS on the API and REST ({trust}); this CLI and the SDK trust it here")
-    else:
-        err.print("[yellow]the API serves plaintext: tokens travel in clear text[/yellow]")
-    token_file = Path(state.data_dir) / "admin.token"
-    if token_file.exists():
-        err.print(
-            f"admin token in {token_file} (mode 0600): this CLI and the SDK use it here; "
-            "`rhizome token create --user NAME` makes one for someone else"
-        )
-        import httpx
-
-        from services.dashboard.login_link import login_link
-
-        try:
-            link = login_link(state.rest_url, token_file, state.tls_ca if state.tls else "")
-            # soft_wrap: a terminal's width must not break the link across lines.
-            err.print(
-                f"dashboard {state.rest_url}/ — sign in once with {link} (10 minutes)",
-                soft_wrap=True,
-            )
-            if state.tls and state.tls_ca:
-                err.print(
-                    f"the dashboard's certificate is signed by this platform's own CA, "
-                    f"{state.tls_ca}: import it into your browser to trust it",
-                    soft_wrap=True,
-                )
-        except (OSError, httpx.HTTPError, KeyError, ValueError) as exc:
-            # The platform is up all the same; say why there is no link.
-            err.print(f"dashboard {state.rest_url}/ (no login link: {exc}; sign in with the token)")
+    print_up_summary(err, state)
     if foreground:
         err.print("Press Ctrl-C to stop.")
         try:
@@ -439,6 +335,14 @@ def train(
     """Submit MANIFEST (with the training code in CODE_DIR, default: the manifest's folder)."""
     raw = manifest.read_bytes()
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClientError(
+            "INVALID_ARGUMENT",
+            f"{manifest}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}); "
+            "save the manifest as UTF-8",
+        ) from None
+    try:
         parse_manifest(raw)  # a bad manifest fails here, before anything is packaged
     except ManifestError as exc:
         raise ClientError("INVALID_ARGUMENT", f"{manifest}: {exc}") from None
@@ -447,8 +351,14 @@ def train(
         err.print(f"packaging {code} ...")
     archive = zip_directory(code)
     if not as_json:
-        err.print(f"uploading {len(archive) / 2**20:.1f} MiB of code")
-    resp = obj.client.create_job(raw.decode("utf-8"), archive, idempotency_key)
+        err.print(f"uploading {len(archive) / 2**20:.1f} MiB of code ({len(archive):,} bytes)")
+    if as_json or len(archive) <= UPLOAD_CHUNK:
+        resp = obj.client.create_job(text, archive, idempotency_key)
+    else:
+        from services.client.upload_progress import upload_progress
+
+        with upload_progress(err, len(archive)) as report:
+            resp = obj.client.create_job(text, archive, idempotency_key, progress=report)
     if as_json:
         emit_json(to_dict(resp))
     else:
@@ -458,9 +368,18 @@ def train(
         sys.exit(_wait(obj.client, resp.job_id, quiet=as_json))
 
 
+PROGRESS_EVERY_S = 2.0  # how often `train --wait` reads the job's metrics
+
+
 def _wait(client: Client, job_id: str, quiet: bool = False, timeout_s: float = 0) -> int:
+    """Wait for the job to end, printing its status changes and, while it trains, its
+    step, loss and ETA from its metrics (services/client/progress.py)."""
+    from services.client.progress import progress_of
+
     last = ""
+    shown = ""
     start = time.monotonic()
+    next_progress = start
     while True:
         job = client.get_job(job_id)
         name = status_name(job.status)
@@ -469,6 +388,15 @@ def _wait(client: Client, job_id: str, quiet: bool = False, timeout_s: float = 0
         last = name
         if name in TERMINAL:
             return 0 if name == "COMPLETED" else 1
+        if not quiet and name == "PROCESSING" and time.monotonic() >= next_progress:
+            next_progress = time.monotonic() + PROGRESS_EVERY_S
+            try:
+                now = progress_of(client.metrics(tds_pb2.MetricsRequest(job_id=job_id, learner=-1)))
+            except ClientError:
+                now = None  # no metrics service reachable: the status lines still come
+            if now is not None and now.line() != shown:
+                shown = now.line()
+                err.print(f"  {time.strftime('%H:%M:%S')} {shown}")
         if timeout_s and time.monotonic() - start > timeout_s:
             return 2
         time.sleep(0.5)
@@ -524,7 +452,7 @@ def show(obj: Ctx, job_id: str, as_json: bool) -> None:
     job = obj.client.get_job(job_id)
     if as_json:
         doc = to_dict(job)
-        stages = _stage_rows(obj.client, job) if job.placement.learner_nodes else []
+        stages = stage_rows(obj.client, job) if job.placement.learner_nodes else []
         emit_json({**doc, "stages": stages} if stages else doc)
         return
     res = job.resources
@@ -539,80 +467,15 @@ def show(obj: Ctx, job_id: str, as_json: bool) -> None:
     if job.placement.learner_nodes:
         nodes = ", ".join(f"{r}→{n}" for r, n in sorted(job.placement.learner_nodes.items()))
         out.print(f"placement: {nodes}")
-        stages = _stage_rows(obj.client, job)
+        stages = stage_rows(obj.client, job)
         if stages:
-            st_table = Table(
-                "learner", "stage", "pipeline", "node", "zone", "why", title="pipeline stages"
-            )
-            for row in stages:
-                st_table.add_row(*(str(row[k]) for k in STAGE_COLUMNS))
-            out.print(st_table)
+            print_stage_table(out, stages)
     table = Table("time", "status", "message", title="history")
     for h in job.history:
         table.add_row(fmt_time(h.time), status_name(h.status), h.message)
     out.print(table)
     if status_name(job.status) == "FAILED":
         _print_last_lines(obj.client, job)
-
-
-STAGE_COLUMNS = ("learner", "stage", "pipeline", "node", "zone", "why")
-
-
-def stage_placement(
-    learner_nodes: dict[int, str], zones: dict[str, str] | None, stages: int, pipelines: int
-) -> list[dict[str, Any]]:
-    """Where each stage of a pipeline job runs and why: stage s's shadow (the learner of
-    stage s-1 of the same pipeline, which holds its replica) should be in another zone,
-    so that one zone's preemption wave cannot take a stage and its shadow together
-    (the scheduler's zone-aware placement). ``zones``: node -> zone, None if unknown."""
-    all_zones = set(zones.values()) if zones else set()
-    rows = []
-    for rank in range(stages * pipelines):
-        node = learner_nodes.get(rank, "?")
-        stage, pipe = rank % stages, rank // stages
-        shadow = pipe * stages + (stage - 1) % stages
-        zone = zones.get(node, "?") if zones is not None else "?"
-        shadow_zone = zones.get(learner_nodes.get(shadow, ""), "?") if zones is not None else "?"
-        if stages == 1:
-            why = "one stage: no shadow"
-        elif zones is None:
-            why = f"shadow: learner {shadow}; zones unknown (the scheduler did not answer)"
-        elif zone != shadow_zone:
-            why = f"zone-aware: its shadow, learner {shadow}, runs in zone {shadow_zone}"
-        elif len(all_zones) < 2:
-            why = f"its shadow, learner {shadow}, is in the same zone: the cluster has one zone"
-        else:
-            why = (
-                f"its shadow, learner {shadow}, is in the same zone: no other zone had room "
-                "when the job was placed"
-            )
-        rows.append(
-            {
-                "learner": rank,
-                "stage": stage,
-                "pipeline": pipe,
-                "node": node,
-                "zone": zone,
-                "why": why,
-            }
-        )
-    return rows
-
-
-def _stage_rows(client: Client, job: job_pb2.Job) -> list[dict[str, Any]]:
-    """`stage_placement` of a placed pipeline job (empty for any other job)."""
-    manifest = json_format.MessageToDict(job.manifest)
-    pipeline = manifest.get("pipeline") or {}
-    if not pipeline:
-        return []
-    stages, pipelines = int(pipeline.get("stages", 1)), int(pipeline.get("pipelines", 1))
-    zones: dict[str, str] | None
-    try:
-        zones = {n.name: n.zone for n in client.cluster().nodes}
-    except ClientError:
-        zones = None
-    nodes = {int(r): str(n) for r, n in job.placement.learner_nodes.items()}
-    return stage_placement(nodes, zones, stages, pipelines)
 
 
 def _print_last_lines(client: Client, job: job_pb2.Job, count: int = 20) -> None:
@@ -686,21 +549,6 @@ _job_action(
     "Delete a job: stop it and forget it.",
     lambda status: status == "DELETED",
 )
-
-
-@cli.command()
-@job_id_argument
-@click.argument("learners", type=int)
-@json_option
-@click.pass_obj
-@handles_errors
-def scale(obj: Ctx, job_id: str, learners: int, as_json: bool) -> None:
-    """Scale an elastic job to LEARNERS learners."""
-    job = obj.client.scale_job(job_id, learners)
-    if as_json:
-        emit_json(to_dict(job))
-    else:
-        out.print(f"job {job.job_id} {status_name(job.status)}, {job.resources.learners} learners")
 
 
 @cli.command()
@@ -818,26 +666,66 @@ def version(obj: Ctx, as_json: bool) -> None:
 # injector, the image builder); plain click commands registered here so `rhizome` is the
 # one door.
 PLUGGED_COMMANDS = (
+    ("services.client.doctor", "doctor"),
+    ("services.client.doctor", "completion"),
     ("services.sim.cli", "estimate"),
     ("services.injector.cli", "inject"),
     ("services.images.cli", "image"),
     ("services.client.tokens_cli", "token"),
+    ("services.client.ffdl_cli", "download"),
+    ("services.client.ffdl_cli", "events"),
+    ("services.client.scale_cli", "scale"),
 )
+
+
+# Plugged commands that get the global options after their name: those that call the API.
+CALLS_THE_API = {"token", "doctor"}
 
 
 def _plug_commands() -> None:
     import importlib
 
+    for own in cli.commands.values():
+        add_global_options(own)
     for module, name in PLUGGED_COMMANDS:
         command = getattr(importlib.import_module(module), name)
+        if name in CALLS_THE_API:
+            add_global_options(command)
         cli.add_command(command, name)
 
 
+def undecodable_argument(argv: list[str]) -> str | None:
+    """The first argument that is not UTF-8 (Python keeps its bytes as surrogates, which
+    no gRPC call or file name of ours can carry), as a message; None when all are."""
+    for i, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            return (
+                f"argument {i} ({raw!r}) is not valid UTF-8; pass text in UTF-8 "
+                "(check the terminal's and the shell's locale, e.g. LANG=C.UTF-8)"
+            )
+    return None
+
+
 def main() -> None:
+    bad = undecodable_argument(sys.argv[1:])
+    if bad:
+        err.print(f"[red]error:[/red] {escape(bad)}")
+        sys.exit(2)
     _plug_commands()
     try:
         cli(prog_name="rhizome")
+    except ClientError as exc:  # raised outside a command's own handler (a prefix lookup)
+        err.print(f"[red]error:[/red] {exc.message}")
+        sys.exit(1)
     except Exception as exc:  # the last line of defence: no traceback to the user
+        from services.embedded.process import DependencyError
+
+        if isinstance(exc, DependencyError):  # a stale data dir, a busy port: said whole
+            err.print(f"[red]error:[/red] {exc}")
+            sys.exit(1)
         if os.environ.get("RHIZOME_DEBUG"):
             raise
         err.print(

@@ -24,9 +24,9 @@ import os
 import stat
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from rhizome.v1 import job_pb2, scheduler_pb2, tds_pb2, trainer_pb2, trainer_pb2_grpc
@@ -38,6 +38,12 @@ TOKEN_ENV = "RHIZOME_TOKEN"
 TLS_CA_ENV = "RHIZOME_TLS_CA"
 ADMIN_TOKEN_FILE = "admin.token"
 MAX_MESSAGE = 80 * 1024 * 1024
+# Code is uploaded in pieces of this size (CreateJobStream), never in one message.
+UPLOAD_CHUNK = 1024 * 1024
+# The most code one CreateJob message may carry (services/api/core.py MAX_UNARY_MODEL_BYTES).
+MAX_UNARY_CODE = 64 * 1024 * 1024
+# (bytes sent, bytes in all): what `create_job` reports as an upload goes.
+Progress = Callable[[int, int], None]
 
 
 class ClientError(RuntimeError):
@@ -72,6 +78,20 @@ def _translate(exc: grpc.RpcError, address: str, tls: bool = False) -> ClientErr
             code.name,
             f"cannot reach the Rhizome API at {address}; start it with `rhizome up --embedded` "
             f"or pass --api HOST:PORT{hint}",
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in lowered:
+        # gRPC's own refusal of an oversized message, before the API sees it.
+        return ClientError(
+            code.name,
+            f"the request is larger than the gRPC message limit of the API at {address} "
+            f"({details}); upload code with Client.create_job (it streams the archive in "
+            f"pieces, up to {MAX_CODE_ZIP_BYTES // 2**20} MiB) or as multipart on POST /v1/models",
+        )
+    if code == grpc.StatusCode.UNIMPLEMENTED and "method not found" in lowered:
+        return ClientError(
+            code.name,
+            f"the Rhizome API at {address} does not offer this call ({details}); it is older "
+            "than this client: upgrade the platform",
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ClientError(code.name, f"the Rhizome API at {address} did not answer in time")
@@ -145,7 +165,7 @@ def find_tls(
 
 # What the API takes (services/api/core.py, services/api/archive.py): checked here first so
 # that a wrong folder fails before minutes of zipping and uploading, naming the folder.
-MAX_CODE_ZIP_BYTES = 64 * 1024 * 1024
+MAX_CODE_ZIP_BYTES = 512 * 1024 * 1024  # the streamed limit (MAX_MODEL_BYTES there)
 MAX_CODE_TOTAL_BYTES = 1024 * 1024 * 1024
 MAX_CODE_FILES = 10_000
 _SKIPPED_DIRS = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
@@ -252,16 +272,45 @@ class Client:
 
     # -- jobs ------------------------------------------------------------------------------
     def create_job(
-        self, manifest_yaml: str, code_zip: bytes = b"", idempotency_key: str | None = None
+        self,
+        manifest_yaml: str,
+        code_zip: bytes = b"",
+        idempotency_key: str | None = None,
+        progress: Progress | None = None,
     ) -> trainer_pb2.CreateJobResponse:
+        """Submit a job. Code is streamed in UPLOAD_CHUNK pieces (CreateJobStream), so an
+        archive larger than one gRPC message uploads; `progress(sent, total)` is called
+        after each piece."""
         # A key per call makes the SDK's own retries safe; callers may pass theirs.
         key = idempotency_key if idempotency_key is not None else uuid.uuid4().hex
-        req = trainer_pb2.CreateJobRequest(
-            manifest_yaml=manifest_yaml, model_definition=code_zip, idempotency_key=key
-        )
-        resp = self._call("CreateJob", req)
-        assert isinstance(resp, trainer_pb2.CreateJobResponse)
-        return resp
+        header = trainer_pb2.CreateJobRequest(manifest_yaml=manifest_yaml, idempotency_key=key)
+        if not code_zip:
+            resp = self._call("CreateJob", header)
+            assert isinstance(resp, trainer_pb2.CreateJobResponse)
+            return resp
+
+        def pieces() -> Iterator[trainer_pb2.CreateJobChunk]:
+            yield trainer_pb2.CreateJobChunk(header=header)
+            for start in range(0, len(code_zip), UPLOAD_CHUNK):
+                piece = code_zip[start : start + UPLOAD_CHUNK]
+                yield trainer_pb2.CreateJobChunk(data=piece)
+                if progress is not None:
+                    progress(start + len(piece), len(code_zip))
+
+        # The deadline grows with the upload: a slow link still gets its archive through.
+        timeout = self.timeout_s + len(code_zip) / (1024 * 1024)
+        try:
+            streamed = self._stub.CreateJobStream(pieces(), metadata=self._md, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and len(code_zip) <= MAX_UNARY_CODE:
+                # A daemon from before CreateJobStream: code that fits one message still goes.
+                header.model_definition = code_zip
+                resp = self._call("CreateJob", header, timeout=timeout)
+                assert isinstance(resp, trainer_pb2.CreateJobResponse)
+                return resp
+            raise _translate(exc, self.address, self.tls) from None
+        assert isinstance(streamed, trainer_pb2.CreateJobResponse)
+        return streamed
 
     def get_job(self, job_id: str) -> job_pb2.Job:
         resp = self._call("GetJob", trainer_pb2.GetJobRequest(job_id=job_id))
@@ -314,6 +363,52 @@ class Client:
     def scale_job(self, job_id: str, learners: int) -> job_pb2.Job:
         resp = self._call("ScaleJob", trainer_pb2.ScaleJobRequest(job_id=job_id, learners=learners))
         assert isinstance(resp, job_pb2.Job)
+        return resp
+
+    # -- downloads (FfDL's /definition and /trained_model) ------------------------------------
+    def download_model_definition(self, job_id: str, out: IO[bytes]) -> int:
+        """Write the job's code archive (a zip) to `out`; the number of bytes written."""
+        return self._download(self._stub.DownloadModelDefinition, job_id, out)
+
+    def download_trained_model(self, job_id: str, out: IO[bytes]) -> int:
+        """Write a zip of what the job's learners stored as results (`<rank>/<path>`)."""
+        return self._download(self._stub.DownloadTrainedModel, job_id, out)
+
+    def _download(self, method: Any, job_id: str, out: IO[bytes]) -> int:
+        written = 0
+        for chunk in self._stream(method, trainer_pb2.GetJobRequest(job_id=job_id)):
+            out.write(chunk.data)
+            written += len(chunk.data)
+        return written
+
+    # -- events (webhooks) ------------------------------------------------------------------
+    def create_event_endpoint(
+        self, job_id: str, event_type: str, url: str, endpoint_id: str = ""
+    ) -> trainer_pb2.CreateEventEndpointResponse:
+        """Register a webhook; its signing secret is in this response and nowhere else."""
+        req = trainer_pb2.CreateEventEndpointRequest(
+            job_id=job_id, event_type=event_type, url=url, endpoint_id=endpoint_id
+        )
+        resp = self._call("CreateEventEndpoint", req)
+        assert isinstance(resp, trainer_pb2.CreateEventEndpointResponse)
+        return resp
+
+    def list_event_endpoints(
+        self, job_id: str, event_type: str = ""
+    ) -> list[trainer_pb2.EventEndpoint]:
+        req = trainer_pb2.ListEventEndpointsRequest(job_id=job_id, event_type=event_type)
+        resp = self._call("ListEventEndpoints", req)
+        assert isinstance(resp, trainer_pb2.ListEventEndpointsResponse)
+        return list(resp.endpoints)
+
+    def delete_event_endpoint(
+        self, job_id: str, event_type: str, endpoint_id: str
+    ) -> trainer_pb2.EventEndpoint:
+        req = trainer_pb2.EventEndpointRequest(
+            job_id=job_id, event_type=event_type, endpoint_id=endpoint_id
+        )
+        resp = self._call("DeleteEventEndpoint", req)
+        assert isinstance(resp, trainer_pb2.EventEndpoint)
         return resp
 
     # -- streams --------------------------------------------------------------------------------

@@ -8,17 +8,9 @@ from typing import Any
 import click
 from rich.table import Table
 
-from services.client.cli import (
-    Ctx,
-    emit_json,
-    err,
-    fmt_time,
-    handles_errors,
-    json_option,
-    out,
-    to_dict,
-)
+from services.client.cli import emit_json, err, fmt_time, handles_errors, out, to_dict
 from services.client.durations import parse_duration
+from services.client.options import Ctx, json_option
 
 
 def _token_row(t: Any) -> list[str]:

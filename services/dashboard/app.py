@@ -40,15 +40,19 @@ from services.api.core import (
     MAX_NAME_PREFIX,
     MAX_PAGE_TOKEN,
     TrainerCore,
+    owner_scope,
 )
 from services.dashboard.api import CsrfRejected, NotSignedIn, Session
 from services.dashboard.estimate import DEFAULT_RUNS, EstimateRefused, bundled_traces, estimate
-from services.dashboard.sessions import MemorySessionStore
+from services.dashboard.sessions import CookieSessionStore
 from services.dashboard.submit import examples, manifest_problem
-from services.dashboard.views import job_view
+from services.dashboard.views import job_view, with_zones
 from services.manifest import MAX_MANIFEST_BYTES
+from services.scheduler.api import QuotaConfigError
+from services.scheduler.quota import load_quota_config
 from services.store import states
 from services.store.errors import StoreUnavailable
+from services.store.jobs import JobRecord
 
 R = TypeVar("R", bound=Response)
 HERE = Path(__file__).parent
@@ -62,6 +66,7 @@ MAX_TOKEN_CHARS = 512
 # check here (see is_dashboard_path).
 PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/cluster", "/estimate", "/assets/", "/ui/")
 QUEUE_SHOWN = 200
+ZONES_TTL_S = 10.0
 # What a page may load: only this origin's files, no inline script, no framing.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -78,7 +83,12 @@ WHY = {
     "expired": "Your session expired. Please sign in again.",
     "signedout": "You are signed out.",
     "signin": "Please sign in to see this page.",
+    "revoked": "This session was signed out. Please sign in again.",
+    "invalid": "Your session is not valid here any more (the dashboard's key changed, or "
+    "the cookie was altered). Please sign in again.",
 }
+# Which login message a NotSignedIn reason gets (sessions.py's words).
+WHY_FROM = {"expired": "expired", "revoked": "signed out", "invalid": "not valid here"}
 
 
 def is_dashboard_path(path: str) -> bool:
@@ -122,11 +132,16 @@ def mount(
     tds_channel: grpc.Channel | None,
     auth: Authenticator,
     scheduler_channel: grpc.Channel | None = None,
-) -> MemorySessionStore:
+    state_dir: Path | None = None,
+    quota_config: str = "",
+) -> CookieSessionStore:
     """Add the dashboard's pages, its `/ui/` JSON and event routes and its static files to
     the gateway's app; returns the session store (tests and the login-link route use it).
-    Without a scheduler channel the Cluster page shows the queue but not the nodes."""
-    sessions = MemorySessionStore()
+    Without a scheduler channel the Cluster page shows the queue but not the nodes.
+    `state_dir` keeps the sessions' key and sign-outs (sessions.py), so sessions survive a
+    restart; without it they end with the process. `quota_config`: the scheduler's
+    `--quota-config` file, read for the Cluster page's quotas."""
+    sessions = CookieSessionStore(state_dir)
     templates = _Templates()
     tds = tds_pb2_grpc.TrainingDataStub(tds_channel) if tds_channel is not None else None
     scheduler = (
@@ -144,7 +159,6 @@ def mount(
         try:
             return auth.resolve(f"Bearer {secret}")
         except errors.Unauthenticated as exc:
-            sessions.drop_secret(secret)
             raise NotSignedIn(exc.message) from None
 
     async def signed_in(request: Request) -> tuple[Session, Principal]:
@@ -162,7 +176,8 @@ def mount(
     async def not_signed_in(request: Request, exc: NotSignedIn) -> Response:
         if request.url.path.startswith("/ui/"):
             return JSONResponse({"code": "unauthenticated", "message": str(exc)}, status_code=401)
-        why = "expired" if "expired" in str(exc) else "signin"
+        said = str(exc)
+        why = next((k for k, words in WHY_FROM.items() if words in said), "signin")
         query = urlencode({"why": why, "next": request.url.path})
         response = RedirectResponse(f"/login?{query}", status_code=303)
         if request.cookies.get(SESSION_COOKIE):
@@ -201,6 +216,7 @@ def mount(
         response.set_cookie(
             SESSION_COOKIE,
             session.session_id,
+            max_age=int(sessions.max_age_s),
             httponly=True,
             samesite="strict",
             secure=cookie_secure(request),
@@ -301,6 +317,8 @@ def mount(
         return {
             "jobs": [job_view(j, now, brief=True) for j in found.jobs],
             "next_page": found.next_page_token,
+            # From the repository's listing index as of this listing: no scan per render.
+            "total": core.jobs.count(owner_scope(who), wanted, name[:MAX_NAME_PREFIX]),
         }
 
     @app.get("/", include_in_schema=False)
@@ -312,7 +330,7 @@ def mount(
             listing = await run_in_threadpool(list_jobs, who, status, name, page)
             problem = ""
         except errors.ApiError as exc:
-            listing, problem = {"jobs": [], "next_page": ""}, exc.message
+            listing, problem = {"jobs": [], "next_page": "", "total": 0}, exc.message
         query = {"status": status, "name": name}
         next_link = (
             "/?" + urlencode({**query, "page": listing["next_page"]})
@@ -324,6 +342,7 @@ def mount(
             who=who,
             csrf=session.csrf,
             jobs=listing["jobs"],
+            total=listing["total"],
             statuses=states.ALL_STATES,
             status=status.upper(),
             name=name,
@@ -339,6 +358,21 @@ def mount(
     ) -> dict[str, Any]:
         _, who = await signed_in(request)
         return await run_in_threadpool(list_jobs, who, status, name, page)
+
+    zone_cache: dict[str, Any] = {"at": 0.0, "zones": None}
+
+    def node_zones() -> dict[str, str] | None:
+        """node -> zone from the scheduler, reused for ZONES_TTL_S (every open job page
+        asks every 2 s); None when the scheduler cannot say."""
+        if time.monotonic() - zone_cache["at"] > ZONES_TTL_S:
+            found, problem = nodes()
+            zone_cache["zones"] = None if problem else {n["name"]: n["zone"] for n in found}
+            zone_cache["at"] = time.monotonic()
+        zones: dict[str, str] | None = zone_cache["zones"]
+        return zones
+
+    def full_view(job: JobRecord) -> dict[str, Any]:
+        return with_zones(job_view(job, time.time()), job, node_zones())
 
     @app.get("/jobs/{job_id}", include_in_schema=False)
     async def job_page(request: Request, job_id: str) -> Response:
@@ -364,7 +398,7 @@ def mount(
                 who=who,
                 csrf=session.csrf,
             )
-        view = job_view(job, time.time())
+        view = await run_in_threadpool(full_view, job)
         return templates.page(
             "job.html",
             who=who,
@@ -378,17 +412,23 @@ def mount(
     async def job_json(request: Request, job_id: str) -> dict[str, Any]:
         _, who = await signed_in(request)
         job = await run_in_threadpool(core.get, who, job_id)
-        return job_view(job, time.time())
+        return await run_in_threadpool(full_view, job)
 
     @app.post("/ui/jobs/{job_id}/{action}", include_in_schema=False)
     async def job_action(request: Request, job_id: str, action: str) -> dict[str, Any]:
         session, who = await signed_in(request)
         check_csrf(session, request.headers.get(CSRF_HEADER, ""))
+        if action == "scale":
+            learners = request.query_params.get("learners", "")
+            if not learners.isdigit():
+                raise errors.BadRequest("scale needs ?learners=N, a whole number of learners")
+            job = await run_in_threadpool(core.scale, who, job_id, int(learners))
+            return await run_in_threadpool(full_view, job)
         do = {"halt": core.halt, "resume": core.resume, "delete": core.delete}.get(action)
         if do is None:
-            raise errors.BadRequest(f"unknown action {action!r}; use halt, resume or delete")
+            raise errors.BadRequest(f"unknown action {action!r}; use halt, resume, delete or scale")
         job = await run_in_threadpool(do, who, job_id, f"{action} from the dashboard")
-        return job_view(job, time.time())
+        return await run_in_threadpool(full_view, job)
 
     # -- submit ---------------------------------------------------------------------------
     def submit_page(
@@ -532,11 +572,53 @@ def mount(
         ]
         return sorted(rows, key=lambda n: (n.get("zone", ""), n.get("name", ""))), ""
 
+    def quotas(who: Principal) -> tuple[list[dict[str, Any]], bool, str]:
+        """Per user and GPU type: the quota, the limit, the GPUs the user's active jobs
+        hold and how many of those are borrowed (beyond the quota): the scheduler's
+        configuration, read from its file, and the job records. A user sees their own."""
+        if not quota_config:
+            return [], True, "no quota configuration: every job is guaranteed, none borrows"
+        try:
+            config = load_quota_config(quota_config)
+            active = core.jobs.by_status(states.ACTIVE_STATES)
+        except QuotaConfigError as exc:
+            return [], True, str(exc)
+        except (pymongo.errors.PyMongoError, StoreUnavailable) as exc:
+            return [], True, f"the job store is unavailable: {exc}"
+        used: dict[tuple[str, str], float] = {}
+        for job in active:
+            gpus = float(job.resources.get("gpus", 0)) * int(job.resources.get("learners", 1))
+            if gpus:
+                key = (job.owner, str(job.resources.get("gpu_type", "")))
+                used[key] = used.get(key, 0.0) + gpus
+        users = set(config.users) | {u for u, _ in used}
+        if not who.is_admin:
+            users = {who.user}
+        rows = []
+        for user in sorted(users):
+            entry = config.entry(user)
+            types = set(entry.quota) | set(entry.limit) | {t for u, t in used if u == user}
+            for gpu_type in sorted(types):
+                quota, limit = config.quota(user, gpu_type), config.limit(user, gpu_type)
+                held = used.get((user, gpu_type), 0.0)
+                rows.append(
+                    {
+                        "user": user,
+                        "gpu_type": gpu_type or "(any)",
+                        "quota": quota,
+                        "limit": "none" if limit is None else limit,
+                        "used": held,
+                        "borrowed": max(0.0, held - quota),
+                    }
+                )
+        return rows, config.borrowing, ""
+
     @app.get("/cluster", include_in_schema=False)
     async def cluster_page(request: Request) -> Response:
         session, who = await signed_in(request)
         waiting = await run_in_threadpool(queue, who)
         found, problem = await run_in_threadpool(nodes)
+        quota_rows, borrowing, quota_problem = await run_in_threadpool(quotas, who)
         zones: dict[str, list[dict[str, Any]]] = {}
         for n in found:
             zones.setdefault(n.get("zone") or "(no zone)", []).append(n)
@@ -548,6 +630,9 @@ def mount(
             nodes_problem=problem,
             queue=waiting,
             shown=QUEUE_SHOWN,
+            quotas=quota_rows,
+            borrowing=borrowing,
+            quota_problem=quota_problem,
         )
 
     # -- spot estimate ------------------------------------------------------------------------

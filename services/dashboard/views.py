@@ -60,6 +60,9 @@ def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
         "can_resume": job.status == states.HALTED,
         "can_delete": states.is_legal(job.status, states.DELETED),
     }
+    elastic = job.spec.elastic
+    view["elastic"] = {"min": elastic.min, "max": elastic.max} if elastic else None
+    view["can_scale"] = elastic is not None and not states.is_terminal(job.status)
     if brief:
         return view
     # A queued job's record may still carry its previous placement (a resumed job).
@@ -75,5 +78,25 @@ def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
         attempts=job.attempts,
         description=job.description,
         last_log_lines=list(job.last_log_lines),
+    )
+    return view
+
+
+def with_zones(
+    view: dict[str, Any], job: JobRecord, zones: dict[str, str] | None
+) -> dict[str, Any]:
+    """The placement rows with each node's zone (`?` when the scheduler cannot say), and
+    for a pipeline job its stages: which learner shadows which, and whether they sit in
+    different zones (the CLI's `rhizome show` table, `stage_placement`)."""
+    from services.client.cli import stage_placement
+
+    for row in view.get("placement", []):
+        row["zone"] = (zones or {}).get(row["node"], "?")
+    pipeline = job.spec.pipeline
+    placed = {int(r["learner"]): str(r["node"]) for r in view.get("placement", [])}
+    view["stages"] = (
+        stage_placement(placed, zones, pipeline.stages, pipeline.pipelines)
+        if pipeline is not None and placed
+        else []
     )
     return view

@@ -41,10 +41,49 @@ def port_free(port: int) -> bool:
 
 
 def _pick(port: int | None) -> int:
-    """Reuse a remembered or requested port when it is free; 0/None means any free port."""
+    """Reuse a remembered or default port when it is free; 0/None means any free port."""
     if port and port_free(port):
         return port
     return free_port()
+
+
+def port_holder(port: int) -> str:
+    """Who listens on 127.0.0.1/any `port`: 'pid N (command line)', or a plain
+    'another process' when the system does not say (another user's process)."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return "another process"
+    for conn in conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            if not conn.pid:
+                break
+            try:
+                cmd = " ".join(psutil.Process(conn.pid).cmdline())[:120]
+            except psutil.Error:
+                cmd = ""
+            return f"pid {conn.pid}" + (f" ({cmd})" if cmd else "")
+    return "another process"
+
+
+def choose_port(
+    what: str, flag: str, explicit: int | None, remembered: int | None, default: int
+) -> int:
+    """The port for `what`: an explicit one (`flag N`) exactly, or an error saying who holds
+    it; 0 any free port; none given: the one remembered from the last run, else `default`,
+    else (taken) any free port."""
+    if explicit is None:
+        return _pick(remembered or default)
+    if explicit == 0:
+        return free_port()
+    if not port_free(explicit):
+        raise DependencyError(
+            f"{flag} {explicit}: port {explicit} is in use by {port_holder(explicit)}; stop "
+            f"that process, or choose another port ({flag} 0 picks any free one) for the {what}"
+        )
+    return explicit
 
 
 class DaemonServer(ManagedServer):
@@ -187,15 +226,61 @@ class PlatformState:
         return self.urls.get("rest", "")
 
 
+class StaleStateError(DependencyError):
+    """The data directory's platform.json is not this version's (or not readable): the
+    message says which file and why, `fix` how to get going again."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(f"{message}; {fix}")
+        self.fix = fix
+
+
 def load_state(data_dir: Path) -> PlatformState | None:
+    """The platform state of `data_dir`, None when there is none or it is unreadable
+    (the supervisor's view; `read_state` says why)."""
+    try:
+        return read_state(data_dir)
+    except StaleStateError:
+        return None
+
+
+def read_state(data_dir: Path) -> PlatformState | None:
+    """The platform state of `data_dir`, None when none was written; StaleStateError
+    when the file is not this version's (an older Rhizome's, or damaged)."""
     path = Path(data_dir) / STATE_FILE
     if not path.exists():
         return None
+    fix = (
+        f"stop what it started with the Rhizome that wrote it (`rhizome down`), or move "
+        f"the data directory aside (`mv {data_dir} {data_dir}.old`) and run "
+        "`rhizome up --embedded` again"
+    )
     try:
-        raw = json.loads(path.read_text())
-        return PlatformState(**raw)
-    except (ValueError, TypeError):
-        return None
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StaleStateError(f"{path} is not readable platform state ({exc})", fix) from None
+    known = set(PlatformState.__dataclass_fields__)
+    if not isinstance(raw, dict) or "data_dir" not in raw:
+        raise StaleStateError(f"{path} is not platform state of this Rhizome version", fix)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise StaleStateError(
+            f"{path} was written by another version of Rhizome (unknown fields: "
+            f"{', '.join(unknown)})",
+            fix,
+        )
+    bad = [
+        k
+        for k in ("processes", "urls", "ports", "supervisor")
+        if not isinstance(raw.get(k, {}), dict)
+    ]
+    if bad:
+        raise StaleStateError(
+            f"{path} was written by another version of Rhizome ({', '.join(bad)} have "
+            "another shape)",
+            fix,
+        )
+    return PlatformState(**raw)
 
 
 def save_state(state: PlatformState) -> None:
@@ -211,8 +296,8 @@ def running(state: PlatformState) -> dict[str, bool]:
 
 def up(
     data_dir: Path,
-    grpc_port: int = 50051,
-    rest_port: int = 8080,
+    grpc_port: int | None = None,
+    rest_port: int | None = None,
     etcd_url: str = "",
     mongodb_uri: str = "",
     elasticsearch_url: str = "",
@@ -222,16 +307,19 @@ def up(
     tls: TlsChoice | None = None,
 ) -> PlatformState:
     """Start whatever of the platform is not running yet; return where everything is.
-    With the docker backend: an engine (DOCKER_HOST's, or our own dockerd under the data
+    `grpc_port`/`rest_port`: None reuses the ports of the last run (else 50051/8080, else
+    any free one); a number is used exactly (0: any free port), or `up` fails saying who
+    holds it. With the docker backend: an engine (DOCKER_HOST's, or our own dockerd under the data
     directory) and the learner image (built offline if the engine lacks it)."""
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    previous = load_state(data_dir)
+    previous = read_state(data_dir)
     state = PlatformState(str(data_dir))
     alive: dict[str, bool] = {}
     if previous:
         alive = running(previous)
         if alive and all(alive.values()):
+            _check_ports_of_running(previous, grpc_port, rest_port)
             progress(f"already running (data in {data_dir})")
             ensure_supervisor(previous, progress)
             return previous
@@ -243,6 +331,20 @@ def up(
                 state.processes[name] = proc
                 state.urls[name] = previous.urls.get(name, "")
                 progress(f"{name} is still running (pid {proc['pid']})")
+    api_ports: tuple[int, int] | None = None
+    if not alive.get("api"):  # chosen first: a busy explicit port stops `up` before anything
+        gport = choose_port("API", "--grpc-port", grpc_port, state.ports.get("api"), 50051)
+        rport = choose_port("REST gateway", "--rest-port", rest_port, state.ports.get("rest"), 8080)
+        if rport == gport:
+            if rest_port:
+                raise DependencyError(
+                    f"--grpc-port and --rest-port are both {gport}; give two ports"
+                )
+            rport = free_port()
+        api_ports = (gport, rport)
+    elif grpc_port is not None or rest_port is not None:
+        assert previous is not None
+        _check_ports_of_running(previous, grpc_port, rest_port)
     started: list[ManagedServer] = []
 
     def launch(key: str, server: ManagedServer, what: str) -> str:
@@ -298,10 +400,8 @@ def up(
         state.tls, state.tls_ca = previous.tls, previous.tls_ca
     else:
         serving = (tls or TlsChoice()).prepare(data_dir)
-        gport = _pick(state.ports.get("api") or grpc_port)
-        rport = _pick(state.ports.get("rest") or rest_port)
-        if rport == gport:
-            rport = free_port()
+        assert api_ports is not None
+        gport, rport = api_ports
         mport = _pick(state.ports.get("metrics"))
         args = [
             f"--metrics-address=127.0.0.1:{mport}",
@@ -329,6 +429,19 @@ def up(
     state.supervisor = (previous.supervisor if previous else {}) or {}
     ensure_supervisor(state, progress)
     return state
+
+
+def _check_ports_of_running(
+    previous: PlatformState, grpc_port: int | None, rest_port: int | None
+) -> None:
+    """A running daemon keeps its ports: asking for others is an error saying how to move it."""
+    for flag, key, asked in (("--grpc-port", "api", grpc_port), ("--rest-port", "rest", rest_port)):
+        now = previous.ports.get(key)
+        if asked and now and asked != now:
+            raise DependencyError(
+                f"{flag} {asked}: the platform in {previous.data_dir} already runs with that "
+                f"port at {now}; run `rhizome down` first to start it on {asked}"
+            )
 
 
 def ensure_supervisor(state: PlatformState, progress: Progress) -> None:
@@ -372,7 +485,7 @@ def stop_supervisor(state: PlatformState, progress: Progress) -> None:
 def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
     """Stop everything `up` started (daemon first, so it stops its guardians cleanly)."""
     data_dir = Path(data_dir).expanduser().resolve()
-    state = load_state(data_dir)
+    state = read_state(data_dir)
     if state is None:
         return False
     stop_supervisor(state, progress)
@@ -396,7 +509,7 @@ def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
 
 def status(data_dir: Path) -> dict[str, Any]:
     data_dir = Path(data_dir).expanduser().resolve()
-    state = load_state(data_dir)
+    state = read_state(data_dir)
     if state is None:
         return {"data_dir": str(data_dir), "running": False, "components": {}}
     alive = running(state)

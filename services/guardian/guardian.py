@@ -48,7 +48,8 @@ from contract.status import (
     ExitCode,
     LearnerStatus,
 )
-from services.backends.api import Backend, JobSpec
+from services.backends.api import Backend, BackendError, JobSpec
+from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
 from services.store import states
@@ -67,6 +68,9 @@ EXIT_TERMINATED = ExitCode.PREEMPTED
 STEPS = ("keys", "volume", "secrets", "learners", "helper")
 COMPLETE = "complete"
 RESTARTS = "restarts"
+# rank -> restarts after preemptions (a command ended by SIGTERM or SIGKILL): counted apart
+# from RESTARTS (the command failed by itself), bounded by the manifest's max_preemptions.
+PREEMPTIONS = "preemptions"
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
@@ -87,6 +91,20 @@ def _rank_of(key: str) -> int:
     """The rank in a learner status key (`.../learners/<rank>/status`); -1 if none."""
     part = key.rstrip("/").split("/")[-2:-1]
     return int(part[0]) if part and part[0].isdigit() else -1
+
+
+def preemption_message(rank: int, code: int, count: int, spec: JobSpec) -> str:
+    """The history line of a learner's preemption: what ended it, and that it is restarted
+    without counting against max_learner_restarts."""
+    how = (
+        "SIGTERM: its node's preemption notice (a spot reclaim, the scheduler, an injector)"
+        if code in (int(ExitCode.PREEMPTED), -15)
+        else "SIGKILL: at the end of its notice, or its node went away without one"
+    )
+    return (
+        f"learner {rank} preempted (exit {code}, {how}); restarted, preemption {count} of "
+        f"at most {spec.manifest.max_preemptions} (not counted against max_learner_restarts)"
+    )
 
 
 class DeployStepFailed(RuntimeError):
@@ -166,6 +184,7 @@ class Guardian:
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
         self.pipeline = PipelineFailover(self)
+        self.elastic = ElasticScaler(self)  # scale requests of an elastic job
 
     # -- ownership ------------------------------------------------------------------------
     def acquire(self) -> bool:
@@ -448,12 +467,20 @@ class Guardian:
                 return self.detach()
             if self.lease and self.lease.lost.is_set():
                 return EXIT_LEASE_LOST
+            try:
+                # The helper (docker: the log collector) of a job we took over, or one
+                # that died: started again; a no-op while it runs.
+                self.backend.start_helper(spec)
+            except BackendError as exc:
+                log.warning("job %s: the helper cannot start: %s", self.job_id, exc)
             action = self.control().get("action")
             if action == "halt":
                 return self.halt(spec)
             if action == "delete":
                 self.backend.stop_learners(self.job_id, grace_s=2.0)
                 return self.finish(states.DELETED, self.control_reason())
+            if spec.manifest.elastic is not None:
+                job, spec = self.elastic.apply(job, spec)
             statuses = self.learner_statuses(spec, max_restarts)
             if isinstance(statuses, int):
                 return statuses
@@ -487,6 +514,8 @@ class Guardian:
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
         restarts_entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, RESTARTS))
         restarts: dict[str, int] = dict(restarts_entry.value) if restarts_entry else {}
+        preempted_entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, PREEMPTIONS))
+        preemptions: dict[str, int] = dict(preempted_entry.value) if preempted_entry else {}
         statuses: dict[int, LearnerStatus] = {}
         now = time.monotonic()
         for rank in range(spec.learners):
@@ -508,9 +537,10 @@ class Guardian:
                             + (f" ({note})" if note else ""),
                         )
                     log.info("job %s: (re)starting the controller of learner %d", self.job_id, rank)
-                    self.handles[rank] = self.backend.start_learner(
-                        spec, rank, int(restarts.get(str(rank), 0))
+                    incarnation = int(restarts.get(str(rank), 0)) + int(
+                        preemptions.get(str(rank), 0)
                     )
+                    self.handles[rank] = self.backend.start_learner(spec, rank, incarnation)
                     self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             elif entry.lease:
@@ -523,17 +553,30 @@ class Guardian:
                 statuses[rank] = LearnerStatus.FAILED
             elif value.get("status") == LearnerStatus.FAILED:
                 done = int(restarts.get(str(rank), 0))
+                lost = int(preemptions.get(str(rank), 0))
                 code = int(value.get("exit_code") or 1)
-                if done >= max_restarts:
-                    return self.fail_learner(rank, code, done)
-                self.record_preemption(spec, rank, code, now)
-                restarts[str(rank)] = done + 1
-                self.etcd.put(etcd_keys.deploy_step(self.job_id, RESTARTS), restarts)
+                if code in PREEMPTION_EXIT_CODES:
+                    # The node was taken away: not the user's code failing, so it does not
+                    # count against max_learner_restarts.
+                    if lost >= spec.manifest.max_preemptions:
+                        limit = spec.manifest.max_preemptions
+                        return self.fail_learner(
+                            rank, code, done, f"preempted {lost + 1} times; max_preemptions {limit}"
+                        )
+                    self.record_preemption(spec, rank, code, now)
+                    preemptions[str(rank)] = lost = lost + 1
+                    self.etcd.put(etcd_keys.deploy_step(self.job_id, PREEMPTIONS), preemptions)
+                    self.jobs.note(self.job_id, preemption_message(rank, code, lost, spec))
+                else:
+                    if done >= max_restarts:
+                        return self.fail_learner(rank, code, done)
+                    restarts[str(rank)] = done = done + 1
+                    self.etcd.put(etcd_keys.deploy_step(self.job_id, RESTARTS), restarts)
                 self.etcd.delete_if(entry.key, entry.mod_revision)
                 log.info(
-                    "job %s: learner %d exited %d; restart %d", self.job_id, rank, code, done + 1
+                    "job %s: learner %d exited %d; restart %d", self.job_id, rank, code, done + lost
                 )
-                self.handles[rank] = self.backend.start_learner(spec, rank, done + 1)
+                self.handles[rank] = self.backend.start_learner(spec, rank, done + lost)
                 self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             else:
@@ -577,10 +620,10 @@ class Guardian:
         self.backend.stop_learners(self.job_id, grace_s=1.0)
         return self.finish(states.HALTED, self.control_reason())
 
-    def fail_learner(self, rank: int, code: int, restarts: int) -> int:
+    def fail_learner(self, rank: int, code: int, restarts: int, why: str = "") -> int:
         self.backend.stop_learners(self.job_id, grace_s=2.0)
         lines = self.backend.log_tail(self.job_dir, rank)
-        note = self.backend.exit_note(self.job_id, rank)
+        note = "; ".join(n for n in (why, self.backend.exit_note(self.job_id, rank)) if n)
         return self.finish(
             states.FAILED,
             f"learner {rank} exited with code {code}"
@@ -637,4 +680,5 @@ class Guardian:
         """The platform is shutting down: learners save and stop, the job stays as it is,
         and the next guardian restarts them where they were."""
         self.backend.stop_learners(self.job_id, grace_s=self.config.learner_grace_s)
+        self.backend.stop_helper(self.job_id, self.job_dir)
         return EXIT_TERMINATED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
+from services.guardian.elastic import ScaleRefused, request_scale
 from services.lcm.manager import LifecycleManager
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
@@ -64,8 +65,16 @@ class LifecycleServicer(lcm_pb2_grpc.LifecycleManagerServicer):
     def ScaleJob(
         self, request: lcm_pb2.LcmScaleRequest, context: grpc.ServicerContext
     ) -> lcm_pb2.LcmResponse:
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, scale_not_supported(request))
-        raise AssertionError("unreachable: abort raises")
+        def scale(job_id: str) -> str:
+            try:
+                return request_scale(
+                    self.manager.etcd, self.manager.jobs, job_id, request.learners, request.reason
+                )
+            except ScaleRefused as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                raise  # unreachable: abort raises
+
+        return self._guard(context, scale, request.job_id)
 
     def _guard(self, context: grpc.ServicerContext, fn, *args: str) -> lcm_pb2.LcmResponse:  # type: ignore[no-untyped-def]
         try:
@@ -73,14 +82,3 @@ class LifecycleServicer(lcm_pb2_grpc.LifecycleManagerServicer):
         except StoreUnavailable as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             raise  # unreachable: abort raises
-
-
-def scale_not_supported(request: lcm_pb2.LcmScaleRequest) -> str:
-    """Why a running job cannot be scaled yet, and what to do instead."""
-    job, n = request.job_id, request.learners
-    return (
-        f"job {job}: scaling a running job is not supported yet (it needs the elastic "
-        "runtime, which the local backend does not run); to run it with "
-        f"{n} learners, halt it (`rhizome halt {job}`), scale it while it is halted "
-        f"(`rhizome scale {job} {n}`), and resume it (`rhizome resume {job}`)"
-    )

@@ -13,6 +13,7 @@ from services.manifest.types import (
     Pipeline,
     Resources,
     parse_memory_mb,
+    safe_name,
     schema_default,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "Resources",
     "parse_manifest",
     "parse_memory_mb",
+    "safe_name",
     "schema",
     "schema_default",
     "validate",

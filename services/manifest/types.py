@@ -21,6 +21,21 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?[Bb]?|[KMGT]b|[KMGT]B)?
 _UNIT_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
 MAX_MEMORY_MB = 4 * 1024 * 1024
 REDACTED = "***"
+# What a job name may hold where it must be safe (list filters, labels, file names).
+_UNSAFE_NAME_RUN = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(display_name: str) -> str:
+    """The job name where only letters, digits, '.', '_' and '-' will do, derived from
+    the name as written: FfDL accepted any text ("pytorch ddl"), so a published FfDL
+    manifest keeps its name for display and gets `pytorch-ddl` where a safe one is needed.
+    A name that is already safe comes back unchanged."""
+    derived = _UNSAFE_NAME_RUN.sub("-", display_name).strip("-._")
+    if not derived:
+        raise ManifestError(
+            "name", f"{display_name!r} has no letter or digit to name the job by; add one"
+        )
+    return derived
 
 
 class ManifestError(ValueError):
@@ -136,12 +151,13 @@ class Manifest:
     """A validated manifest with every default applied. `document` is the stored form."""
 
     document: Mapping[str, Any] = field(repr=False)
-    name: str
+    name: str  # safe_name(display_name): what the job record and list filters use
     description: str
     version: str
     resources: Resources
     priority: int
     max_learner_restarts: int
+    max_preemptions: int  # restarts after preemptions, counted apart from failures
     env: Mapping[str, str]
     data_stores: tuple[DataStore, ...]
     framework: Framework
@@ -152,6 +168,7 @@ class Manifest:
     instance_type: str
     zones: tuple[str, ...]
     estimate: Mapping[str, Any]  # read by `rhizome estimate` alone
+    display_name: str = ""  # the name as written in the manifest (may hold spaces)
 
     @property
     def learners(self) -> int:
@@ -198,7 +215,8 @@ class Manifest:
         el = doc.get("elastic")
         return cls(
             document=doc,
-            name=str(doc["name"]),
+            name=safe_name(str(doc["name"])),
+            display_name=str(doc["name"]),
             description=str(doc.get("description", "")),
             version=str(doc.get("version", "")),
             resources=Resources(
@@ -212,6 +230,7 @@ class Manifest:
             max_learner_restarts=int(
                 doc.get("max_learner_restarts", schema_default("max_learner_restarts"))
             ),
+            max_preemptions=int(doc.get("max_preemptions", schema_default("max_preemptions"))),
             env={str(k): str(v) for k, v in (doc.get("env") or {}).items()},
             data_stores=tuple(
                 DataStore(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from contract.learner_spec import StorageAccess
 from contract.registry import Registry
@@ -78,9 +79,20 @@ class ObjectStore(abc.ABC):
     def put(self, key: str, data: bytes) -> None:
         """Store `data` atomically: a reader never sees half an object."""
 
+    def put_file(self, key: str, file: IO[bytes]) -> None:
+        """Store what `file` holds from its current position, atomically like `put`. A
+        large upload (the API spools it to disk) need not be held in memory where the
+        store can copy from a file; this default reads it whole."""
+        self.put(key, file.read())
+
     @abc.abstractmethod
     def get(self, key: str) -> bytes:
         """The object's bytes; ObjectNotFound if there is none."""
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key under the folder `prefix` (e.g. `results/<job>`), sorted: what the
+        API archives for the trained-model download."""
+        raise ObjectStoreError(f"the object store {self.url} cannot list its objects")
 
     @abc.abstractmethod
     def exists(self, key: str) -> bool: ...

@@ -145,6 +145,19 @@ class S3ObjectStore(ObjectStore):
                 raise ObjectNotFound(f"no object {key} in {self._where()}") from None
             raise self._error(f"cannot read {key} from", err) from err
 
+    def list_keys(self, prefix: str) -> list[str]:
+        start = self.key(prefix).rstrip("/") + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        keys: list[str] = []
+        try:
+            for page in self.s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=start
+            ):
+                keys += [str(item["Key"])[strip:] for item in page.get("Contents", [])]
+        except _ERRORS as err:
+            raise self._error(f"cannot list {prefix} in", err) from err
+        return sorted(keys)
+
     def exists(self, key: str) -> bool:
         try:
             self.s3.head_object(Bucket=self.bucket, Key=self.key(key))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from services.objectstore.api import ObjectNotFound, ObjectStore, ObjectStoreError, check_key
 
@@ -34,12 +35,18 @@ class VolumeStore(ObjectStore):
         return self.path(key)
 
     def put(self, key: str, data: bytes) -> None:
+        self._write(key, lambda fh: fh.write(data))
+
+    def put_file(self, key: str, file: IO[bytes]) -> None:
+        self._write(key, lambda fh: shutil.copyfileobj(file, fh, 1024 * 1024))
+
+    def _write(self, key: str, fill: Any) -> None:
         target = self.path(key)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as fh:
-                fh.write(data)
+                fill(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
@@ -56,6 +63,17 @@ class VolumeStore(ObjectStore):
 
     def exists(self, key: str) -> bool:
         return self.path(key).exists()
+
+    def list_keys(self, prefix: str) -> list[str]:
+        folder = self.path(prefix)
+        if not folder.is_dir():
+            return []
+        # Regular files only: a learner's results folder may hold a link to anywhere.
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in folder.rglob("*")
+            if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
+        )
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):

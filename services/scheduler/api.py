@@ -299,3 +299,21 @@ class PlacementStore(abc.ABC):
     @abc.abstractmethod
     def load_all(self) -> Iterable[Mapping[str, Any]]:
         """Every saved document, in the order the jobs were first saved."""
+
+
+# -- the gangs of an elastic job's scale-outs ----------------------------------------------
+# Learners added to a running elastic job are a gang of their own (`<job>+scale-<n>`),
+# placed all-or-nothing under the job owner's quota like any job; the job's record lists
+# the gangs it holds (`placement.scale_gangs`), and the scheduling loop releases a gang
+# that its job no longer lists or that belongs to a job which stopped running.
+SCALE_GANG_MARK = "+scale-"
+
+
+def scale_gang_id(job_id: str, seq: int) -> str:
+    return f"{job_id}{SCALE_GANG_MARK}{seq}"
+
+
+def scale_gang_parent(gang_id: str) -> str | None:
+    """The job a scale gang belongs to; None for a job's own gang."""
+    parent, mark, _ = gang_id.rpartition(SCALE_GANG_MARK)
+    return parent if mark else None

@@ -30,7 +30,7 @@ import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 from services.hosting import DaemonContext, Hosted, jobs_repository
-from services.scheduler.api import PlacementStore, SchedState, SchedulerError
+from services.scheduler.api import PlacementStore, SchedState, SchedulerError, scale_gang_parent
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
@@ -77,6 +77,9 @@ class SchedulingLoop:
         self._pass_done = threading.Condition()
         self._last_placed: list[scheduler_pb2.JobPlacement] = []
         self._bound: set[str] = set()  # placed jobs whose record says so
+        # Scale gangs placed and still held: Schedule answers them (the pass that placed
+        # one may be the pass its Admit woke, before the API's Schedule call).
+        self.gangs: dict[str, scheduler_pb2.JobPlacement] = {}
         self._explained_at = 0.0
         self._released_at = 0.0
         self._synced_at = 0.0
@@ -122,7 +125,17 @@ class SchedulingLoop:
             queued = self.scheduler.queued()
         placed: list[scheduler_pb2.JobPlacement] = []
         for placement in placements:
-            if placement.job_id not in self._bound and self._bind(
+            if placement.job_id in self._bound:
+                continue
+            # A running job's scale gang has no record to move: the API that asked for it
+            # takes its placement from this pass's answer and writes it to the job's.
+            gang = scale_gang_parent(placement.job_id) is not None
+            if gang:
+                self._bound.add(placement.job_id)
+                self.gangs[placement.job_id] = scheduler_pb2.JobPlacement(
+                    job_id=placement.job_id, placement=placement_to_proto(placement)
+                )
+            if gang or self._bind(
                 placement.job_id, list(placement.learner_nodes), placement.placed_at
             ):
                 placed.append(
@@ -131,6 +144,10 @@ class SchedulingLoop:
                     )
                 )
         self._last_placed = placed
+        held = {p.job_id for p in placements}
+        for job_id in [g for g in self.gangs if g not in held]:  # released by the API
+            self.gangs.pop(job_id, None)
+            self._bound.discard(job_id)
         for job_id in result.preempted:
             self._bound.discard(job_id)
             self._halt(job_id)
@@ -149,7 +166,11 @@ class SchedulingLoop:
         queued_ids = self.jobs.ids_by_status([states.QUEUED])
         with self.lock:
             known = set(self.scheduler.records)
-            stale = set(self.scheduler.queued()) - set(queued_ids)
+            stale = {
+                job_id
+                for job_id in set(self.scheduler.queued()) - set(queued_ids)
+                if scale_gang_parent(job_id) is None  # placed or released by the API at once
+            }
             for job_id in stale:
                 self.scheduler.release(job_id)
         for job in self.jobs.get_many([i for i in queued_ids if i not in known]):
@@ -217,14 +238,22 @@ class SchedulingLoop:
                 self._reasons[job_id] = reason
 
     def _release_finished(self, placed: list[str]) -> None:
-        """Free the placements of jobs that no longer hold resources (ended, halted)."""
-        records = {j.job_id: j for j in self.jobs.get_many(placed)}
+        """Free the placements of jobs that no longer hold resources (ended, halted), and
+        the scale gangs their elastic job no longer lists (retired, rolled back)."""
+        parents = {job_id: scale_gang_parent(job_id) for job_id in placed}
+        wanted = set(placed) | {p for p in parents.values() if p is not None}
+        records = {j.job_id: j for j in self.jobs.get_many(wanted)}
         for job_id in placed:
-            job = records.get(job_id)
-            if job is None or job.status not in states.ACTIVE_STATES:
+            parent = parents[job_id]
+            job = records.get(parent or job_id)
+            gone = job is None or job.status not in states.ACTIVE_STATES
+            if parent is not None and job is not None:
+                gone = gone or not ((job.placement or {}).get("scale_gangs") or {}).get(job_id)
+            if gone:
                 with self.lock:
                     self.scheduler.release(job_id)
                 self._bound.discard(job_id)
+                self.gangs.pop(job_id, None)
                 log.info("released the placement of %s", job_id)
 
 
@@ -271,7 +300,10 @@ class LoopedSchedulerServicer(SchedulerServicer):
     def Schedule(self, request: Any, context: Any) -> Any:
         if self.loop is None:
             return super().Schedule(request, context)
-        return scheduler_pb2.ScheduleResponse(placements=self.loop.pass_now())
+        placed = self.loop.pass_now()
+        fresh = {p.job_id for p in placed}
+        gangs = [g for job_id, g in list(self.loop.gangs.items()) if job_id not in fresh]
+        return scheduler_pb2.ScheduleResponse(placements=[*placed, *gangs])
 
 
 def build(ctx: DaemonContext) -> Hosted:

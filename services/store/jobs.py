@@ -27,6 +27,7 @@ from services.manifest import Manifest
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
 from services.store.group_commit import InsertBatcher
+from services.store.job_index import JobIndex
 from services.store.retry import with_retries
 
 MAX_PAGE_SIZE = 500
@@ -165,6 +166,8 @@ class JobsRepository:
         # Concurrent submits share one insert_many (services/store/group_commit.py); off,
         # each is its own insert_one (the floor benchmarks/api_submit.py compares with).
         self._batcher = InsertBatcher(self._col) if group_commit else None
+        # Listings page through this, not through the server's sort (job_index.py: why).
+        self._index = JobIndex(self._col)
 
     @with_retries
     def ensure_indexes(self) -> None:
@@ -174,6 +177,8 @@ class JobsRepository:
         self._col.create_index([("status", pymongo.ASCENDING), ("job_id", pymongo.ASCENDING)])
         # a retried submit finds its job
         self._col.create_index("idem", unique=True, sparse=True)
+        # the listing index's refresh reads what was written since its last read
+        self._col.create_index("updated_at")
 
     # -- create -------------------------------------------------------------------
     def create(self, record: JobRecord) -> tuple[JobRecord, bool]:
@@ -248,22 +253,19 @@ class JobsRepository:
         page_size: int = DEFAULT_PAGE_SIZE,
         page_token: str = "",
     ) -> Page:
-        """Newest first. The page token is the last id returned (ids are time-ordered)."""
+        """Newest first. The page token is the last id returned (ids are time-ordered).
+        Served by the process's JobIndex: one indexed read of what changed, one read of
+        the page's records by id, whatever the number of jobs."""
         size = max(1, min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE))
-        query: dict[str, Any] = {}
-        if owner is not None:
-            query["owner"] = owner
-        wanted = list(statuses)
-        if wanted:
-            query["status"] = {"$in": wanted}
-        if page_token:
-            query["job_id"] = {"$lt": page_token}
-        if name_prefix:
-            query["name"] = {"$gte": name_prefix, "$lt": name_prefix + "\uffff"}
-        docs = list(self._col.find(query).sort("job_id", pymongo.DESCENDING).limit(size + 1))
+        docs = self._index.page(owner, list(statuses), name_prefix, size + 1, page_token)
         jobs = [JobRecord.from_doc(d) for d in docs[:size]]
         token = jobs[-1].job_id if len(docs) > size else ""
         return Page(jobs, token)
+
+    def count(self, owner: str | None, statuses: Iterable[str] = (), name_prefix: str = "") -> int:
+        """How many jobs a listing with this filter has in all, as of the last listing
+        (no database read; the "N jobs" of a page)."""
+        return self._index.count(owner, list(statuses), name_prefix)
 
     @with_retries
     def by_status(self, statuses: Iterable[str], limit: int = 0) -> list[JobRecord]:
@@ -295,7 +297,11 @@ class JobsRepository:
 
     @with_retries
     def count_by_status(self) -> dict[str, int]:
-        return {s: self._col.count_documents({"status": s}) for s in states.ALL_STATES}
+        """Jobs per status, from the listing index after its refresh: the metrics gauges
+        ask every few seconds, and counting on the server read every finished job."""
+        self._index.refresh()
+        found = self._index.count_by_status()
+        return {s: found.get(s, 0) for s in states.ALL_STATES}
 
     # -- change -------------------------------------------------------------------------
     def transition(

@@ -161,6 +161,7 @@ def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
             sign_in(tab, platform, platform.token(user))
             page = tab.page
             expect(page.locator(f"tr[data-job='{job_id}']")).to_be_visible()
+            assert page_overflow(page) <= 0, "the jobs page is wider than a 1280x800 window"
             # Tab from the top reaches the job's link; Enter opens it.
             for _ in range(20):
                 page.keyboard.press("Tab")
@@ -175,6 +176,10 @@ def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
             page.go_back()
             tab.screenshot("narrow")
             assert page_overflow(page) <= 0, "the jobs page is wider than a 390px window"
+            page.goto(platform.url + "/cluster")  # nodes, quotas and queue tables
+            expect(page.locator("h1")).to_have_text("Cluster")
+            tab.screenshot("narrow-cluster")
+            assert page_overflow(page) <= 0, "the cluster page is wider than a 390px window"
             tab.assert_no_console_errors()
         finally:
             rz.delete_job(job_id)
@@ -268,6 +273,7 @@ def test_the_jobs_page_filters_pages_and_updates_a_row_without_a_reload(
     rows = page.locator("#jobs tbody tr")
     expect(rows).to_have_count(50)
     expect(rows.first).to_contain_text("beta-54")  # newest first
+    expect(page.locator("#total")).to_have_text("55 jobs")  # the count, not just the page
     page.click("#next-page")
     expect(rows).to_have_count(5)
     expect(rows.last).to_contain_text("alpha-00")
@@ -276,6 +282,7 @@ def test_the_jobs_page_filters_pages_and_updates_a_row_without_a_reload(
     page.select_option("#f-status", "FAILED")
     page.click("form.filters button[type=submit]")
     expect(rows).to_have_count(6)  # alpha-00, -10, ..., -50: the even ones failed
+    expect(page.locator("#total")).to_have_text("6 jobs match this filter")
     for text in rows.all_inner_texts():
         assert "alpha-" in text and "FAILED" in text
     tab.screenshot("filtered")
@@ -318,3 +325,86 @@ def test_the_spot_estimate_page_charts_every_strategy_and_names_a_missing_field(
     page.click("#est-run")
     expect(page.locator("#est-error")).to_contain_text("estimate.steps")
     tab.assert_no_console_errors(lambda e: "400" in e)
+
+
+TICKER = (
+    'name: {name}\nmemory: 128MiB\nframework:\n  command: python -u -c "import time; '
+    "[print('tick', i) or time.sleep(0.5) for i in range(600)]\"\n"
+)
+ELASTIC_SLEEPER = (
+    "name: {name}\nmemory: 128MiB\nelastic: {{min: 1, max: 3}}\n"
+    "framework:\n  command: python -c 'import time; time.sleep(600)'\n"
+)
+
+
+def test_a_dropped_log_stream_and_status_poll_reconnect_by_themselves_and_say_so(
+    tab: Tab, platform: Platform
+) -> None:
+    user = user_name()
+    with platform.client(user) as rz:
+        job_id = rz.create_job(TICKER.format(name="ticker")).job_id
+        try:
+            sign_in(tab, platform, platform.token(user))
+            page = tab.page
+            # The network between the page and the server drops: every live request of
+            # this job's page fails at the network level, as on a lost connection.
+            dropped = {"on": True}
+
+            def drop(route: Any) -> None:
+                if dropped["on"]:
+                    route.abort("connectionreset")
+                else:
+                    route.continue_()
+
+            page.route(re.compile(rf".*/ui/jobs/{job_id}(/logs.*)?$"), drop)
+            page.goto(f"{platform.url}/jobs/{job_id}")
+            expect(page.locator("#log-state")).to_contain_text("dropped; reconnecting")
+            expect(page.locator("#outcome")).to_contain_text("Lost contact with the server")
+            tab.screenshot("dropped")
+            dropped["on"] = False
+            # Nobody reloads: the page reconnects by itself and says so.
+            expect(page.locator("#outcome")).to_have_text("Reconnected.", timeout=30_000)
+            expect(page.locator("#log-state")).to_contain_text("Reconnected", timeout=60_000)
+            expect(page.locator("#logs")).to_contain_text("tick", timeout=60_000)
+            # The placement table names each learner's zone (deploy/cluster-local.yaml).
+            expect(page.locator("#placement tbody")).to_contain_text("local-", timeout=60_000)
+            tab.screenshot("reconnected")
+            tab.assert_no_console_errors(lambda e: "ERR_CONNECTION_RESET" in e)
+        finally:
+            rz.delete_job(job_id)
+
+
+def test_an_elastic_job_is_scaled_from_its_page_and_a_refused_scale_says_why(
+    tab: Tab, platform: Platform
+) -> None:
+    user = user_name()
+    with platform.client(user) as rz:
+        job_id = rz.create_job(ELASTIC_SLEEPER.format(name="stretchy")).job_id
+        plain = rz.create_job(SLEEPER.format(name="not-elastic")).job_id
+        try:
+            # Halted: scaling changes the record (the learners it resumes with); the
+            # running-job path is the LCM's, tested with `rhizome scale` (docs/elastic.md).
+            wait_until(lambda: rz.get_job(job_id).status != job_pb2.QUEUED, "placement")
+            rz.halt_job(job_id)
+            sign_in(tab, platform, platform.token(user), f"/jobs/{job_id}")
+            page = tab.page
+            expect(page.locator("#status")).to_have_text("HALTED", timeout=60_000)
+            page.fill("#scale-learners", "3")
+            page.click("#btn-scale")
+            expect(page.locator("#confirm-text")).to_contain_text("3 learner(s)")
+            page.click("#confirm-ok")
+            expect(page.locator("#outcome")).to_contain_text("scale done")
+            assert rz.get_job(job_id).resources.learners == 3
+            page.fill("#scale-learners", "9")
+            page.click("#btn-scale")
+            page.click("#confirm-ok")
+            expect(page.locator("#outcome")).to_contain_text("outside the job's elastic bounds")
+            tab.screenshot("scaled")
+            # A job without `elastic:` has no Scale button at all.
+            page.goto(f"{platform.url}/jobs/{plain}")
+            expect(page.locator("#btn-halt")).to_be_visible()
+            expect(page.locator("#btn-scale")).to_have_count(0)
+            tab.assert_no_console_errors(lambda e: "400" in e)
+        finally:
+            rz.delete_job(job_id)
+            rz.delete_job(plain)

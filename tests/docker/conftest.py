@@ -84,10 +84,14 @@ def learner_image(docker_client: docker.DockerClient) -> LearnerImage:
 
 
 class DockerPlatform:
-    """`rhizomed --backend docker` (api + lcm) as `rhizome up` runs it, on the session's
-    engine, etcd and MongoDB; restartable on the same ports after a SIGKILL."""
+    """`rhizomed --backend docker` (api + lcm, and the TDS given an Elasticsearch URL) as
+    `rhizome up` runs it, on the session's engine, etcd and MongoDB; restartable on the
+    same ports after a SIGKILL. With the TDS, each job's log collector ships the
+    containers' output there (the only place it is kept once the containers are gone)."""
 
-    def __init__(self, data_dir: Path, etcd_url: str, mongo_url: str, engine_url: str) -> None:
+    def __init__(
+        self, data_dir: Path, etcd_url: str, mongo_url: str, engine_url: str, es_url: str = ""
+    ) -> None:
         from contract.procs import free_port
 
         self.data_dir = data_dir
@@ -96,12 +100,25 @@ class DockerPlatform:
         self.args = [
             f"--mongodb-uri={mongo_url}",
             f"--etcd={etcd_url}",
-            "--services=api,lcm",
+            "--services=api,lcm" + (",tds" if es_url else ""),
             "--backend=docker",
             f"--docker-host={engine_url}",
             f"--admin-token-file={data_dir / 'admin.token'}",
         ]
+        if es_url:
+            self.args.append(f"--elasticsearch-url={es_url}")
         self.server: Any = None
+
+    def learner_output(self, job_id: str, rank: int = 0) -> str:
+        """What learner `rank` printed on stdout, as the TDS holds it (shipped by the job's
+        log collector from its containers' streams, before the job ended)."""
+        from rhizome.v1 import tds_pb2
+
+        from services.client.sdk import Client
+
+        with Client(self.address, token=self.token()) as client:
+            lines = client.logs(tds_pb2.LogsRequest(job_id=job_id, learner=rank))
+            return "".join(f"{ln.line}\n" for ln in lines if ln.stream == "stdout")
 
     @property
     def address(self) -> str:
@@ -146,6 +163,7 @@ class DockerPlatform:
 def docker_platform(
     etcd_server: Any,
     mongo_server: Any,
+    es_server: Any,
     docker_engine: DockerEngine,
     learner_image: LearnerImage,
     tmp_path_factory: pytest.TempPathFactory,
@@ -155,6 +173,7 @@ def docker_platform(
         etcd_server.url,
         mongo_server.url,
         docker_engine.url,
+        es_server.url,
     )
     platform.start(RHIZOME_LEARNER_GRACE_S="3", RHIZOME_DEPLOY_ATTEMPTS="2")
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import tarfile
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -81,10 +82,8 @@ def containers(client: docker.DockerClient, job_id: str, all: bool = True) -> li
 
 
 def learner_log(platform: DockerPlatform, job_id: str, rank: int = 0) -> str:
-    path = platform.data_dir / "jobs" / job_id / "learners" / str(rank) / "stdout.log"
-    with contextlib.suppress(OSError):
-        return path.read_text()
-    return ""
+    """The learner's stdout: its containers' streams, as the job's collector shipped them."""
+    return platform.learner_output(job_id, rank)
 
 
 def step_of(platform: DockerPlatform, job_id: str, rank: int = 0) -> int:
@@ -138,10 +137,16 @@ def test_job_completes_in_containers_as_non_root_with_limits(
             d.startswith(str(docker_platform.data_dir / "jobs")) and not d.startswith(str(job_dir))
             for d in mounts
         )
-    st = (job_dir / "secrets" / "env").stat()
-    assert (st.st_uid, st.st_mode & 0o777) == (LEARNER_UID, 0o400)
+        # The credentials come from a tmpfs of the host, never the job directory's disk.
+        source = Path(mounts[secrets]["Source"])
+        assert source.is_relative_to("/dev/shm"), source
+        st = source.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (LEARNER_UID, 0o400)
+    on_disk = job_dir / "secrets" / "env"  # at most the empty mount point
+    assert not on_disk.exists() or on_disk.stat().st_size == 0
     record = wait_status(docker_platform, job_id, TERMINAL)
     assert record.status == states.COMPLETED, record.status_message
+    assert not source.parent.exists()  # the job's rollback removed its credentials
     for rank in (0, 1):
         out = learner_log(docker_platform, job_id, rank)
         assert f"start at 0 as {LEARNER_UID}" in out and "step 12" in out

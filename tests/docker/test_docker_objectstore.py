@@ -75,6 +75,7 @@ def s3_platform(
     docker_engine: DockerEngine,
     learner_image: LearnerImage,
     moto_s3: MotoS3,
+    es_server: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[DockerPlatform]:
     platform = DockerPlatform(
@@ -82,6 +83,7 @@ def s3_platform(
         etcd_server.url,
         mongo_server.url,
         docker_engine.url,
+        es_server.url,
     )
     platform.args += [
         f"--object-store=s3://{moto_s3.bucket}/{PREFIX}",
@@ -124,7 +126,7 @@ def test_code_checkpoints_and_results_go_through_the_store(
 
     record = wait_status(s3_platform, job_id, TERMINAL, timeout=180)
     assert record.status == states.COMPLETED, (record.status_message, record.last_log_lines)
-    stdout = (job_dir / "learners" / "0" / "stdout.log").read_text()
+    stdout = s3_platform.learner_output(job_id)
     assert f"backup to s3://{moto_s3.bucket}/{PREFIX}/checkpoints" in stdout
     assert "trained" in stdout
     results = keys(moto_s3, f"{PREFIX}/results/{job_id}/")
@@ -133,8 +135,10 @@ def test_code_checkpoints_and_results_go_through_the_store(
     assert sum(k.endswith("/COMMITTED") for k in checkpoints) >= 1
     # Nothing of the store on the daemon's disk, and no secret in any log.
     assert not (s3_platform.data_dir / "objects" / "results" / job_id).exists()
-    for log in (job_dir / "learners" / "0").glob("*.log"):
-        text = log.read_text()
+    collector_dir = s3_platform.data_dir / "jobs" / ".container-logs" / job_id
+    logs = [*(job_dir / "learners" / "0").glob("*.log"), *collector_dir.glob("*.log")]
+    assert collector_dir / "collector.log" in logs
+    for text in [stdout, *(log.read_text() for log in logs)]:
         assert access.secret_access_key not in text and access.session_token not in text
 
     # The job ended: its credentials are revoked.

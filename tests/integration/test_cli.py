@@ -284,3 +284,23 @@ def test_a_unique_id_prefix_works_everywhere_and_an_ambiguous_one_lists_the_cand
     assert ids[0] in ambiguous.stderr and ids[1] in ambiguous.stderr
     listed = rz(embedded, "list", user=user).stdout
     assert all(i in listed for i in ids)  # whole, not cut
+
+
+def test_train_shows_upload_progress_for_large_code(embedded: Path, tmp_path: Path) -> None:
+    # 3 MiB that does not compress, sent in 1 MiB pieces and reported as they go (a line
+    # per quarter when stderr is not a terminal, as here).
+    manifest = write_manifest(
+        tmp_path / "code", "name: big\nframework: {command: python train.py}\n"
+    )
+    (tmp_path / "code" / "weights.bin").write_bytes(os.urandom(3 * 2**20))
+    proc = rz(embedded, "train", str(manifest))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("uploaded ")]
+    assert lines[-1] == "uploaded 3.0 of 3.0 MiB", proc.stderr
+    # a line per quarter crossed, at most one per piece: the archive is a little over
+    # 3 MiB (zip headers), so 4 pieces cross the 4 quarters
+    assert lines == [
+        "uploaded 1.0 of 3.0 MiB",
+        "uploaded 2.0 of 3.0 MiB",
+        "uploaded 3.0 of 3.0 MiB",
+        "uploaded 3.0 of 3.0 MiB",
+    ]

@@ -284,7 +284,11 @@ def test_a_message_over_the_receive_limit_is_resource_exhausted(
         for method in METHODS:
             code, details = call_raw(channel, method, payload, md)
             assert_clean(f"{method} oversized", code, details)
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, code, details)
+            expected = grpc.StatusCode.RESOURCE_EXHAUSTED
+            if SERVICE.methods_by_name[method].client_streaming and credential == "none":
+                # A streamed upload asks who is calling before it reads a message.
+                expected = grpc.StatusCode.UNAUTHENTICATED
+            assert code == expected, (method, code, details)
     assert_still_serves(api, channel)
 
 

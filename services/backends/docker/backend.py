@@ -21,9 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
+import hashlib
+import json
 import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +40,12 @@ import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from requests.exceptions import RequestException
 
-from contract.learner_spec import StorageAccess
+from contract import procs
+from contract.containers import COLLECTOR_LOCK_FILE as LOCK_FILE
+from contract.containers import COLLECTOR_TOKEN_ENV as TDS_TOKEN_ENV
+from contract.env import ELASTIC_ETCD
+from contract.env import PREFIX as _PLATFORM_PREFIX
+from contract.learner_spec import CommandOutput, StorageAccess
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
 from services.backends.docker.spec import (
     ENTRYPOINT,
@@ -52,8 +65,8 @@ from services.backends.local.backend import (
     learner_spec,
     prepare_job_dir,
     remove_deploy_files,
+    secrets_text,
     tail_logs,
-    write_secrets_file,
 )
 from services.images.build import LABEL_PREFIX, LEARNER_UID, engine_url, learner_tag
 from services.objectstore.api import (
@@ -71,6 +84,19 @@ _PROBE = (
     "sys.exit(0 if importlib.util.find_spec('learner.controller') else 3)"
 )
 _ENGINE_ERRORS = (DockerException, RequestException, OSError)
+# How long the job's log collector may take to ship what is left when it is stopped.
+_HELPER_DRAIN_S = 30.0
+# A collector started this recently is not started again (it may not hold its lock yet).
+_HELPER_RESTART_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Helper:
+    """A job's log collector this process started, and how (to drain once without it)."""
+
+    ref: procs.ProcRef
+    argv: list[str]
+    env: dict[str, str] = dataclasses.field(repr=False)  # carries the job's TDS token
 
 
 class DockerBackend(Backend):
@@ -81,8 +107,12 @@ class DockerBackend(Backend):
         docker_host: str | None = None,
         image: str | None = None,
         network: str | None = None,
-        **_: Any,  # `reaper` and friends of other backends: containers need none
+        reaper: procs.Reaper | None = None,  # reaps the log collectors we start
+        **_: Any,  # options of other backends
     ) -> None:
+        self.reaper = reaper
+        self._helper_started: dict[str, float] = {}
+        self._helpers: dict[str, _Helper] = {}  # the collectors this process started
         self.url = engine_url(docker_host)
         root = os.geteuid() == 0
         # As root the learners run as the image's uid 10001 and get their files chowned;
@@ -246,9 +276,33 @@ class DockerBackend(Backend):
                 if path:
                     _chown_tree(Path(path), self.options.uid, self.options.gid)
 
+    def secrets_file(self, job_dir: str) -> Path:
+        """Where the job's data-store credentials are on the host: a tmpfs (`/dev/shm`, or
+        `RHIZOME_DOCKER_SECRETS_DIR`), so they never reach a disk; per data directory (a
+        hash of its jobs directory), then per job. The container sees the file read-only
+        at `<job_dir>/secrets/env`, where `RHIZOME_SECRETS` says it is."""
+        jobs = str(Path(job_dir).parent.resolve())
+        tag = hashlib.sha256(jobs.encode()).hexdigest()[:12]
+        base = Path(os.environ.get("RHIZOME_DOCKER_SECRETS_DIR") or "/dev/shm")
+        return base / f"rhizome-secrets-{tag}" / Path(job_dir).name / "env"
+
     def write_secrets(self, job: JobSpec) -> None:
-        owner = (self.options.uid, self.options.gid) if self.chown else None
-        write_secrets_file(job, owner=owner)
+        path = self.secrets_file(job.job_dir)
+        try:
+            path.parent.parent.mkdir(mode=0o700, exist_ok=True)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.chmod(0o600)  # a 0400 file of an earlier deploy
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets_text(job))
+            if self.chown:
+                os.chown(path, self.options.uid, self.options.gid)
+            path.chmod(0o400)
+        except OSError as exc:
+            raise BackendError(
+                f"job {job.job_id}: cannot write its secrets in {path}: {exc}"
+            ) from exc
 
     def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
         what = f"job {job.job_id}: starting learner {rank}"
@@ -269,6 +323,8 @@ class DockerBackend(Backend):
                     raise BackendError(f"{what}: {exc}") from exc
                 job = dataclasses.replace(job, model_zip="", result_store="")
             spec = learner_spec(job, rank, restart)
+            # The command writes to the container's streams; the job's helper ships them.
+            spec.command_output = CommandOutput.PASSTHROUGH.value
             if access is not None:
                 spec.storage = access.to_dict()
                 spec.result_store = ""
@@ -277,13 +333,15 @@ class DockerBackend(Backend):
             spec.env["CUDA_VISIBLE_DEVICES"] = inside
             if network != "host":
                 spec.etcd_url = reachable_url(spec.etcd_url, network)
+                if ELASTIC_ETCD in spec.env:  # an elastic job's rendezvous
+                    spec.env[ELASTIC_ETCD] = spec.etcd_url
                 spec.tds_address = reachable_url(spec.tds_address, network)
                 spec.env["MASTER_ADDR"] = container_name(job.job_id, 0, job.generation)
             spec_path = spec.learner_dir / "spec.json"
             spec.dump(spec_path)
             if self.chown:
                 _chown_tree(spec.learner_dir, self.options.uid, self.options.gid)
-            secrets = Path(job.job_dir) / "secrets" / "env"
+            secrets = self.secrets_file(job.job_dir)
             options = self.options
             if options.network != network:
                 options = dataclasses.replace(options, network=network)
@@ -295,7 +353,10 @@ class DockerBackend(Backend):
                 options,
                 image=self.image_for(job),
                 gpu_ids=host_gpus if job.gpus_per_learner > 0 else "",
-                secrets_file=str(secrets) if secrets.exists() else None,
+                secrets_file=str(Path(job.job_dir) / "secrets" / "env")
+                if secrets.exists()
+                else None,
+                secrets_source=str(secrets),
             )
             self._remove_leftover(client, kwargs["name"], job.job_id)
             try:
@@ -330,8 +391,13 @@ class DockerBackend(Backend):
                 f"a container named {name} already exists and is not this job's "
                 f"(its {LABEL_JOB} label is {owner!r}); remove it or rename it"
             )
+        # An earlier run of this rank (its controller died, the learner starts again):
+        # renamed, not removed, so that the job's log collector can still read its last
+        # lines; its labels stay, and the job's rollback removes it with the rest.
         with contextlib.suppress(NotFound):
-            other.remove(force=True)
+            if other.status in ("running", "restarting", "paused"):
+                other.kill()
+            other.rename(f"{name}-x{str(other.id)[:12]}")
 
     def _ensure_network(self, client: docker.DockerClient, job_id: str) -> str:
         name = network_name(job_id)
@@ -339,9 +405,140 @@ class DockerBackend(Backend):
             client.networks.create(name, driver="bridge", labels={LABEL_JOB: job_id})
         return name
 
+    # -- the per-job helper: the container log collector --------------------------------
+    @staticmethod
+    def helper_dir(job_dir: str) -> Path:
+        """The job's log collector's state (offsets per rank, its lock): beside the jobs'
+        directories, not in the job's own, which its containers mount read-write."""
+        return Path(job_dir).parent / ".container-logs" / Path(job_dir).name
+
+    def helper_running(self, job_dir: str) -> procs.ProcRef | None:
+        """The job's log collector, if one holds its lock (it holds it until it exits)."""
+        lock = self.helper_dir(job_dir) / LOCK_FILE
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                with contextlib.suppress(ValueError, OSError):
+                    held = json.loads(os.pread(fd, 4096, 0) or b"{}")
+                    return procs.ProcRef(int(held["pid"]), int(held["start"]))
+                return procs.ProcRef(0, -1)  # held, by a collector still writing its pid
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def start_helper(self, job: JobSpec) -> None:
-        """Each controller ships its own logs (the collector runs inside its container,
-        on the host network), so there is no per-job helper container."""
+        """The job's log collector (`python -m learner.controller.container_logs`), a
+        process of this host beside the guardian, unless one runs already. Idempotent:
+        the guardian calls it again while it watches the job, so a collector that died
+        (or was killed) starts again and resumes from its offsets, exactly once.
+
+        A process rather than a container with the engine's socket: the socket is root on
+        the host, and the collector needs nothing a container would give it."""
+        if not job.tds_address:
+            return  # no TDS configured (the api and lcm alone): nothing to ship to
+        if self.helper_running(job.job_dir) is not None:
+            return
+        ours = self._helpers.get(job.job_id)
+        if ours is not None and ours.ref.alive():
+            return  # started, not holding its lock yet
+        with self._lock:
+            last = self._helper_started.get(job.job_id, 0.0)
+            if time.monotonic() - last < _HELPER_RESTART_S:
+                return  # one that just started may not hold its lock yet; or it keeps dying
+            self._helper_started[job.job_id] = time.monotonic()
+        state = self.helper_dir(job.job_dir)
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        argv = [
+            sys.executable,
+            "-m",
+            "learner.controller.container_logs",
+            f"--job-id={job.job_id}",
+            f"--state-dir={state}",
+            f"--tds={job.tds_address}",
+            f"--docker-host={self.url}",
+            f"--drain-timeout-s={_HELPER_DRAIN_S}",
+        ]
+        if job.manifest.evaluation_metrics is not None:
+            argv.append(f"--metric-sources={json.dumps(job.manifest.evaluation_metrics)}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_PLATFORM_PREFIX)}
+        env[TDS_TOKEN_ENV] = job.tds_token  # the environment, not argv: argv is public
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            log_fd = os.open(state / "collector.log", flags, 0o600)
+            with os.fdopen(log_fd, "ab") as logf:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,  # outlives a guardian killed under it
+                )
+        except OSError as exc:
+            raise BackendError(f"job {job.job_id}: cannot start its log collector: {exc}") from exc
+        if self.reaper is not None:
+            self.reaper.watch(proc.pid, lambda pid, code: None)
+        ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
+        with self._lock:
+            self._helpers[job.job_id] = _Helper(ref, argv, env)
+        log.info("job %s: log collector started (pid %d)", job.job_id, proc.pid)
+
+    def stop_helper(self, job_id: str, job_dir: str) -> None:
+        """SIGTERM the job's log collector, which ships what the engine holds (containers
+        that exited included) and exits; SIGKILL it if it has not within the drain time.
+        When none runs but this process started one for the job (a collector that died),
+        a drain (`--once`) runs instead. Called before the job's containers are removed,
+        so their last lines are read."""
+        ours = self._helpers.get(job_id)
+        ref = self.helper_running(job_dir)
+        if ref is None and ours is not None and ours.ref.alive():
+            # Just started: it takes its lock within a second or two (its imports).
+            deadline = time.monotonic() + 20
+            while ref is None and ours.ref.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+                ref = self.helper_running(job_dir)
+        if ref is not None:
+            self._terminate_helpers(job_id, job_dir, ref)
+            return
+        if ours is None:
+            return  # not ours to drain: we do not know its TDS (a predecessor's deploy)
+        log.info("job %s: no log collector runs; draining the containers' logs once", job_id)
+        try:
+            subprocess.run(
+                [*ours.argv, "--once"],
+                env=ours.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=_HELPER_DRAIN_S + 10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("job %s: draining its logs failed: %s", job_id, exc)
+
+    def _terminate_helpers(self, job_id: str, job_dir: str, ref: procs.ProcRef | None) -> None:
+        signalled: procs.ProcRef | None = None
+        deadline = time.monotonic() + _HELPER_DRAIN_S + 10
+        while ref is not None:
+            # A collector that waited for the lock holds it next: it is signalled too.
+            if ref != signalled and ref.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(ref.pid, signal.SIGTERM)
+                signalled = ref
+            if time.monotonic() > deadline:
+                log.warning("job %s: its log collector did not drain in time; killing it", job_id)
+                if ref.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(ref.pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+            ref = self.helper_running(job_dir)
 
     # -- what runs -----------------------------------------------------------------------
     def learner_exited(self, handle: int) -> int | None:
@@ -389,7 +586,24 @@ class DockerBackend(Backend):
         return [handle_of(str(c["Id"])) for c in found]
 
     def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
-        return tail_logs(job_dir, rank, lines)
+        """The rank's last lines from its newest container's streams (stderr, then stdout,
+        as the local backend's files); the job directory's files when there are any."""
+        job_id = Path(job_dir).name
+        out: list[str] = []
+        with contextlib.suppress(*_ENGINE_ERRORS):
+            client = self.client()
+            found = client.api.containers(all=True, filters=job_filter(job_id, rank))
+            newest = sorted(found, key=lambda c: int(c.get("Created") or 0))[-1:]
+            for c in newest:
+                for stream in ("stderr", "stdout"):
+                    raw = client.api.logs(
+                        c["Id"], stdout=stream == "stdout", stderr=stream == "stderr", tail=lines
+                    )
+                    text = raw.decode(errors="replace").splitlines()
+                    out.extend(f"[{stream}] {line}" for line in text[-lines:])
+                    if len(out) >= lines:
+                        break
+        return out[-lines:] or tail_logs(job_dir, rank, lines)
 
     # -- undo ------------------------------------------------------------------------------
     def stop_learners(self, job_id: str, grace_s: float) -> None:
@@ -448,6 +662,8 @@ class DockerBackend(Backend):
         deploy's files. Safe at any point and any number of times. An engine that does
         not answer is logged, not raised, and the job noted in `<jobs>/.engine-rollbacks`:
         the next deploy that reaches the engine removes what the job left there."""
+        # The collector reads what the containers printed up to their end before they go.
+        self.stop_helper(job_id, job_dir)
         try:
             self._remove_labelled(self.client(), job_id)
             with contextlib.suppress(FileNotFoundError):
@@ -469,6 +685,7 @@ class DockerBackend(Backend):
             except ObjectStoreError as exc:
                 raise BackendError(f"job {job_id}: rollback: {exc}") from exc
         remove_deploy_files(job_dir)
+        shutil.rmtree(self.secrets_file(job_dir).parent, ignore_errors=True)
 
     def close(self) -> None:
         for watch in list(self._watches.values()):

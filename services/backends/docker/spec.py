@@ -29,9 +29,10 @@ LABEL_MEMORY_MB = "rhizome.memory_mb"
 # The engine's stand-in for the host as seen from a bridge network (engine >= 20.10).
 HOST_ALIAS = "host.docker.internal"
 ENTRYPOINT = "python -m learner.controller"
-# PID 1 is docker-init (signals forwarded, orphans reaped); sh only redirects the
-# controller's own output into the job directory, as the local backend does, then execs.
-_LAUNCH = 'exec python -m learner.controller --spec "$0" >>"$1" 2>&1'
+# PID 1 is docker-init (signals forwarded, orphans reaped). The controller keeps the
+# container's stdout/stderr for the user command and logs to controller.log itself
+# (`command_output: passthrough` in its spec), so the container's streams are the
+# command's output only, which the platform's per-job collector ships.
 
 
 def container_name(job_id: str, rank: int, generation: int) -> str:
@@ -124,6 +125,7 @@ def container_spec(
     image: str | None = None,
     gpu_ids: str = "",
     secrets_file: str | None = None,
+    secrets_source: str | None = None,
 ) -> dict[str, Any]:
     """`containers.create` arguments for learner `rank` of `job`."""
     learner_dir = str(Path(spec_path).parent)
@@ -136,14 +138,17 @@ def container_spec(
         *data_mounts(job, rank),
     ]
     if secrets_file:
-        mounts.append(Mount(secrets_file, secrets_file, type="bind", read_only=True))
+        # At the path the learner is told (`RHIZOME_SECRETS`), from where the backend
+        # keeps it on the host (a tmpfs: `DockerBackend.secrets_file`).
+        source = secrets_source or secrets_file
+        mounts.append(Mount(secrets_file, source, type="bind", read_only=True))
     tmpfs = {
         "/tmp": f"rw,nosuid,nodev,size={options.tmp_size},mode=1777",
         LEARNER_HOME: f"rw,nosuid,nodev,size=256m,uid={options.uid},gid={options.gid},mode=0700",
     }
     kwargs: dict[str, Any] = {
         "image": image or options.image,
-        "command": ["/bin/sh", "-c", _LAUNCH, spec_path, f"{learner_dir}/controller.log"],
+        "command": ["python", "-m", "learner.controller", "--spec", spec_path],
         "name": container_name(job.job_id, rank, job.generation),
         "labels": {
             LABEL_JOB: job.job_id,

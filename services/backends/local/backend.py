@@ -121,6 +121,8 @@ def learner_env(job: JobSpec, rank: int) -> dict[str, str]:
         checkpoint_dir=job.checkpoint_dir,
         result_dir=str(Path(job.job_dir) / "results" / str(rank)),
         secrets=str(Path(job.job_dir) / "secrets" / "env"),
+        # the platform's etcd, not a manifest's choice: the workers' rendezvous lives there
+        elastic_etcd=job.etcd_url if job.manifest.elastic is not None else None,
     )
     env.update(contract_env.to_environ())
     env.update(
@@ -555,6 +557,10 @@ class LocalBackend(Backend):
     def stop_learners(self, job_id: str, grace_s: float) -> None:
         procs.kill_labelled(job_id, grace_s=grace_s)
         self._kill_job_user(job_id)
+        self._reap()
+
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        procs.kill_labelled(job_id, rank, grace_s=grace_s)
         self._reap()
 
     def rollback(self, job_id: str, job_dir: str) -> None:

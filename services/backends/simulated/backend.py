@@ -2,7 +2,8 @@
 
 Each "learner" is a thread in the guardian's process that walks the real status path of
 a learner controller: it claims its rank's etcd key under a lease, records STARTING,
-DOWNLOADING and PROCESSING through the controller's own ``Controller.record``, appends
+DOWNLOADING and PROCESSING with the values a controller writes (``contract.status.
+status_value``), appends
 log lines to its ``stdout.log`` as a command would, and ends COMPLETED (or HALTED when
 stopped). Everything the platform does around it (API, scheduler, LCM, guardian, etcd
 watches, MongoDB transitions) is the real thing; only the process, the code download and
@@ -21,15 +22,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract import etcd_keys, procs
 from contract.etcd import EtcdClient
 from contract.learner_spec import LearnerSpec
-from contract.status import ExitCode, LearnerStatus
+from contract.status import ExitCode, LearnerStatus, status_value
 from services.backends.api import Backend, BackendError, JobSpec
 from services.backends.local.backend import learner_spec, prepare_job_dir, tail_logs
 
@@ -95,19 +98,38 @@ class SimulatedBackend(Backend):
             return self._etcd[url]
 
     def _learn(self, spec: LearnerSpec, learner: _Learner) -> None:
-        from learner.controller.controller import Controller  # the real status writer
-
         seconds = float(spec.env.get("SIM_SECONDS", DEFAULT_SECONDS))
         lines = int(spec.env.get("SIM_LOG_LINES", DEFAULT_LOG_LINES))
         etcd = self._client(spec.etcd_url)
-        ctl = Controller(spec, etcd)
-        lease = ctl.lease = etcd.grant(spec.lease_ttl_s).keep_alive()
+        key = etcd_keys.learner_status(spec.job_id, spec.rank)
+        lease = etcd.grant(spec.lease_ttl_s).keep_alive()
+        history: list[list[Any]] = []
+
+        def value(status: LearnerStatus, exit_code: int | None = None) -> dict[str, Any]:
+            history.append([status.value, round(time.time(), 3)])
+            return status_value(
+                status,
+                pid=os.getpid(),  # the guardian's: the "controller" lives as long as it
+                start=procs.start_ticks(os.getpid()),
+                lease=lease.id,
+                generation=spec.generation,
+                restart=spec.restart,
+                exit_code=exit_code,
+                message="",
+                time=time.time(),
+                history=history,
+            )
+
+        def record(status: LearnerStatus, exit_code: int | None = None) -> None:
+            etcd.put(key, value(status, exit_code), lease=None if status.final else lease)
+
         try:
-            if not ctl.claim():
+            # Claim the rank as a controller does: create-if-absent under the lease.
+            if not etcd.create(key, value(LearnerStatus.STARTING), lease=lease):
                 learner.exit_code = int(ExitCode.FATAL)
                 return
-            ctl.record(LearnerStatus.DOWNLOADING)
-            ctl.record(LearnerStatus.PROCESSING)
+            record(LearnerStatus.DOWNLOADING)
+            record(LearnerStatus.PROCESSING)
             out = Path(spec.learner_dir) / "stdout.log"
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a", encoding="utf-8") as fh:
@@ -120,11 +142,11 @@ class SimulatedBackend(Backend):
             while until and not Path(until).exists() and not learner.stop.wait(UNTIL_POLL_S):
                 pass
             if learner.stop.is_set():
-                ctl.record(LearnerStatus.HALTED, int(ExitCode.PREEMPTED), "stopped")
                 learner.exit_code = int(ExitCode.PREEMPTED)
+                record(LearnerStatus.HALTED, learner.exit_code)
             else:
-                ctl.record(LearnerStatus.COMPLETED, int(ExitCode.OK))
                 learner.exit_code = int(ExitCode.OK)
+                record(LearnerStatus.COMPLETED, learner.exit_code)
         except Exception as exc:  # an etcd hiccup ends this learner as a failure would
             log.warning("simulated learner %s/%d: %r", spec.job_id, spec.rank, exc)
             learner.exit_code = int(ExitCode.FATAL)

@@ -36,6 +36,7 @@
     $("btn-halt").disabled = !view.can_halt;
     $("btn-resume").disabled = !view.can_resume;
     $("btn-delete").disabled = !view.can_delete;
+    if ($("btn-scale")) $("btn-scale").disabled = !view.can_scale;
     const items = view.history.map((h) => {
       const li = document.createElement("li");
       const t = document.createElement("time");
@@ -45,16 +46,22 @@
       return li;
     });
     $("history").replaceChildren(...items);
-    const rows = view.placement.map((p) => {
+    function tableRow(values) {
       const tr = document.createElement("tr");
-      for (const v of [p.learner, p.node]) {
+      for (const v of values) {
         const td = document.createElement("td");
         td.textContent = String(v);
         tr.appendChild(td);
       }
       return tr;
-    });
+    }
+    const rows = view.placement.map((p) => tableRow([p.learner, p.node, p.zone]));
     if (rows.length) $("placement").tBodies[0].replaceChildren(...rows);
+    const stages = (view.stages || []).map((r) =>
+      tableRow([r.learner, r.stage, r.pipeline, r.zone, r.why])
+    );
+    $("stages-box").hidden = !stages.length;
+    if (stages.length) $("stages").tBodies[0].replaceChildren(...stages);
   }
 
   let statusFailing = false;
@@ -91,7 +98,9 @@
     b.addEventListener("click", () => {
       pending = b.dataset.action;
       $("confirm-title").textContent = b.textContent + " " + job.name + "?";
-      $("confirm-text").textContent = explain[pending];
+      $("confirm-text").textContent = pending === "scale"
+        ? "Scale this job to " + $("scale-learners").value + " learner(s)? It keeps training while it scales."
+        : explain[pending];
       $("confirm-ok").textContent = b.textContent;
       // Escape closes the dialog without setting a value: clear the last answer first.
       dialog.returnValue = "";
@@ -105,7 +114,9 @@
     if (dialog.returnValue !== "ok" || !action) return;
     $("outcome").textContent = action + " requested…";
     try {
-      const resp = await fetch("/ui/jobs/" + encodeURIComponent(jobId) + "/" + action, {
+      const extra = action === "scale"
+        ? "?learners=" + encodeURIComponent($("scale-learners").value) : "";
+      const resp = await fetch("/ui/jobs/" + encodeURIComponent(jobId) + "/" + action + extra, {
         method: "POST",
         headers: { "X-CSRF-Token": csrf },
       });

@@ -50,6 +50,12 @@
       const focused = document.activeElement && tbody.contains(document.activeElement)
         ? document.activeElement.textContent : null;
       tbody.replaceChildren(...body.jobs.map(row));
+      const total = document.getElementById("total");
+      if (total) {
+        const filtered = /(status|name)=[^&]/.test(query);
+        total.textContent = body.total + (body.total === 1 ? " job" : " jobs") +
+          (filtered ? " match this filter" : "");
+      }
       if (!body.jobs.length) {
         const tr = document.createElement("tr");
         const td = cell("No jobs.");

@@ -1,6 +1,7 @@
 """The API forwards halt/resume/delete/scale of deployed jobs to the LCM as typed
 requests; scaling a running job reaches the LCM as an LcmScaleRequest with the count,
-and the user gets its answer: not supported yet, and what to do instead."""
+and an LCM's refusal reaches the user as FAILED_PRECONDITION with its reason (the LCM's
+own checks: tests/services/guardian/test_elastic.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ JOB = "job-0001"
 
 
 class RecordingLcm(LifecycleServicer):
-    """The real LCM servicer's ScaleJob; halt/resume/kill accepted without a manager."""
+    """Every request recorded; ScaleJob refused as an LCM refuses (FAILED_PRECONDITION),
+    halt/resume/kill accepted, all without a manager."""
 
     def __init__(self) -> None:
         super().__init__(manager=None)  # type: ignore[arg-type]
@@ -38,7 +40,7 @@ class RecordingLcm(LifecycleServicer):
 
     def ScaleJob(self, request: Any, context: Any) -> Any:
         self.requests.append(("ScaleJob", request))
-        return super().ScaleJob(request, context)
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {request.job_id}: refused")
 
     def _record(self, method: str, request: Any) -> lcm_pb2.LcmResponse:
         self.requests.append((method, request))
@@ -107,7 +109,7 @@ def core_for(job: JobRecord, channel: grpc.Channel, tmp_path: Path) -> TrainerCo
     )
 
 
-def test_scaling_a_running_job_reaches_the_lcm_typed_and_the_user_is_told_what_to_do(
+def test_scaling_a_running_job_reaches_the_lcm_typed_and_a_refusal_is_a_conflict(
     lcm: tuple[RecordingLcm, grpc.Channel], tmp_path: Path
 ) -> None:
     servicer, channel = lcm
@@ -117,13 +119,22 @@ def test_scaling_a_running_job_reaches_the_lcm_typed_and_the_user_is_told_what_t
     [(method, request)] = servicer.requests
     assert method == "ScaleJob"
     assert isinstance(request, lcm_pb2.LcmScaleRequest)
-    assert (request.job_id, request.learners, request.reason) == (JOB, 3, "scaled by user")
-    message = info.value.message
-    assert "scaling a running job is not supported yet" in message
-    assert f"rhizome halt {JOB}" in message and f"rhizome scale {JOB} 3" in message
-    assert f"rhizome resume {JOB}" in message
+    assert (request.job_id, request.learners) == (JOB, 3)
+    assert request.reason == "scaled to 3 learners by alice"
+    assert info.value.message == f"job {JOB}: refused"
     # The API answers FAILED_PRECONDITION (HTTP 409), not "unavailable".
     assert info.value.grpc_code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.parametrize("status", [states.PENDING, states.DEPLOYING, states.STORING])
+def test_a_job_that_is_deployed_but_not_processing_is_not_scaled(
+    lcm: tuple[RecordingLcm, grpc.Channel], tmp_path: Path, status: str
+) -> None:
+    servicer, channel = lcm
+    core = core_for(elastic_job(status), channel, tmp_path)
+    with pytest.raises(errors.Conflict, match=f"is {status}: a running elastic job is scaled"):
+        core.scale("alice", JOB, 3)
+    assert servicer.requests == []
 
 
 def test_a_halted_job_is_scaled_in_its_record_without_the_lcm(

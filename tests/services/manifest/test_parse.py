@@ -48,7 +48,7 @@ def test_a_good_ffdl_manifest_parses_with_resources() -> None:
         ("name: a\nframework: {command: x}\nlearners: two", "learners", "type integer"),
         ("name: a\nframework: {command: x}\nmemory: 12 parsecs", "memory", "not a size"),
         ("name: a\nframework: {command: x}\nmemory: 0", "memory", "out of range"),
-        ("name: 'a b'\nframework: {command: x}", "name", "letters, digits"),
+        ("name: '-- --'\nframework: {command: x}", "name", "at least one letter or digit"),
         (
             "name: a\nframework: {command: x}\npipeline: {stages: 2, redundancy: eager}",
             "pipeline.redundancy",

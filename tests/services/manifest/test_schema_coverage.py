@@ -30,6 +30,7 @@ READERS: dict[str, list[tuple[str, str]]] = {
     "gpu_type": [("services/scheduler/requests.py", 'res["gpu_type"]')],
     "priority": [("services/scheduler/requests.py", "spec.priority")],
     "max_learner_restarts": [("services/guardian/guardian.py", "spec.max_learner_restarts")],
+    "max_preemptions": [("services/guardian/guardian.py", "manifest.max_preemptions")],
     "env": [("services/backends/local/backend.py", "job.manifest.env")],
     "data_stores.id": [("services/backends/local/backend.py", "ds.id")],
     "data_stores.type": [("services/backends/local/backend.py", "ds.type")],

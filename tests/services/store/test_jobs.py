@@ -182,3 +182,61 @@ def test_queries_are_served_by_indexes(repo: JobsRepository) -> None:
     assert ("owner", "job_id") in names
     assert ("status", "job_id") in names
     assert ("idem",) in names
+    assert ("updated_at",) in names  # the listing index's refresh
+
+
+def test_a_listing_sees_status_changes_and_new_jobs_written_by_another_process(
+    repo: JobsRepository,
+) -> None:
+    # Two repositories over one database: the lister's index must learn what the other
+    # (an LCM, another API daemon) wrote, through the indexed read of recent writes.
+    lister = JobsRepository(repo._col.database)
+    first = repo.create(record(owner="erin"))[0]
+    assert [j.job_id for j in lister.list_page("erin").jobs] == [first.job_id]
+    second = repo.create(record(owner="erin"))[0]
+    repo.transition(first.job_id, "HALTED")
+    assert [j.job_id for j in lister.list_page("erin").jobs] == [second.job_id, first.job_id]
+    assert [j.job_id for j in lister.list_page("erin", statuses=["HALTED"]).jobs] == [first.job_id]
+    assert [j.job_id for j in lister.list_page("erin", statuses=["QUEUED"]).jobs] == [second.job_id]
+    assert lister.count("erin") == 2
+    assert lister.count("erin", ["HALTED"]) == 1
+    assert lister.count(None, ["HALTED"]) >= 1  # an admin's count spans every owner
+    # The metrics gauges' counts come from the same index, refreshed.
+    halted_before = lister.count_by_status()["HALTED"]
+    repo.transition(second.job_id, "HALTED")
+    assert lister.count_by_status()["HALTED"] == halted_before + 1
+
+
+def test_a_status_the_index_has_not_seen_yet_never_shows_under_the_wrong_filter(
+    repo: JobsRepository,
+) -> None:
+    job = repo.create(record(owner="frank"))[0]
+    assert repo.list_page("frank", statuses=["QUEUED"]).jobs
+    # A write that the index's refresh cannot see (an old updated_at): the page's records
+    # are read again and checked, so the job is not listed as QUEUED any more.
+    repo._col.update_one({"_id": job.job_id}, {"$set": {"status": "HALTED", "updated_at": 1.0}})
+    assert repo.list_page("frank", statuses=["QUEUED"]).jobs == []
+    # ... and the correction sticks: the job is now listed under its real status.
+    assert [j.job_id for j in repo.list_page("frank", statuses=["HALTED"]).jobs] == [job.job_id]
+
+
+def test_paging_with_filters_covers_every_match_once_and_skips_purged_jobs(
+    repo: JobsRepository,
+) -> None:
+    made = []
+    for i in range(9):
+        r = record(owner="gina")
+        r.name = f"{'keep' if i % 3 else 'other'}-{i}"
+        made.append(repo.create(r)[0])
+    repo.purge(made[4].job_id)
+    wanted = [j.job_id for j in reversed(made) if j.name.startswith("keep") and j is not made[4]]
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = repo.list_page("gina", name_prefix="keep", page_size=2, page_token=token)
+        seen += [j.job_id for j in page.jobs]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == wanted
+    assert repo.count("gina", name_prefix="keep") == len(wanted)

@@ -1,0 +1,85 @@
+"""The examples run through `rhizome train` on a real embedded platform (etcd, the
+MongoDB-wire and Elasticsearch-API servers and the daemon, started by `rhizome up
+--embedded` on free ports and stopped by pid with `rhizome down`), with the commands
+their READMEs give; examples/mnist halted after an epoch and resumed continues from its
+checkpoint instead of starting over."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RHIZOME = [sys.executable, "-m", "services.client.cli"]
+
+
+def rz(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_")}
+    proc = subprocess.run(
+        [*RHIZOME, "--data-dir", str(data), *args],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    data = Path(tmp_path_factory.mktemp("examples"))
+    rz(data, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        yield data
+    finally:
+        subprocess.run([*RHIZOME, "--data-dir", str(data), "down"], capture_output=True)
+
+
+def log_text(data: Path, job_id: str) -> str:
+    return "\n".join(
+        json.loads(line)["line"]
+        for line in rz(data, "logs", job_id, "--json").stdout.splitlines()
+        if line.strip()
+    )
+
+
+def test_spot_checkpoint_runs_through_rhizome_train(platform: Path) -> None:
+    proc = rz(platform, "train", "examples/spot-checkpoint/manifest.yml", "--wait")
+    assert "COMPLETED" in proc.stderr, proc.stderr
+
+
+def test_mnist_halted_and_resumed_continues_from_its_checkpoint(platform: Path) -> None:
+    job_id = json.loads(rz(platform, "train", "examples/mnist/manifest.yml", "--json").stdout)[
+        "job_id"
+    ]
+    deadline = time.monotonic() + 240
+    while not re.search(r"^epoch [2-9]/10", log_text(platform, job_id), re.MULTILINE):
+        assert time.monotonic() < deadline, "examples/mnist logged no second epoch in 240 s"
+        time.sleep(1)
+    assert json.loads(rz(platform, "halt", job_id, "--json").stdout)["status"] == "HALTED"
+    before = [int(e) for e in re.findall(r"^epoch (\d+)/10", log_text(platform, job_id), re.M)]
+    rz(platform, "resume", job_id)
+    rz(platform, "show", job_id)
+    status = ""
+    while status not in ("COMPLETED", "FAILED", "DELETED", "HALTED"):
+        assert time.monotonic() < deadline + 240, f"the resumed job is still {status}"
+        time.sleep(1)
+        status = json.loads(rz(platform, "show", job_id, "--json").stdout)["status"]
+    assert status == "COMPLETED"
+    text = log_text(platform, job_id)
+    resumed = re.search(r"resuming from the checkpoint of epoch (\d+)/10", text)
+    assert resumed, f"the resumed learner started over:\n{text[-2000:]}"
+    assert int(resumed.group(1)) >= max(before) - 1 >= 1  # at most the epoch under way is redone
+    assert "final test accuracy" in text
