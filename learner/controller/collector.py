@@ -58,7 +58,7 @@ import grpc
 import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
-from contract.containers import COLLECTOR_TOKEN_ENV
+from contract.containers import COLLECTOR_TLS_ENV, COLLECTOR_TOKEN_ENV
 from contract.credentials import internal_channel, tls_channel_credentials, with_bearer
 from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
@@ -109,6 +109,23 @@ SOURCE_KINDS = (SOURCES_ALL, SOURCES_STREAMS, SOURCES_FILES)
 
 # As a process, the collector takes its job token from this variable (LearnerSpec.tds_token).
 TOKEN_ENV = COLLECTOR_TOKEN_ENV
+
+
+def tls_from_environ() -> dict[str, str]:
+    """As a process, the collector's TLS client certificate (`COLLECTOR_TLS_ENV`, JSON
+    `{ca, cert, key}`); {} when unset (a plaintext platform). ValueError when malformed."""
+    raw = os.environ.get(COLLECTOR_TLS_ENV, "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"${COLLECTOR_TLS_ENV} is not JSON") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
+    ):
+        raise ValueError(f"${COLLECTOR_TLS_ENV} must be a JSON object with ca, cert and key")
+    return {k: value[k] for k in ("ca", "cert", "key")}
 
 
 class Tailer(Protocol):
@@ -614,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             verify_interval_s=args.verify_interval_s,
             # The job token from the environment, never argv (any local user reads argv).
             token=os.environ.get(TOKEN_ENV, ""),
+            tls=tls_from_environ(),
         )
     except (CollectorError, ValueError) as exc:
         print(f"collector: {exc}", file=sys.stderr)

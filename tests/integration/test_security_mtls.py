@@ -194,3 +194,51 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
     finally:
         for d in reversed(started):
             d.stop()
+
+
+def test_the_collector_process_takes_its_certificate_from_its_environment(
+    embedded: Path, tmp_path: Path
+) -> None:
+    """`python -m learner.controller.collector` (and the docker backend's container-log
+    helper, which reads the same variables): the job token and the job's certificate in
+    its environment, never argv; it ships a learner's file over mutual TLS."""
+    import os
+    import subprocess
+    import sys
+
+    from contract.containers import COLLECTOR_TLS_ENV, COLLECTOR_TOKEN_ENV
+    from services.security.internal import SharedSecretCredentials
+    from services.security.tls import InternalTls
+
+    job_id = "job-collector-process-mtls"
+    learner = tmp_path / "job" / "learners" / "0"
+    learner.mkdir(parents=True)
+    (learner / "stdout.log").write_text("from-the-collector-process\n")
+    (learner / "stderr.log").write_text("")
+    secret = SharedSecretCredentials.from_file(embedded / "internal.secret", create=False)
+    argv = [
+        sys.executable,
+        "-m",
+        "learner.controller.collector",
+        f"--job-id={job_id}",
+        "--learner=0",
+        f"--job-dir={tmp_path / 'job'}",
+        f"--tds={internal_address(embedded)}",
+        "--verify-interval-s=0",
+        "--drain-timeout-s=20",
+        "--once",
+    ]
+    env = {**os.environ, COLLECTOR_TOKEN_ENV: secret.job_token(job_id)}
+    # Without the certificate the handshake fails: nothing is shipped.
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    env[COLLECTOR_TLS_ENV] = json.dumps(InternalTls(embedded / "tls").job_credentials(job_id))
+    shipped = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert shipped.returncode == 0, shipped.stderr
+    mine = internal_channel_credentials(ensure_client_certificate(embedded, "daemon"))
+    with with_bearer(
+        internal_channel(internal_address(embedded), mine), secret.service_token()
+    ) as channel:
+        stub = tds_pb2_grpc.TrainingDataStub(channel)
+        got = stub.GetLogs(tds_pb2.LogsRequest(job_id=job_id, learner=-1), timeout=20)
+        assert "from-the-collector-process" in [line.line for line in got]
