@@ -23,3 +23,6 @@ def label_filter(job_id: str, rank: int | None = None) -> dict[str, list[str]]:
 # inside), and the variable that carries the job's TDS token to it (never argv).
 COLLECTOR_LOCK_FILE = "collector.lock"
 COLLECTOR_TOKEN_ENV = "RHIZOME_TDS_TOKEN"
+# ...and the job's mutual-TLS client certificate for the TDS (JSON `{ca, cert, key}`,
+# LearnerSpec.tds_tls), on a platform whose internal port serves TLS.
+COLLECTOR_TLS_ENV = "RHIZOME_TDS_TLS"

@@ -11,12 +11,18 @@ both print etcd, MongoDB, Elasticsearch and object-store addresses in errors and
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import grpc
 
 AUTHORIZATION_METADATA = "authorization"
+
+# The name an internal port's certificate is checked against, whatever address reaches it
+# (a peer's IP, a container's gateway): the platform's private CA signs only this
+# platform's certificates (all valid for `localhost`), so the CA, not the address, is what
+# identifies the server.
+INTERNAL_SERVER_NAME = "localhost"
 
 # `scheme://user:PASSWORD@host`: the password of a URI's userinfo (MongoDB, etcd, ES
 # URIs all take one). `[^\s/@:]*` stops the user at the first colon; the password runs to
@@ -102,3 +108,32 @@ def with_bearer(channel: grpc.Channel, token: str) -> grpc.Channel:
     if not token:
         return channel
     return grpc.intercept_channel(channel, BearerInterceptor(token))
+
+
+def tls_channel_credentials(tls: Mapping[str, str]) -> grpc.ChannelCredentials:
+    """Mutual-TLS credentials from PEM text `{ca, cert, key}` (a learner's
+    `LearnerSpec.tds_tls`): trust `ca` for the server, present `cert`."""
+    missing = [k for k in ("ca", "cert", "key") if not tls.get(k)]
+    if missing:
+        raise ValueError(f"TLS credentials lack {', '.join(missing)} (PEM text expected)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls["ca"].encode(),
+        private_key=tls["key"].encode(),
+        certificate_chain=tls["cert"].encode(),
+    )
+
+
+def internal_channel(
+    address: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A channel to an internal port: mutual TLS with `credentials` (checked against the
+    platform CA's `INTERNAL_SERVER_NAME`), plaintext without."""
+    if credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(
+        address,
+        credentials,
+        options=[*options, ("grpc.ssl_target_name_override", INTERNAL_SERVER_NAME)],
+    )

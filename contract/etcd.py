@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlparse
 
 import grpc
@@ -44,6 +44,7 @@ from contract.credentials import redact_uri
 from contract.procs import venv_bin
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _UNREACHABLE: tuple[type[BaseException], ...] = (
     pyetcd.exceptions.ConnectionFailedError,
@@ -164,6 +165,11 @@ _AUTH_CODES = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATE
 _AUTH_MESSAGES = ("user name is empty", "authentication failed", "invalid auth token")
 
 
+def _token_expired(exc: BaseException | None) -> bool:
+    """Whether etcd refused `exc`'s call because its auth token lapsed."""
+    return isinstance(exc, grpc.RpcError) and "invalid auth token" in str(exc.details() or "")
+
+
 def _auth_refusal(exc: BaseException) -> str:
     """etcd's own reason when `exc` is a refusal of the caller's identity; else ''."""
     if not isinstance(exc, grpc.RpcError):
@@ -215,6 +221,8 @@ class EtcdClient:
         self, url: str, timeout_s: float = 5.0, credentials: EtcdCredentials | None = None
     ) -> None:
         self.url = url
+        self._credentials = credentials
+        self.reauthentications = 0  # times an expired auth token was replaced
         host, port = parse_url(url)
         ca = tls_ca_file(url)
         user = credentials.user if credentials else None
@@ -281,17 +289,52 @@ class EtcdClient:
                 "with `rhizome up --embedded` or point --etcd / RHIZOME_ETCD at a running one"
             ) from exc
 
+    def _run(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` with etcd's errors translated (`_errors`); when etcd says the auth
+        token expired (simple tokens lapse after `--auth-token-ttl` idle, 300 s by
+        default), authenticate again and retry once. A retry is safe: etcd refused the
+        call before doing anything."""
+        try:
+            with self._errors(what):
+                return call()
+        except EtcdAuthError as exc:
+            if self._credentials is None or not _token_expired(exc.__cause__):
+                raise
+        self._authenticate()
+        with self._errors(what):
+            return call()
+
+    def _authenticate(self) -> None:
+        """A fresh auth token for every later call (and watch) of this client."""
+        from pyetcd import etcdrpc
+        from pyetcd.client import EtcdTokenCallCredentials
+
+        assert self._credentials is not None
+        request = etcdrpc.AuthenticateRequest(
+            name=self._credentials.user, password=self._credentials.password
+        )
+        with self._errors(f"authenticate as {self._credentials.user}"):
+            token = self.raw.authstub.Authenticate(request, self.raw.timeout).token
+        self.raw.metadata = (("token", token),)
+        if self.raw.uses_secure_channel:
+            self.raw.call_credentials = grpc.metadata_call_credentials(
+                EtcdTokenCallCredentials(token)
+            )
+        watcher = self.raw._stubs.get("watcher")
+        if watcher is not None:  # it copied the old token when it was made
+            watcher._metadata = self.raw.metadata
+            watcher._credentials = self.raw.call_credentials
+        self.reauthentications += 1
+
     # -- read -----------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
-        with self._errors(f"get {key}"):
-            value, meta = self.raw.get(key)
+        value, meta = self._run(f"get {key}", lambda: self.raw.get(key))
         if value is None:
             return None
         return Entry(key, _decode(value), int(meta.mod_revision), int(meta.lease_id))
 
     def get_prefix(self, prefix: str) -> dict[str, Entry]:
-        with self._errors(f"get {prefix}*"):
-            items = list(self.raw.get_prefix(prefix))
+        items = self._run(f"get {prefix}*", lambda: list(self.raw.get_prefix(prefix)))
         out = {}
         for value, meta in items:
             key = meta.key.decode()
@@ -299,24 +342,24 @@ class EtcdClient:
         return out
 
     def revision(self) -> int:
-        with self._errors("status"):
-            resp = self.raw.get_response("/")
+        resp = self._run("status", lambda: self.raw.get_response("/"))
         return int(resp.header.revision)
 
     # -- write ----------------------------------------------------------------------------
     def put(self, key: str, value: Any, lease: Lease | int | None = None) -> None:
-        with self._errors(f"put {key}"):
-            self.raw.put(key, encode(value), lease=_lease_id(lease))
+        self._run(f"put {key}", lambda: self.raw.put(key, encode(value), lease=_lease_id(lease)))
 
     def create(self, key: str, value: Any, lease: Lease | int | None = None) -> bool:
         """Put only if the key does not exist; True if this call created it."""
         tx = self.raw.transactions
-        with self._errors(f"create {key}"):
-            ok, _ = self.raw.transaction(
+        ok, _ = self._run(
+            f"create {key}",
+            lambda: self.raw.transaction(
                 compare=[tx.create(key) == 0],
                 success=[tx.put(key, encode(value), lease=_lease_id(lease))],
                 failure=[],
-            )
+            ),
+        )
         return bool(ok)
 
     def cas(
@@ -324,36 +367,37 @@ class EtcdClient:
     ) -> bool:
         """Put only if the key was last written at `mod_revision` (0: does not exist)."""
         tx = self.raw.transactions
-        with self._errors(f"cas {key}"):
-            ok, _ = self.raw.transaction(
+        ok, _ = self._run(
+            f"cas {key}",
+            lambda: self.raw.transaction(
                 compare=[tx.mod(key) == mod_revision],
                 success=[tx.put(key, encode(value), lease=_lease_id(lease))],
                 failure=[],
-            )
+            ),
+        )
         return bool(ok)
 
     def delete(self, key: str) -> None:
-        with self._errors(f"delete {key}"):
-            self.raw.delete(key)
+        self._run(f"delete {key}", lambda: self.raw.delete(key))
 
     def delete_if(self, key: str, mod_revision: int) -> bool:
         """Delete only if unchanged since `mod_revision`."""
         tx = self.raw.transactions
-        with self._errors(f"delete {key}"):
-            ok, _ = self.raw.transaction(
+        ok, _ = self._run(
+            f"delete {key}",
+            lambda: self.raw.transaction(
                 compare=[tx.mod(key) == mod_revision], success=[tx.delete(key)], failure=[]
-            )
+            ),
+        )
         return bool(ok)
 
     def delete_prefix(self, prefix: str) -> None:
-        with self._errors(f"delete {prefix}*"):
-            self.raw.delete_prefix(prefix)
+        self._run(f"delete {prefix}*", lambda: self.raw.delete_prefix(prefix))
 
     # -- leases ---------------------------------------------------------------------------
     def grant(self, ttl_s: int) -> Lease:
         """A new lease (etcd rounds a TTL below its minimum, about 2 s, up to it)."""
-        with self._errors("lease grant"):
-            lease = self.raw.lease(int(ttl_s))
+        lease = self._run("lease grant", lambda: self.raw.lease(int(ttl_s)))
         return Lease(self, int(lease.id), int(lease.ttl))
 
     def revoke(self, lease_id: int) -> None:
@@ -382,8 +426,7 @@ class EtcdClient:
                 log.exception("watch callback for %s failed", key)
 
         add = self.raw.add_watch_prefix_callback if prefix else self.raw.add_watch_callback
-        with self._errors(f"watch {key}{'*' if prefix else ''}"):
-            watch_id = add(key, on_event)
+        watch_id = self._run(f"watch {key}{'*' if prefix else ''}", lambda: add(key, on_event))
 
         def cancel() -> None:
             with contextlib.suppress(Exception):
@@ -577,6 +620,12 @@ def etcd_argv(data_dir: Path, port: int, peer_port: int, binary: str | None = No
     ]
 
 
+def _auth(raw: Any) -> dict[str, Any]:
+    """The caller's etcd token for a raw stub call (the library adds it only to its own
+    methods); nothing before authentication is enabled."""
+    return {"metadata": raw.metadata, "credentials": raw.call_credentials}
+
+
 def grant_prefix(raw: Any, role: str, prefix: str, timeout_s: float = 5.0) -> None:
     """Create `role` (if missing) with read-write on every key under `prefix`."""
     from pyetcd import etcdrpc
@@ -584,14 +633,14 @@ def grant_prefix(raw: Any, role: str, prefix: str, timeout_s: float = 5.0) -> No
     from pyetcd.utils import prefix_range_end
 
     with contextlib.suppress(grpc.RpcError):  # it exists already
-        raw.authstub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role), timeout_s)
+        raw.authstub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role), timeout_s, **_auth(raw))
     permission = auth_pb2.Permission(
         permType=auth_pb2.Permission.READWRITE,
         key=prefix.encode(),
         range_end=prefix_range_end(prefix.encode()),
     )
     raw.authstub.RoleGrantPermission(
-        etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), timeout_s
+        etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), timeout_s, **_auth(raw)
     )
 
 
@@ -603,6 +652,7 @@ def add_user(raw: Any, credentials: EtcdCredentials, role: str, timeout_s: float
         raw.authstub.UserAdd(
             etcdrpc.AuthUserAddRequest(name=credentials.user, password=credentials.password),
             timeout_s,
+            **_auth(raw),
         )
     except grpc.RpcError:  # it exists: make its password the one we hold
         raw.authstub.UserChangePassword(
@@ -610,9 +660,10 @@ def add_user(raw: Any, credentials: EtcdCredentials, role: str, timeout_s: float
                 name=credentials.user, password=credentials.password
             ),
             timeout_s,
+            **_auth(raw),
         )
     raw.authstub.UserGrantRole(
-        etcdrpc.AuthUserGrantRoleRequest(user=credentials.user, role=role), timeout_s
+        etcdrpc.AuthUserGrantRoleRequest(user=credentials.user, role=role), timeout_s, **_auth(raw)
     )
 
 
@@ -639,6 +690,55 @@ def enable_auth(
             grant_prefix(raw, platform.user, prefix, timeout_s)
             add_user(raw, platform, platform.user, timeout_s)
             raw.authstub.AuthEnable(etcdrpc.AuthEnableRequest(), timeout_s)
+    finally:
+        client.close()
+
+
+def job_etcd_user(job_id: str) -> str:
+    """The etcd user (and role) of `job_id`'s learners."""
+    return f"rhizome-job-{job_id}"
+
+
+def add_job_user(
+    url: str, root: EtcdCredentials, job_id: str, timeout_s: float = 5.0
+) -> EtcdCredentials:
+    """A new etcd user for `job_id`'s learners, with a fresh random password, whose role
+    reads and writes only under the job's own prefix (`etcd_keys.job_prefix`: its status,
+    control, runtime and elastic keys all live there). Creating users takes etcd's root
+    user. Called again for the same job, it sets a new password (a redeploy)."""
+    import secrets
+
+    from contract import etcd_keys
+
+    user = job_etcd_user(job_id)
+    credentials = EtcdCredentials(user, secrets.token_urlsafe(24))
+    client = EtcdClient(url, timeout_s, credentials=root)
+    try:
+        with client._errors(f"add etcd user {user}"):
+            grant_prefix(client.raw, user, etcd_keys.job_prefix(job_id), timeout_s)
+            add_user(client.raw, credentials, user, timeout_s)
+    finally:
+        client.close()
+    return credentials
+
+
+def remove_job_user(url: str, root: EtcdCredentials, job_id: str, timeout_s: float = 5.0) -> None:
+    """Delete `job_id`'s etcd user and role (when the job ends for good); nothing to do
+    when they are gone already."""
+    from pyetcd import etcdrpc
+
+    user = job_etcd_user(job_id)
+    client = EtcdClient(url, timeout_s, credentials=root)
+    try:
+        with client._errors(f"remove etcd user {user}"):
+            with contextlib.suppress(grpc.RpcError):  # not found: removed before
+                client.raw.authstub.UserDelete(
+                    etcdrpc.AuthUserDeleteRequest(name=user), timeout_s, **_auth(client.raw)
+                )
+            with contextlib.suppress(grpc.RpcError):
+                client.raw.authstub.RoleDelete(
+                    etcdrpc.AuthRoleDeleteRequest(role=user), timeout_s, **_auth(client.raw)
+                )
     finally:
         client.close()
 

@@ -55,6 +55,10 @@ class LearnerSpec:
     # The job token the collector sends to the TDS (contract/credentials.py): it may append
     # to and read this job's logs only. Kept out of repr; the spec file is 0600.
     tds_token: str = field(default="", repr=False)
+    # Mutual TLS to the TDS's internal port when the platform serves it (`rhizome up`):
+    # `{ca, cert, key}` PEM text, the job's own client certificate. Empty: plaintext.
+    # Kept out of repr (the key); the spec file is 0600.
+    tds_tls: dict[str, str] = field(default_factory=dict, repr=False)
     metric_sources: Any = None  # the manifest's `evaluation_metrics`
     grace_s: float = 10.0  # SIGTERM -> SIGKILL on halt
     lease_ttl_s: int = 2

@@ -31,6 +31,10 @@ class PlatformConfig:
     # The service credential shared by daemons that host services for each other;
     # empty: <data dir>/internal.secret, generated 0600 on first start.
     internal_secret_file: str = ""
+    # Mutual TLS on the internal port: the CA directory (ca.pem, ca.key, server.pem/key as
+    # services/security/tls.py makes them) whose certificates every caller must present;
+    # empty: plaintext. `rhizome up` passes its <data dir>/tls.
+    internal_tls_dir: str = ""
     # TLS on the public gRPC port and the REST gateway (services/security/tls.py): a PEM
     # certificate chain and its key; both empty: plaintext.
     tls_cert: str = ""

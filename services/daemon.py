@@ -104,6 +104,11 @@ class Daemon:
             options=options,
         )
         self.credentials = SharedSecretCredentials.from_file(config.internal_secret_path)
+        self.internal_tls: Any = None
+        if config.internal_tls_dir:
+            from services.security.tls import InternalTls
+
+            self.internal_tls = InternalTls.open(Path(config.internal_tls_dir))
         self.internal_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc-internal"),
             interceptors=[
@@ -117,6 +122,7 @@ class Daemon:
             config,
             SplitServer(self.server, self.internal_server),  # type: ignore[arg-type]
             credentials=self.credentials,
+            internal_tls=self.internal_tls,
         )
         self.hosted: list[Hosted] = []
         self.health = health.HealthServicer()
@@ -134,7 +140,7 @@ class Daemon:
         self.internal_port = self._bind_internal()
         host, _ = split_address(self.config.internal_address)
         self.config.internal_address = f"{host}:{self.internal_port}"
-        if not _is_loopback(host):
+        if not _is_loopback(host) and self.internal_tls is None:
             log.warning(
                 "the internal port %s is not on loopback: its calls travel in clear text; keep "
                 "it on a private network",
@@ -178,14 +184,21 @@ class Daemon:
         host, port = split_address(address)
         remembered = self.config.data_dir / INTERNAL_PORT_FILE
         bound = 0
+        # Mutual TLS when configured: the handshake refuses a caller without a certificate
+        # of the platform's CA before any credential or request is read.
+        credentials = self.internal_tls.server_credentials() if self.internal_tls else None
+
+        def add(at: str) -> int:
+            if credentials is None:
+                return int(self.internal_server.add_insecure_port(at))
+            return int(self.internal_server.add_secure_port(at, credentials))
+
         if port == 0:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
-                bound = self.internal_server.add_insecure_port(
-                    f"{host}:{int(remembered.read_text())}"
-                )
+                bound = add(f"{host}:{int(remembered.read_text())}")
         if not bound:
             try:
-                bound = self.internal_server.add_insecure_port(address)
+                bound = add(address)
             except RuntimeError:
                 bound = 0
         if not bound:
@@ -300,6 +313,15 @@ def _export_object_store(config: PlatformConfig) -> None:
     envvar="RHIZOME_INTERNAL_SECRET_FILE",
     help="The service credential of the internal port (default <data dir>/internal.secret, "
     "generated 0600 on first start); daemons that are each other's --peer share it.",
+)
+@click.option(
+    "--internal-tls-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    envvar="RHIZOME_INTERNAL_TLS_DIR",
+    help="Serve the internal port over mutual TLS with the CA in this directory (made when "
+    "missing): every caller, peers and learners included, must present a certificate of "
+    "that CA. Daemons that are each other's --peer share it. Default: plaintext.",
 )
 @click.option(
     "--tls-cert",
@@ -435,6 +457,7 @@ def main(
     internal_address: str,
     learner_tds_address: str,
     internal_secret_file: Path | None,
+    internal_tls_dir: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     mongodb_uri: str,
@@ -478,6 +501,7 @@ def main(
         internal_address=internal_address,
         learner_tds_address=learner_tds_address,
         internal_secret_file=str(internal_secret_file.expanduser()) if internal_secret_file else "",
+        internal_tls_dir=str(internal_tls_dir.expanduser()) if internal_tls_dir else "",
         tls_cert=str(tls_cert.expanduser()) if tls_cert else "",
         tls_key=str(tls_key.expanduser()) if tls_key else "",
         peers=_peers(peers),

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 import grpc
 
-from contract.credentials import with_bearer
+from contract.credentials import internal_channel, with_bearer
 from services.config import PlatformConfig
 from services.local_channel import LocalChannel, RecordingServer
 
 if TYPE_CHECKING:
     from services.security.api import ServiceCredentials
+    from services.security.tls import InternalTls
     from services.store.jobs import JobsRepository
 
 # The only service the public port serves (with health and reflection); every other
@@ -72,10 +73,14 @@ class DaemonContext:
     # The internal port's credentials (services/security): sent on every call to another
     # service, and the issuer of job tokens. None only in unit tests without a daemon.
     credentials: ServiceCredentials | None = None
+    # Mutual TLS on the internal ports (services/security/tls.py InternalTls): this
+    # daemon's channels present its client certificate; None: plaintext.
+    internal_tls: InternalTls | None = None
 
     def _internal_channel(self, address: str) -> grpc.Channel:
         token = self.credentials.service_token() if self.credentials else ""
-        return with_bearer(grpc.insecure_channel(address), token)
+        tls = self.internal_tls.channel_credentials() if self.internal_tls else None
+        return with_bearer(internal_channel(address, tls), token)
 
     def channel(self, service: str) -> grpc.Channel | None:
         """A channel to `service`: in-process dispatch when this daemon hosts it (see

@@ -58,8 +58,8 @@ import grpc
 import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
-from contract.containers import COLLECTOR_TOKEN_ENV
-from contract.credentials import with_bearer
+from contract.containers import COLLECTOR_TLS_ENV, COLLECTOR_TOKEN_ENV
+from contract.credentials import internal_channel, tls_channel_credentials, with_bearer
 from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
 from learner.controller.metric_sources.tail import LineTailer
@@ -111,6 +111,23 @@ SOURCE_KINDS = (SOURCES_ALL, SOURCES_STREAMS, SOURCES_FILES)
 TOKEN_ENV = COLLECTOR_TOKEN_ENV
 
 
+def tls_from_environ() -> dict[str, str]:
+    """As a process, the collector's TLS client certificate (`COLLECTOR_TLS_ENV`, JSON
+    `{ca, cert, key}`); {} when unset (a plaintext platform). ValueError when malformed."""
+    raw = os.environ.get(COLLECTOR_TLS_ENV, "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"${COLLECTOR_TLS_ENV} is not JSON") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
+    ):
+        raise ValueError(f"${COLLECTOR_TLS_ENV} must be a JSON object with ca, cert and key")
+    return {k: value[k] for k in ("ca", "cert", "key")}
+
+
 class Tailer(Protocol):
     """Where a stream's lines come from: a file (`LineTailer`) here, a container's output
     stream on the docker backend (learner/controller/container_logs.py). `offset` is any
@@ -147,6 +164,7 @@ class Collector:
         verify_interval_s: float = 5.0,
         max_rewinds: int = 3,
         token: str = "",
+        tls: Mapping[str, str] | None = None,
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         streams: Sequence[str] = STREAMS,
         source_kinds: str = SOURCES_ALL,
@@ -204,8 +222,11 @@ class Collector:
         self._last_verify = time.monotonic()
         # The job token (LearnerSpec.tds_token) goes on every call: the TDS's internal port
         # refuses calls without a credential, and confines this one to its own job.
-        self._raw_channel = grpc.insecure_channel(
+        # With `tls` (LearnerSpec.tds_tls) the channel is mutual TLS: the internal port of a
+        # TLS platform admits only certificates of its CA.
+        self._raw_channel = internal_channel(
             tds_address,
+            tls_channel_credentials(tls) if tls else None,
             options=[
                 # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
                 ("grpc.initial_reconnect_backoff_ms", 100),
@@ -610,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             verify_interval_s=args.verify_interval_s,
             # The job token from the environment, never argv (any local user reads argv).
             token=os.environ.get(TOKEN_ENV, ""),
+            tls=tls_from_environ(),
         )
     except (CollectorError, ValueError) as exc:
         print(f"collector: {exc}", file=sys.stderr)

@@ -63,7 +63,13 @@ from contract.containers import (
     LABEL_RESTART,
     label_filter,
 )
-from learner.controller.collector import SOURCES_STREAMS, TOKEN_ENV, Collector, CollectorError
+from learner.controller.collector import (
+    SOURCES_STREAMS,
+    TOKEN_ENV,
+    Collector,
+    CollectorError,
+    tls_from_environ,
+)
 
 log = logging.getLogger(__name__)
 
@@ -587,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             args.state_dir,
             args.tds,
             token=os.environ.get(TOKEN_ENV, ""),
+            tls=tls_from_environ(),  # mutual TLS to the TDS on a TLS platform
             flush_interval_s=args.flush_interval_s,
             verify_interval_s=args.verify_interval_s,
             drain_timeout_s=args.drain_timeout_s,

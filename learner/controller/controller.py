@@ -342,6 +342,7 @@ class Controller:
                 self.spec.tds_address,
                 metric_sources=self.spec.metric_sources,
                 token=self.spec.tds_token,
+                tls=self.spec.tds_tls,
                 streams=streams,
                 source_kinds=kinds,
             )

@@ -50,6 +50,9 @@ class JobSpec:
     master_port: int = 0
     tds_address: str = ""
     tds_token: str = field(default="", repr=False)  # the learners' job token, never logged
+    # The learners' mutual-TLS client certificate for the TDS (`{ca, cert, key}` PEM text;
+    # empty on a plaintext platform): LearnerSpec.tds_tls.
+    tds_tls: dict[str, str] = field(default_factory=dict, repr=False)
     # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
     # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0

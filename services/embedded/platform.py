@@ -150,6 +150,9 @@ class TlsChoice:
     cert: str = ""  # yours: a PEM chain and its key; empty: generated in <data dir>/tls
     key: str = ""
     ca: str = ""  # the CA clients trust; empty with your own certificate: the system's
+    # The platform's own CA directory (<data dir>/tls), whose certificates the internal
+    # port requires (mutual TLS), whichever certificate the public ports serve.
+    internal_dir: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -168,11 +171,17 @@ class TlsChoice:
             raise DependencyError(str(exc)) from None
 
     def _prepare(self, data_dir: Path) -> TlsChoice:
-        from services.security.tls import TlsFiles, ensure_local_certificates
+        from services.security.tls import TLS_DIR, TlsFiles, ensure_local_certificates
 
+        files = ensure_local_certificates(data_dir)
+        internal_dir = str(Path(data_dir).resolve() / TLS_DIR)
         if not self.cert and not self.key:
-            files = ensure_local_certificates(data_dir)
-            return TlsChoice(cert=str(files.cert), key=str(files.key), ca=str(files.ca))
+            return TlsChoice(
+                cert=str(files.cert),
+                key=str(files.key),
+                ca=str(files.ca),
+                internal_dir=internal_dir,
+            )
         if not (self.cert and self.key):
             raise DependencyError("--tls-cert and --tls-key go together: pass both, or neither")
         mine = TlsFiles(Path(self.cert), Path(self.key), Path(self.ca) if self.ca else None)
@@ -182,10 +191,14 @@ class TlsChoice:
             cert=str(Path(self.cert).resolve()),
             key=str(Path(self.key).resolve()),
             ca=str(Path(self.ca).resolve()) if self.ca else "",
+            internal_dir=internal_dir,
         )
 
     def daemon_args(self) -> list[str]:
-        return [] if self.plaintext else [f"--tls-cert={self.cert}", f"--tls-key={self.key}"]
+        if self.plaintext:
+            return []
+        args = [f"--tls-cert={self.cert}", f"--tls-key={self.key}"]
+        return [*args, f"--internal-tls-dir={self.internal_dir}"] if self.internal_dir else args
 
     def ca_bytes(self) -> bytes | None:
         return Path(self.ca).read_bytes() if self.enabled and self.ca else None

@@ -8,6 +8,7 @@ store."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -19,36 +20,75 @@ from contract.etcd import EtcdClient
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.guardian import Guardian, GuardianConfig
-from services.security.api import JOB_TOKEN_ENV
+from services.security.api import (
+    GUARDIAN_ETCD_URL_ENV,
+    GUARDIAN_MONGODB_URI_ENV,
+    JOB_TLS_ENV,
+    JOB_TOKEN_ENV,
+)
 from services.store.errors import StoreUnavailable
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from services.store.preemption_stats import PreemptionStatsRepository
 
 
+def _job_tls(raw: str) -> dict[str, str]:
+    """The LCM's `{ca, cert, key}` for the learners' TDS channel; {} on plaintext."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"${JOB_TLS_ENV} is not JSON (the LCM writes it)") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
+    ):
+        raise ValueError(f"${JOB_TLS_ENV} must be a JSON object with ca, cert and key")
+    return {k: value[k] for k in ("ca", "cert", "key")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.guardian", description=__doc__)
     parser.add_argument("--job-id", required=True)
-    parser.add_argument("--etcd", required=True, help="etcd client URL")
-    parser.add_argument("--mongodb-uri", required=True)
+    # The LCM passes both URIs in the environment (popped below, so the learners do not
+    # inherit them): a command line is readable by every local user and a URI may hold a
+    # password. The flags remain for running a guardian by hand.
+    parser.add_argument(
+        "--etcd", default="", help=f"etcd client URL (default: ${GUARDIAN_ETCD_URL_ENV})"
+    )
+    parser.add_argument(
+        "--mongodb-uri", default="", help=f"MongoDB URI (default: ${GUARDIAN_MONGODB_URI_ENV})"
+    )
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--backend", default="local")
     parser.add_argument("--tds", default="", help="TDS address for the learners' log collectors")
     args = parser.parse_args(argv)
+    # Popped whatever the flags say, so that nothing this guardian starts inherits them.
+    etcd_url = args.etcd or os.environ.pop(GUARDIAN_ETCD_URL_ENV, "")
+    mongodb_uri = args.mongodb_uri or os.environ.pop(GUARDIAN_MONGODB_URI_ENV, "")
+    os.environ.pop(GUARDIAN_ETCD_URL_ENV, None)
+    os.environ.pop(GUARDIAN_MONGODB_URI_ENV, None)
+    if not etcd_url or not mongodb_uri:
+        missing = [
+            f"--etcd or ${GUARDIAN_ETCD_URL_ENV}" if not etcd_url else "",
+            f"--mongodb-uri or ${GUARDIAN_MONGODB_URI_ENV}" if not mongodb_uri else "",
+        ]
+        parser.error("missing " + " and ".join(m for m in missing if m))
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s guardian[{args.job_id}]: %(message)s"
     )
     try:
         config = GuardianConfig.from_env(
             job_id=args.job_id,
-            etcd_url=args.etcd,
-            mongodb_uri=args.mongodb_uri,
+            etcd_url=etcd_url,
+            mongodb_uri=mongodb_uri,
             data_dir=args.data_dir,
             backend=args.backend,
             tds_address=args.tds,
             # The LCM's job token for the learners' collectors; popped, so that nothing this
             # guardian starts inherits it except through the learner spec.
             tds_token=os.environ.pop(JOB_TOKEN_ENV, ""),
+            tds_tls=_job_tls(os.environ.pop(JOB_TLS_ENV, "")),
         )
         etcd = EtcdClient.connect(config.etcd_url)
         db = connect(config.mongodb_uri)

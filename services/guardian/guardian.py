@@ -120,6 +120,7 @@ class GuardianConfig:
     backend: str = "local"
     tds_address: str = ""
     tds_token: str = field(default="", repr=False)  # the job token (services/security)
+    tds_tls: dict[str, str] = field(default_factory=dict, repr=False)  # the job's client cert
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -276,6 +277,7 @@ class Guardian:
             master_port=master_port,
             tds_address=self.config.tds_address,
             tds_token=self.config.tds_token,
+            tds_tls=self.config.tds_tls,
             grace_s=self.config.learner_grace_s if grace_s is None else grace_s,
             platform_env=self.preemption_env(manifest),
         )

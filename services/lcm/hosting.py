@@ -32,6 +32,7 @@ def build(ctx: DaemonContext) -> Hosted:
             place_locally=not has_scheduler,
             backend=config.backend,
             job_token=ctx.credentials.job_token if ctx.credentials else None,
+            job_tls=ctx.internal_tls.job_credentials if ctx.internal_tls else None,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

@@ -20,6 +20,7 @@ re-parented to it and reaped, so none is left a zombie.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -37,7 +38,12 @@ from contract.etcd import EtcdClient, Lease
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.lcm.placement import place_queued_locally
-from services.security.api import JOB_TOKEN_ENV
+from services.security.api import (
+    GUARDIAN_ETCD_URL_ENV,
+    GUARDIAN_MONGODB_URI_ENV,
+    JOB_TLS_ENV,
+    JOB_TOKEN_ENV,
+)
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
 from services.store.jobs import JobsRepository
@@ -63,6 +69,9 @@ class LcmConfig:
     guardian_env: dict[str, str] = field(default_factory=dict)
     # Issues a job's token for its learners (services/security); handed to its guardian.
     job_token: Callable[[str], str] | None = None
+    # Issues a job's mutual-TLS client certificate (`{ca, cert, key}`) when the internal
+    # port serves TLS (services/security/tls.py InternalTls); None on plaintext.
+    job_tls: Callable[[str], dict[str, str]] | None = None
 
 
 @dataclass
@@ -223,17 +232,29 @@ class LifecycleManager:
             "-m",
             "services.guardian",
             f"--job-id={job_id}",
-            f"--etcd={self.config.etcd_url}",
-            f"--mongodb-uri={self.config.mongodb_uri}",
             f"--data-dir={self.config.data_dir}",
             f"--backend={self.config.backend}",
         ]
         if self.config.tds_address:
             argv.append(f"--tds={self.config.tds_address}")
         env = dict(os.environ, **self.config.guardian_env)
+        # The store URIs and the job token go in the environment, not argv: any local user
+        # (a learner uid included) can read a command line in /proc, and either URI may
+        # carry a password.
+        env[GUARDIAN_ETCD_URL_ENV] = self.config.etcd_url
+        env[GUARDIAN_MONGODB_URI_ENV] = self.config.mongodb_uri
         if self.config.job_token is not None:
-            # In the environment, not argv: any local user can read a command line.
             env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
+        if self.config.job_tls is not None:
+            try:
+                env[JOB_TLS_ENV] = json.dumps(self.config.job_tls(job_id))
+            except Exception as exc:  # the CA is unreadable: the learners could not log
+                log.error(
+                    "job %s: cannot issue its TLS client certificate (%s); not starting its guardian",
+                    job_id,
+                    exc,
+                )
+                return
         # The job directory may belong to the job's learner uid (local backend as root):
         # a link it left at guardian.log is refused, not followed as root.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK

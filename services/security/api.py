@@ -19,6 +19,14 @@ AUTHORIZATION_METADATA = "authorization"
 # How the LCM hands a guardian its job's token: in the guardian's environment (never on
 # its command line, which any local user can read), popped before learners start.
 JOB_TOKEN_ENV = "RHIZOME_JOB_TOKEN"
+# How the LCM hands a guardian its store URIs, for the same reason: either may carry a
+# password (`mongodb://user:PASSWORD@...`), and /proc/PID/cmdline is readable by every
+# local user, learner uids included, while /proc/PID/environ is not. Popped by the guardian.
+GUARDIAN_ETCD_URL_ENV = "RHIZOME_GUARDIAN_ETCD_URL"
+GUARDIAN_MONGODB_URI_ENV = "RHIZOME_GUARDIAN_MONGODB_URI"
+# The job's mutual-TLS client certificate for the TDS (JSON `{ca, cert, key}`), the same
+# way: the key is a secret. Unset on a plaintext platform.
+JOB_TLS_ENV = "RHIZOME_JOB_TLS"
 
 
 HOW_TO_AUTHENTICATE = (

@@ -8,11 +8,11 @@ its key `ca.key` is 0600) and `server.pem`/`server.key` (0600) valid for localho
 certificate when it is within 30 days of expiring or does not match the CA. The CLI and
 SDK trust `ca.pem` when they talk to that platform, as they pick up `admin.token`.
 
-The same CA issues the certificates for mutual TLS on the internal port (building blocks,
-not yet served by the daemon; docs/security.md): `ensure_client_certificate` gives a
-daemon (or a job) a client certificate of its own, `internal_server_credentials` a gRPC
-server that requires one signed by the CA, `internal_channel_credentials` the matching
-client side.
+The same CA issues the certificates for mutual TLS on the internal port
+(docs/security.md): `ensure_client_certificate` gives a daemon a client certificate of
+its own, `internal_server_credentials` a gRPC server that requires one signed by the CA,
+`internal_channel_credentials` the matching client side; `InternalTls` puts them
+together for the daemon, and issues each job's learners theirs.
 
 Keys are ECDSA P-256: the smallest handshake cost of the common choices, which the
 submit benchmark (benchmarks/security_overhead.py) pays on every new connection.
@@ -209,7 +209,13 @@ def _server_current(directory: Path, ca: x509.Certificate) -> bool:
 def ensure_local_certificates(data_dir: Path) -> TlsFiles:
     """The embedded platform's CA and server certificate under `<data_dir>/tls`, generated
     when missing, expiring within 30 days or not matching each other."""
-    directory = Path(data_dir) / TLS_DIR
+    return ensure_certificates_in(Path(data_dir) / TLS_DIR)
+
+
+def ensure_certificates_in(directory: Path) -> TlsFiles:
+    """`ensure_local_certificates` for a CA directory named directly (the internal port's
+    `--internal-tls-dir`, which daemons that are each other's peers share)."""
+    directory = Path(directory)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     loaded = _load_ca(directory)
     if loaded is None:
@@ -233,16 +239,25 @@ def ensure_client_certificate(data_dir: Path, name: str = "daemon") -> TlsFiles:
     by the platform's CA in `<data_dir>/tls`: `<name>.client.pem` / `<name>.client.key`
     (0600), made when missing, expiring within 30 days or signed by another CA. The CA
     must exist (`ensure_local_certificates`)."""
-    if not _client_name_ok(name):
-        raise TlsError(f"client certificate name {name!r}: letters, digits, - _ . only")
-    directory = Path(data_dir) / TLS_DIR
+    return ensure_client_certificate_in(Path(data_dir) / TLS_DIR, name)
+
+
+def _ca_for_clients(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     loaded = _load_ca(directory)
     if loaded is None:
         raise TlsError(
             f"no usable CA in {directory} to issue a client certificate; start the platform "
             "with TLS (`rhizome up` makes one)"
         )
-    ca, ca_key = loaded
+    return loaded
+
+
+def ensure_client_certificate_in(directory: Path, name: str = "daemon") -> TlsFiles:
+    """`ensure_client_certificate` for a CA directory named directly."""
+    if not _client_name_ok(name):
+        raise TlsError(f"client certificate name {name!r}: letters, digits, - _ . only")
+    directory = Path(directory)
+    ca, ca_key = _ca_for_clients(directory)
     files = TlsFiles(
         directory / f"{name}.client.pem", directory / f"{name}.client.key", directory / CA_FILE
     )
@@ -254,6 +269,16 @@ def ensure_client_certificate(data_dir: Path, name: str = "daemon") -> TlsFiles:
             return files
     except Exception:  # missing, unreadable, another CA's: make a new one
         pass
+    cert_pem, key_pem = _issue_client(ca, ca_key, name, datetime.timedelta(days=CLIENT_DAYS))
+    _write_private(files.key, key_pem)
+    files.cert.write_bytes(cert_pem)
+    return files
+
+
+def _issue_client(
+    ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, name: str, valid: datetime.timedelta
+) -> tuple[bytes, bytes]:
+    """A `clientAuth` certificate for `name` signed by `ca`, and its key (PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (
@@ -263,7 +288,7 @@ def ensure_client_certificate(data_dir: Path, name: str = "daemon") -> TlsFiles:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(min(now + datetime.timedelta(days=CLIENT_DAYS), ca.not_valid_after_utc))
+        .not_valid_after(min(now + valid, ca.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .add_extension(
@@ -271,9 +296,7 @@ def ensure_client_certificate(data_dir: Path, name: str = "daemon") -> TlsFiles:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(files.key, _key_pem(key))
-    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return files
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
 def internal_server_credentials(server: TlsFiles) -> grpc.ServerCredentials:
@@ -295,3 +318,57 @@ def internal_channel_credentials(client: TlsFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=client.ca_bytes(), private_key=key, certificate_chain=cert
     )
+
+
+@dataclass(frozen=True)
+class InternalTls:
+    """Mutual TLS on the internal port, from one CA directory (`rhizome up`'s
+    `<data dir>/tls`, or `--internal-tls-dir`): the daemon serves with the CA's server
+    certificate and admits only clients presenting a certificate of that CA; its own
+    channels present `<name>.client.pem`; each job's learners get a certificate of their
+    own, in memory, carried in their 0600 learner spec (`job_credentials`)."""
+
+    directory: Path
+    name: str = "daemon"
+
+    @classmethod
+    def open(cls, directory: Path, name: str = "daemon") -> InternalTls:
+        """The CA directory, its server and client certificates made when missing or
+        due (TlsError naming the directory when it cannot be)."""
+        try:
+            ensure_certificates_in(Path(directory))
+            ensure_client_certificate_in(Path(directory), name)
+        except OSError as exc:
+            raise TlsError(
+                f"cannot prepare the internal port's certificates in {directory}: {exc}"
+            ) from None
+        return cls(Path(directory), name)
+
+    @property
+    def server_files(self) -> TlsFiles:
+        return TlsFiles(
+            self.directory / CERT_FILE, self.directory / KEY_FILE, self.directory / CA_FILE
+        )
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return internal_server_credentials(self.server_files)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return internal_channel_credentials(ensure_client_certificate_in(self.directory, self.name))
+
+    def job_credentials(self, job_id: str) -> dict[str, str]:
+        """`{ca, cert, key}` (PEM text) for `job_id`'s learners: a certificate named
+        `job-<id>`, never written to the CA directory (the learner spec carries it).
+        Valid as long as a daemon's (CLIENT_DAYS), not shorter: the collector reads its
+        spec once, and nothing hands a running learner a renewed certificate; the job
+        token, required on top, is what confines it to its own job."""
+        ca, ca_key = _ca_for_clients(self.directory)
+        name = f"job-{job_id}"[:64]
+        if not _client_name_ok(name):
+            raise TlsError(f"job id {job_id!r} cannot name a client certificate")
+        cert, key = _issue_client(ca, ca_key, name, datetime.timedelta(days=CLIENT_DAYS))
+        return {
+            "ca": (self.directory / CA_FILE).read_text(),
+            "cert": cert.decode(),
+            "key": key.decode(),
+        }

@@ -76,3 +76,68 @@ def test_credentials_file_round_trip_is_0600_and_refuses_a_readable_file(tmp_pat
     path.chmod(0o644)
     with pytest.raises(ValueError, match=f"chmod 600 {path}"):
         EtcdCredentials.from_file(path)
+
+
+class ShortTokenEtcd(EtcdServer):
+    """etcd whose simple auth tokens lapse after one idle second (default 300 s)."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--auth-token-ttl=1"]
+
+
+def test_an_expired_auth_token_is_renewed_and_the_call_retried(tmp_path: Path) -> None:
+    import time
+
+    import grpc
+
+    server = ShortTokenEtcd(tmp_path)
+    server.start()
+    try:
+        enable_auth(server.url, ROOT, PLATFORM, etcd_keys.ROOT + "/")
+        client = EtcdClient.connect(server.url, credentials=PLATFORM)
+        key = etcd_keys.control("job-expiry")
+        client.put(key, {"action": "halt"})
+        # Wait until etcd has forgotten the client's token: the library's own call, which
+        # does not re-authenticate, is refused with etcd's "invalid auth token".
+        deadline = time.monotonic() + 60
+        while True:
+            time.sleep(2.5)  # longer than the TTL: a successful probe renews the token
+            try:
+                client.raw.get(key)
+            except grpc.RpcError as exc:
+                assert "invalid auth token" in str(exc.details()), exc
+                break
+            assert time.monotonic() < deadline, "etcd never expired the auth token"
+        assert client.reauthentications == 0
+        entry = client.get(key)
+        assert entry is not None and entry.value == {"action": "halt"}
+        assert client.reauthentications == 1
+        client.put(key, {"action": "resume"})  # the new token serves later calls too
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_a_job_user_reaches_its_own_jobs_keys_only_and_is_removed(etcd_with_auth: str) -> None:
+    from contract.etcd import add_job_user, remove_job_user
+
+    mine = add_job_user(etcd_with_auth, ROOT, "job-a")
+    add_job_user(etcd_with_auth, ROOT, "job-b")
+    client = EtcdClient.connect(etcd_with_auth, credentials=mine)
+    try:
+        status = etcd_keys.learner_status("job-a", 0)
+        client.put(status, {"status": "PROCESSING"})
+        assert client.get(status) is not None
+        # Another job's keys, the platform's own keys: refused, read and write.
+        with pytest.raises(EtcdAuthError):
+            client.get(etcd_keys.learner_status("job-b", 0))
+        with pytest.raises(EtcdAuthError):
+            client.put(etcd_keys.control("job-b"), {"action": "halt"})
+        with pytest.raises(EtcdAuthError):
+            client.get(etcd_keys.leader("lcm"))
+    finally:
+        client.close()
+    remove_job_user(etcd_with_auth, ROOT, "job-a")
+    remove_job_user(etcd_with_auth, ROOT, "job-a")  # again: nothing to do
+    with pytest.raises(EtcdAuthError, match="refused user 'rhizome-job-job-a'"):
+        EtcdClient(etcd_with_auth, credentials=mine)

@@ -202,7 +202,10 @@ def test_up_serves_your_own_certificate_and_the_cli_trusts_your_ca(tmp_path: Pat
     try:
         state = load_state(data_dir)
         assert state is not None and state.tls and state.tls_ca == str(mine.ca)
-        assert not (data_dir / "tls").exists()  # nothing generated
+        # The public ports serve yours (the CLI trusting your CA lists below); the only
+        # CA generated is the internal port's, for mutual TLS among the platform's own
+        # processes (docs/security.md).
+        assert (data_dir / "tls" / "ca.pem").exists()
         assert json.loads(rz(data_dir, "list", "--json").stdout) == []
     finally:
         rz(data_dir, "down", check=False)

@@ -42,6 +42,7 @@ from requests.exceptions import RequestException
 
 from contract import procs
 from contract.containers import COLLECTOR_LOCK_FILE as LOCK_FILE
+from contract.containers import COLLECTOR_TLS_ENV
 from contract.containers import COLLECTOR_TOKEN_ENV as TDS_TOKEN_ENV
 from contract.env import ELASTIC_ETCD
 from contract.env import PREFIX as _PLATFORM_PREFIX
@@ -468,6 +469,8 @@ class DockerBackend(Backend):
             argv.append(f"--metric-sources={json.dumps(job.manifest.evaluation_metrics)}")
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PLATFORM_PREFIX)}
         env[TDS_TOKEN_ENV] = job.tds_token  # the environment, not argv: argv is public
+        if job.tds_tls:  # the job's TDS client certificate, when the internal port is mTLS
+            env[COLLECTOR_TLS_ENV] = json.dumps(job.tds_tls)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
         try:
             log_fd = os.open(state / "collector.log", flags, 0o600)

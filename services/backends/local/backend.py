@@ -166,6 +166,7 @@ def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
         result_store=str(Path(job.result_store) / str(rank)),
         tds_address=job.tds_address,
         tds_token=job.tds_token,
+        tds_tls=job.tds_tls,
         metric_sources=job.manifest.evaluation_metrics,
         grace_s=job.grace_s,
     )

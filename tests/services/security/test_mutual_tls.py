@@ -91,3 +91,26 @@ def test_client_certificates_are_reused_and_need_a_ca(tmp_path: Path) -> None:
     assert ensure_client_certificate(tmp_path, "job-1").cert.read_bytes() == first
     with pytest.raises(TlsError, match="letters, digits"):
         ensure_client_certificate(tmp_path, "../x")
+
+
+def test_a_jobs_in_memory_certificate_gets_through_dialled_by_ip(
+    server: tuple[str, Path],
+) -> None:
+    """What a learner's collector does: its job's PEM text from the spec, dialling the
+    internal port by IP (the name is checked as `localhost`, which the server holds)."""
+    from contract.credentials import internal_channel, tls_channel_credentials
+    from services.security.tls import InternalTls
+
+    address, data_dir = server
+    tls = InternalTls.open(data_dir / "tls").job_credentials("job-42")
+    assert set(tls) == {"ca", "cert", "key"}
+    assert not list((data_dir / "tls").glob("job-job-42*"))  # nothing written
+    channel = internal_channel(
+        address.replace("localhost", "127.0.0.1"), tls_channel_credentials(tls)
+    )
+    try:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    finally:
+        channel.close()
+    with pytest.raises(ValueError, match="key"):
+        tls_channel_credentials({"ca": tls["ca"], "cert": tls["cert"]})

@@ -1,0 +1,135 @@
+"""The LCM hands a guardian its store URIs in its environment, not on its command line:
+/proc/PID/cmdline is readable by every local user (a learner uid included), and a store
+URI may carry a password. A real daemon (API, scheduler, LCM, TDS) over the real etcd,
+MongoDB-wire and Elasticsearch-API servers, with a password in its etcd URL; the job's
+guardian and learners are read back from /proc."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rhizome.v1 import job_pb2
+
+from contract.procs import free_port
+from services.config import PlatformConfig
+from services.daemon import Daemon
+from services.embedded.process import ManagedServer
+from services.security.api import GUARDIAN_ETCD_URL_ENV, GUARDIAN_MONGODB_URI_ENV
+from tests.integration.conftest import token_client
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "Hunter2-guardian-s3cret"
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    etcd_server: ManagedServer,
+    mongo_server: ManagedServer,
+    es_server: ManagedServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Daemon]:
+    # The etcd client takes host and port from the URL and ignores its userinfo, so the
+    # password rides along as it would in a deployment's URL.
+    etcd_url = etcd_server.url.replace("://", f"://rzuser:{PASSWORD}@", 1)
+    running = Daemon(
+        PlatformConfig(
+            data_dir=Path(tmp_path_factory.mktemp("guardian-argv")),
+            mongodb_uri=mongo_server.url.replace("/?", "/guardian_argv?"),
+            etcd_url=etcd_url,
+            elasticsearch_url=es_server.url,
+            services=("api", "scheduler", "lcm", "tds"),
+            grpc_address=f"127.0.0.1:{free_port()}",
+            rest_address=f"127.0.0.1:{free_port()}",
+        )
+    )
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _processes() -> Iterator[tuple[int, bytes]]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), (entry / "cmdline").read_bytes()
+            except OSError:  # it exited while we looked
+                continue
+
+
+def _wait_for(what: str, find: object, timeout_s: float = 90) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = find()  # type: ignore[operator]
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not appear within {timeout_s:.0f} s")
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for other, _ in _processes():
+        try:
+            stat = (Path("/proc") / str(other) / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(other)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def test_a_guardians_command_line_holds_no_store_uri_and_its_learners_inherit_none(
+    daemon: Daemon,
+) -> None:
+    with token_client(daemon, f"u-{uuid.uuid4().hex[:6]}") as rz:
+        job_id = rz.create_job(
+            "name: argv\nframework: {command: 'echo started; sleep 60'}\n"
+        ).job_id
+        marker = f"--job-id={job_id}".encode()
+
+        def guardian() -> tuple[int, bytes] | None:
+            return next(
+                (
+                    (pid, cmd)
+                    for pid, cmd in _processes()
+                    if b"services.guardian" in cmd and marker in cmd
+                ),
+                None,
+            )
+
+        pid, cmdline = _wait_for(f"job {job_id}'s guardian", guardian)  # type: ignore[misc]
+        # The guardian works with the URIs it was given (it got the job running)...
+        _wait_for(
+            f"job {job_id} PROCESSING",
+            lambda: rz.get_job(job_id).status == job_pb2.PROCESSING,
+        )
+        # ...and none of them is on its command line, the password least of all.
+        argv = cmdline.decode(errors="replace")
+        assert PASSWORD not in argv
+        assert "--etcd" not in argv and "--mongodb-uri" not in argv
+        assert daemon.config.mongodb_uri not in argv
+        # What the guardian starts (the learner's controller and command) does not inherit
+        # them either: the guardian pops them from its environment.
+        learners = _wait_for(f"job {job_id}'s learner processes", lambda: _descendants(pid))
+        for child in learners:  # type: ignore[attr-defined]
+            try:
+                environ = (Path("/proc") / str(child) / "environ").read_bytes()
+                child_cmd = (Path("/proc") / str(child) / "cmdline").read_bytes()
+            except OSError:
+                continue  # it exited
+            assert PASSWORD.encode() not in environ + child_cmd, child
+            assert GUARDIAN_ETCD_URL_ENV.encode() not in environ, child
+            assert GUARDIAN_MONGODB_URI_ENV.encode() not in environ, child
+        rz.delete_job(job_id)
