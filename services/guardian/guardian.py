@@ -381,7 +381,8 @@ class Guardian:
             return {}
         if step == "learners":
             for rank in range(spec.learners):
-                self.handles[rank] = self.backend.start_learner(spec, rank, 0)
+                # a pipeline job's standbys (ranks beyond its workers) start with tickets
+                self.handles[rank] = self.pipeline.start_learner(spec, rank, 0)
                 self.started_at[rank] = time.monotonic()
             return {"handles": {str(r): h for r, h in self.handles.items()}}
         if step == "helper":
@@ -506,7 +507,7 @@ class Guardian:
                             + (f" ({note})" if note else ""),
                         )
                     log.info("job %s: (re)starting the controller of learner %d", self.job_id, rank)
-                    self.handles[rank] = self.backend.start_learner(
+                    self.handles[rank] = self.pipeline.start_learner(
                         spec, rank, int(restarts.get(str(rank), 0))
                     )
                     self.started_at[rank] = now
