@@ -170,9 +170,12 @@ class PipelineFailover:
             if code not in PIPELINE_LOSS_CODES:
                 return self.guardian.fail_learner(rank, code, 0)
             self.guardian.record_preemption(spec, rank, code, now)
-            # `since`: the generation it was lost in; a standby may take its slot before
-            # this guardian sees it among the dead (see below)
-            since = int(state.get("generation") or 0)
+            # `since`: the slot's last admission this guardian knows of (-1: none, the
+            # first incarnation); a newer one means a standby took the slot, perhaps
+            # before this guardian saw the rank among the dead (see below)
+            got = self.guardian.etcd.get(etcd_keys.deploy_step(self.job_id, REPLACED))
+            joins = dict(got.value) if got is not None else {}
+            since = int(joins.get(str(rank), {}).get("joined", -1))
             lost[str(rank)] = {"code": code, "reported": False, "since": since}
             changed = True
             log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
