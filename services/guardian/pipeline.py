@@ -262,6 +262,11 @@ class PipelineFailover:
                 # is then issued at the new generation and queues as the next standby
                 # (issued before that admission, the runtime would refuse it as stale)
                 continue
+            fresh = self.runtime_state().get("joined_at") or {}
+            if int(fresh.get(rank_s, -1)) > int(replaced.get(rank_s, {}).get("joined", -1)):
+                # a standby was admitted into the slot since `state` was read: the history
+                # names it first (next round), then the replacement queues behind it
+                continue
             status_key = etcd_keys.learner_status(self.job_id, rank)
             final = self.guardian.etcd.get(status_key)  # the lost incarnation's FAILED status
             self.guardian.etcd.delete(status_key)  # the new controller creates its own
