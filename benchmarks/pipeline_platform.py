@@ -133,7 +133,11 @@ def platform(a: argparse.Namespace) -> float:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def failover_and_reconfiguration(a: argparse.Namespace) -> dict[str, float]:
+def failover_and_reconfiguration(
+    a: argparse.Namespace, joiner: str = "--replace"
+) -> dict[str, float]:
+    """``joiner``: ``--replace`` (a replacement process is started after the loss: a
+    cold start) or ``--standbys=1`` (a standby started with the job waits, warm)."""
     kill_at = 30
     proc = subprocess.Popen(
         [
@@ -144,7 +148,7 @@ def failover_and_reconfiguration(a: argparse.Namespace) -> dict[str, float]:
             "2",
             "--etcd",
             "auto",
-            "--replace",
+            joiner,
             str(GPT / "train.py"),
             *script_args(a),
         ],
@@ -218,7 +222,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=64)
+    p.add_argument(
+        "--standby-compare",
+        action="store_true",
+        help="only kill -> redundancy restored, with a replacement (cold start) and with a "
+        "standby (pipeline.standbys: warm, waiting) in the same run",
+    )
     a = p.parse_args()
+    if a.standby_compare:
+        cold = failover_and_reconfiguration(a, "--replace")["kill_to_redundancy_restored_s"]
+        warm = failover_and_reconfiguration(a, "--standbys=1")["kill_to_redundancy_restored_s"]
+        print(f"kill -> redundancy restored, replacement started after the loss: {cold:.2f} s")
+        print(f"kill -> redundancy restored, standby waiting: {warm:.2f} s")
+        print(f"ratio replacement/standby: {cold / warm:.1f}x")
+        return
     bare_tp = bare(a)
     platform_tp = platform(a)
     print(f"bare launcher:   {bare_tp:.2f} steps/s (steady steps, 2 stages x 1 pipeline)")

@@ -14,7 +14,7 @@ Who decides what, in which order (keys under ``runtime/``, see ``cluster_state``
    ``standbys/<w>`` (under its lease) until some slot is lost.
 3. It puts ``members/<slot>`` under its lease, then moves the slot out of ``dead`` by
    compare-and-set on ``state`` (generation g+1, ``joined_at[slot] = g+1``) and marks
-   its ticket used. The CAS is the decision: of two joiners racing for a slot exactly
+   its ticket used (``used_at``, and the ``slot`` it took). The CAS is the decision: of two joiners racing for a slot exactly
    one wins, the other queues.
 4. Every worker sees generation g+1 and joins it (``Failover._join``). The shadow that
    had promoted the lost block demotes it back to its replica (``demote``); the joiner
@@ -156,7 +156,13 @@ def admit(
         if cluster.set_state(new, rev):
             cluster.put(
                 f"tickets/{candidate}",
-                {"token": token, "generation": ticket.generation, "used_at": new.generation},
+                # the slot it took: the guardian names who serves the slot from this
+                {
+                    "token": token,
+                    "generation": ticket.generation,
+                    "used_at": new.generation,
+                    "slot": slot,
+                },
             )
             if queued:
                 cluster.release(f"standbys/{candidate}")

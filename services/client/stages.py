@@ -53,6 +53,20 @@ def stage_placement(
                 "why": why,
             }
         )
+    for rank in sorted(r for r in learner_nodes if r >= stages * pipelines):
+        # `pipeline.standbys`: which slot one took over, the history says
+        node = learner_nodes[rank]
+        zone = zones.get(node, "?") if zones is not None else "?"
+        rows.append(
+            {
+                "learner": rank,
+                "stage": "standby",
+                "pipeline": "-",
+                "node": node,
+                "zone": zone,
+                "why": "waits for a lost slot (or took one over: see the history)",
+            }
+        )
     return rows
 
 

@@ -402,7 +402,8 @@ class Guardian:
             return {}
         if step == "learners":
             for rank in range(spec.learners):
-                self.handles[rank] = self.backend.start_learner(spec, rank, 0)
+                # a pipeline job's standbys (ranks beyond its workers) start with tickets
+                self.handles[rank] = self.pipeline.start_learner(spec, rank, 0)
                 self.started_at[rank] = time.monotonic()
             return {"handles": {str(r): h for r, h in self.handles.items()}}
         if step == "helper":
@@ -540,7 +541,7 @@ class Guardian:
                     incarnation = int(restarts.get(str(rank), 0)) + int(
                         preemptions.get(str(rank), 0)
                     )
-                    self.handles[rank] = self.backend.start_learner(spec, rank, incarnation)
+                    self.handles[rank] = self.pipeline.start_learner(spec, rank, incarnation)
                     self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             elif entry.lease:

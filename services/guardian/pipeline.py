@@ -38,6 +38,9 @@ LOST = "lost"
 # A pipeline job's replaced learners: rank -> {"count", "joined"} (replacements started,
 # the generation whose admission of the last one the history already shows).
 REPLACED = "replaced"
+# A pipeline job's joiners (standbys, replacements) that ended unadmitted: [rank, ...]
+# (they count as COMPLETED: a standby refused at the end of the job is no preemption).
+RETIRED = "retired"
 # A pipeline job's restarts from the checkpoint after fatal losses: {"count"}.
 PIPELINE_RESTARTS = "pipeline_restarts"
 # Exit codes of a pipeline learner the runtime fails over without (the worker was
@@ -57,6 +60,73 @@ class PipelineFailover:
         self.guardian = guardian
         self.job_id = guardian.job_id
 
+    def start_learner(self, spec: JobSpec, rank: int, incarnation: int) -> int:
+        """Start one learner of a pipeline job. A standby (rank >= stages × pipelines,
+        `pipeline.standbys`) gets a fresh admission ticket (`runtime/tickets/<rank>`, its
+        token in the learner's environment): the runtime makes it build the model, import
+        what it needs and queue under `runtime/standbys/<rank>` until a slot is lost, then
+        take it without a cold start (learner/runtime/reconfigure.py)."""
+        pipe = spec.manifest.pipeline
+        if pipe is None or rank < pipe.workers:
+            return self.guardian.backend.start_learner(spec, rank, incarnation)
+        if rank >= pipe.workers + pipe.standbys:
+            raise BackendError(f"learner {rank}: the job has {pipe.standbys} standbys only")
+        return self.start_joiner(spec, rank, incarnation)
+
+    def start_joiner(self, spec: JobSpec, rank: int, incarnation: int) -> int:
+        """A learner that joins the running runtime with a ticket: a replacement of a lost
+        slot (rank = the slot) or a standby (rank beyond the workers)."""
+        token = os.urandom(16).hex()
+        self.guardian.etcd.put(
+            etcd_keys.runtime_ticket(self.job_id, rank),
+            {"token": token, "generation": int(self.runtime_state().get("generation") or 0)},
+        )
+        return self.guardian.backend.start_learner(
+            dataclasses.replace(spec, platform_env={**spec.platform_env, JOIN_TOKEN: token}),
+            rank,
+            incarnation,
+        )
+
+    def tickets(self) -> dict[int, dict[str, Any]]:
+        """The runtime's admission tickets by learner: `used_at` and `slot` once admitted."""
+        prefix = etcd_keys.runtime_prefix(self.job_id) + "tickets/"
+        out: dict[int, dict[str, Any]] = {}
+        for key, entry in self.guardian.etcd.get_prefix(prefix).items():
+            name = key[len(prefix) :]
+            if name.isdigit() and isinstance(entry.value, dict):
+                out[int(name)] = entry.value
+        return out
+
+    def unadmitted_joiner_left(
+        self, job: JobRecord, spec: JobSpec, rank: int, code: int, lost: dict[str, dict[str, Any]]
+    ) -> tuple[JobRecord, bool]:
+        """A joiner (standby or replacement) that ended before it was admitted is no
+        worker's loss. Refused because the job finishes (`done/<g>/*` exists) or for a
+        stale ticket: it retired unused, which is no preemption and does not hold the job
+        back (its status counts as COMPLETED). Killed while it waited: a lost standby,
+        replaced as one within the job's budget. True when `rank` was such a joiner."""
+        ticket = self.tickets().get(rank)
+        if ticket is None or ticket.get("used_at") is not None:
+            return job, False
+        if code in PREEMPTION_EXIT_CODES:
+            self.guardian.record_preemption(spec, rank, code, time.monotonic())
+            lost[str(rank)] = {"code": code, "reported": True}
+            note = f"standby learner {rank} lost while it waited for a slot (exit {code})"
+        else:
+            finishing = bool(
+                self.guardian.etcd.get_prefix(etcd_keys.runtime_prefix(self.job_id) + "done/")
+            )
+            why = "the job finished before a slot was lost" if finishing else "refused admission"
+            # a joiner that was not admitted waited as a standby
+            note = f"standby learner {rank} retired unused: {why}"
+        self.guardian.etcd.delete(etcd_keys.runtime_ticket(self.job_id, rank))
+        return self.guardian.jobs.note(self.job_id, note), True
+
+    def queued_standbys(self) -> bool:
+        """Whether a joiner waits for a lost slot (`runtime/standbys/*`, under its lease)."""
+        prefix = etcd_keys.runtime_prefix(self.job_id) + "standbys/"
+        return bool(self.guardian.etcd.get_prefix(prefix))
+
     def runtime_state(self) -> dict[str, Any]:
         """The pipeline runtime's cluster state (`runtime/state`, written by the workers by
         compare-and-set: generation, stages, pipelines, dead, fatal), or {}."""
@@ -75,25 +145,56 @@ class PipelineFailover:
         changed = False
         state = self.runtime_state()
         now = time.monotonic()
+        retired_key = etcd_keys.deploy_step(self.job_id, RETIRED)
+        got = self.guardian.etcd.get(retired_key)
+        retired: set[str] = {str(r) for r in (got.value or [])} if got is not None else set()
         for rank, status in statuses.items():
+            if str(rank) in retired:
+                statuses[rank] = LearnerStatus.COMPLETED
+                continue
             if status != LearnerStatus.FAILED or str(rank) in lost:
                 continue
             value = self.guardian.etcd.get(etcd_keys.learner_status(self.job_id, rank))
             code = int((value.value or {}).get("exit_code") or 1) if value else 1
+            if not state.get("fatal") and code in PIPELINE_LOSS_CODES:
+                job, left = self.unadmitted_joiner_left(job, spec, rank, code, lost)
+                if left:
+                    changed = True
+                    if str(rank) not in lost:
+                        retired.add(str(rank))
+                        statuses[rank] = LearnerStatus.COMPLETED
+                        self.guardian.etcd.put(retired_key, sorted(retired))
+                    continue
             if code == ExitCode.FATAL or state.get("fatal"):
                 return self.fatal(job, spec, state, rank, code)
             if code not in PIPELINE_LOSS_CODES:
                 return self.guardian.fail_learner(rank, code, 0)
             self.guardian.record_preemption(spec, rank, code, now)
-            lost[str(rank)] = {"code": code, "reported": False}
+            # `since`: the slot's last admission this guardian knows of (-1: none, the
+            # first incarnation); a newer one means a standby took the slot, perhaps
+            # before this guardian saw the rank among the dead (see below)
+            got = self.guardian.etcd.get(etcd_keys.deploy_step(self.job_id, REPLACED))
+            joins = dict(got.value) if got is not None else {}
+            since = int(joins.get(str(rank), {}).get("joined", -1))
+            lost[str(rank)] = {"code": code, "reported": False, "since": since}
             changed = True
             log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
         if state.get("fatal"):
             return self.fatal(job, spec, state, -1, ExitCode.FATAL)
+        joined_at = {str(k): int(v) for k, v in (state.get("joined_at") or {}).items()}
         for rank_s, info in sorted(lost.items()):
-            if info.get("reported") or int(rank_s) not in (state.get("dead") or []):
+            if info.get("reported"):
                 continue
-            job = self.guardian.jobs.note(self.job_id, self.failover_message(int(rank_s), state))
+            if int(rank_s) in (state.get("dead") or []):
+                generation = int(state.get("generation") or 0)
+            elif joined_at.get(rank_s, -1) > int(info.get("since", 1 << 62)):
+                # a waiting standby took the slot already: the failover was the
+                # generation before its admission
+                generation = joined_at[rank_s] - 1
+            else:
+                continue
+            message = self.failover_message(int(rank_s), {**state, "generation": generation})
+            job = self.guardian.jobs.note(self.job_id, message)
             info["reported"] = True
             changed = True
         job = self.replace_lost(job, spec, lost, state, statuses)
@@ -121,40 +222,59 @@ class PipelineFailover:
         replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
         changed = False
         joined_at = {str(k): int(v) for k, v in (state.get("joined_at") or {}).items()}
-        for rank_s, info in sorted(replaced.items()):
-            gen = joined_at.get(rank_s)
-            if gen is not None and gen > int(info.get("joined", -1)):
-                job = self.guardian.jobs.note(
-                    self.job_id,
-                    f"learner {rank_s} replaced: stage {int(rank_s) % int(state['stages'])} "
-                    f"served by its own learner again, every block has a replica "
-                    f"(generation {gen})",
+        tickets = self.tickets() if joined_at else {}
+        for slot_s, gen in sorted(joined_at.items()):
+            info = replaced.setdefault(slot_s, {})
+            if gen <= int(info.get("joined", -1)):
+                continue
+            # who took the slot: the learner whose ticket was used for it at `gen`
+            joiner = next(
+                (
+                    r
+                    for r, t in sorted(tickets.items())
+                    if t.get("used_at") == gen and str(t.get("slot")) == slot_s
+                ),
+                int(slot_s),
+            )
+            stages = int(state["stages"])
+            stage, pipeline = int(slot_s) % stages, int(slot_s) // stages
+            if joiner == int(slot_s):
+                message = (
+                    f"learner {slot_s} replaced: stage {stage} served by its own learner "
+                    f"again, every block has a replica (generation {gen})"
                 )
-                info["joined"] = gen
-                changed = True
+            else:
+                message = (
+                    f"standby learner {joiner} took over stage {stage} of pipeline {pipeline} "
+                    f"(learner {slot_s}'s slot) without a cold start, every block has a "
+                    f"replica (generation {gen})"
+                )
+            job = self.guardian.jobs.note(self.job_id, message)
+            info["joined"] = gen
+            changed = True
         for rank_s, info in sorted(lost.items()):
             rank = int(rank_s)
             done = int(replaced.get(rank_s, {}).get("count", 0))
             if not info.get("reported") or done >= spec.manifest.max_learner_restarts:
                 continue
-            token = os.urandom(16).hex()
-            self.guardian.etcd.put(
-                etcd_keys.runtime_ticket(self.job_id, rank),
-                {"token": token, "generation": int(state.get("generation") or 0)},
-            )
+            if rank in (state.get("dead") or []) and self.queued_standbys():
+                # a waiting standby takes the slot first (in milliseconds); the replacement
+                # is then issued at the new generation and queues as the next standby
+                # (issued before that admission, the runtime would refuse it as stale)
+                continue
+            fresh = self.runtime_state().get("joined_at") or {}
+            if int(fresh.get(rank_s, -1)) > int(replaced.get(rank_s, {}).get("joined", -1)):
+                # a standby was admitted into the slot since `state` was read: the history
+                # names it first (next round), then the replacement queues behind it
+                continue
             status_key = etcd_keys.learner_status(self.job_id, rank)
             final = self.guardian.etcd.get(status_key)  # the lost incarnation's FAILED status
             self.guardian.etcd.delete(status_key)  # the new controller creates its own
-            join = {JOIN_TOKEN: token}
             # the restart number of the new incarnation only grows (a checkpoint restart
             # also starts new incarnations)
             incarnation = int(replaced.get(rank_s, {}).get("incarnation", done)) + 1
             try:
-                self.guardian.handles[rank] = self.guardian.backend.start_learner(
-                    dataclasses.replace(spec, platform_env={**spec.platform_env, **join}),
-                    rank,
-                    incarnation,
-                )
+                self.guardian.handles[rank] = self.start_joiner(spec, rank, incarnation)
             except BackendError as exc:
                 # the job goes on without redundancy there; the history says why
                 if final is not None:
@@ -238,6 +358,7 @@ class PipelineFailover:
         )
         self.guardian.etcd.delete_prefix(etcd_keys.learner_prefix(self.job_id))
         self.guardian.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), {})
+        self.guardian.etcd.delete(etcd_keys.deploy_step(self.job_id, RETIRED))
         replaced_key = etcd_keys.deploy_step(self.job_id, REPLACED)
         got = self.guardian.etcd.get(replaced_key)
         replaced: dict[str, dict[str, Any]] = dict(got.value) if got is not None else {}
@@ -247,7 +368,8 @@ class PipelineFailover:
             info = replaced.get(str(r), {})
             incarnation = int(info.get("incarnation", info.get("count", 0))) + 1
             replaced[str(r)] = {**info, "incarnation": incarnation, "joined": -1}
-            self.guardian.handles[r] = self.guardian.backend.start_learner(spec, r, incarnation)
+            # standbys get fresh tickets: the runtime's keys, old tickets too, are gone
+            self.guardian.handles[r] = self.start_learner(spec, r, incarnation)
             self.guardian.started_at[r] = now
         self.guardian.etcd.put(replaced_key, replaced)
         job = self.guardian.jobs.transition(

@@ -115,10 +115,12 @@ def validate(data: Any) -> Manifest:
                 f"{data['learners']} does not match the pipeline shape "
                 f"(stages × pipelines = {shape}); set learners to {shape} or leave it out",
             )
-        if shape > _MAX_LEARNERS:
+        standbys = int(pipeline.get("standbys", 0))
+        if shape + standbys > _MAX_LEARNERS:
             raise ManifestError(
                 "pipeline",
-                f"stages × pipelines = {shape} learners; a job may have at most {_MAX_LEARNERS}",
+                f"stages × pipelines + standbys = {shape + standbys} learners; a job may have "
+                f"at most {_MAX_LEARNERS}",
             )
         command = str((data.get("framework") or {}).get("command", ""))
         if "learner.runtime.launch" in command:

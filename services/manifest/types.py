@@ -94,10 +94,16 @@ class Pipeline:
     pipelines: int
     redundancy: str  # none | lazy-frc-lazy-brc | eager-frc-lazy-brc | eager-frc-eager-brc
     microbatches: int | None  # None: the runtime's own default
+    standbys: int  # learners beyond the workers (ranks P × D ...) that wait for a lost slot
 
     @property
     def workers(self) -> int:
         return self.stages * self.pipelines
+
+    @property
+    def learners(self) -> int:
+        """Every learner deployed: the workers, then the standbys."""
+        return self.workers + self.standbys
 
 
 @dataclass(frozen=True)
@@ -207,9 +213,10 @@ class Manifest:
                 pipelines=int(pipe.get("pipelines", schema_default("pipeline", "pipelines"))),
                 redundancy=str(pipe.get("redundancy", schema_default("pipeline", "redundancy"))),
                 microbatches=int(pipe["microbatches"]) if "microbatches" in pipe else None,
+                standbys=int(pipe.get("standbys", schema_default("pipeline", "standbys"))),
             )
         learners = (
-            pipeline.workers if pipeline else int(doc.get("learners", schema_default("learners")))
+            pipeline.learners if pipeline else int(doc.get("learners", schema_default("learners")))
         )
         ck = doc.get("checkpoint") or {}
         el = doc.get("elastic")

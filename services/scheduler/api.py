@@ -68,6 +68,11 @@ class UnknownJob(SchedulerError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NoRoomForLearner(SchedulerError):
+    """A replacement learner (a gang of one) does not fit anywhere now: the caller waits
+    and asks again; the message says what is missing."""
+
+
 class OverCommitError(SchedulerError):
     """An allocation would exceed a node's free resources. Never expected: it is a bug guard."""
 

@@ -28,6 +28,7 @@ from services.scheduler.api import (
     InvalidJobRequest,
     JobRequest,
     JobTooLarge,
+    NoRoomForLearner,
     OverCommitError,
     Placement,
     PlacementPolicy,
@@ -314,6 +315,49 @@ class GangScheduler:
             rec.learner_idx = idx
         self.cluster = cluster
         return gone
+
+    def replace_learner(self, job_id: str, rank: int) -> Placement:
+        """A gang of one for a placed job's lost learner ``rank`` (a pipeline job's
+        replacement), instead of reusing the lost learner's allocation: its share is
+        given back and one learner of the same resources is placed on another node (a
+        learner lost to a preemption points at its node, which may be going away). The
+        job's quota charge does not change (same learner count). Raises
+        ``NoRoomForLearner`` (the allocation unchanged) when no other node has room now,
+        ``UnknownJob``, or ``InvalidJobRequest`` (not placed, no such rank)."""
+        rec = self._record(job_id)
+        job = rec.job
+        if rec.placement is None:
+            raise InvalidJobRequest(f"job {job_id} is not placed; nothing to replace")
+        if not 0 <= rank < job.learners:
+            raise InvalidJobRequest(
+                f"job {job_id} has learners 0..{job.learners - 1}; no learner {rank}"
+            )
+        old = rec.learner_idx
+        self.cluster.release(job_id)
+        # what the other learners keep stays held while the one learner is placed
+        others = replace(job, job_id=f"{job_id}#others", learners=job.learners - 1)
+        if others.learners:
+            self.cluster.allocate(others, old[:rank] + old[rank + 1 :])
+        one = replace(job, learners=1, max_nodes=None, zone_aware=False)
+        cap = self.cluster.capacity(one)
+        if others.learners:
+            self.cluster.release(others.job_id)
+        lost = old[rank]
+        fits = [i for i in range(len(cap)) if cap[i] > 0 and i != lost]
+        if not fits:
+            self.cluster.allocate(job, old)
+            raise NoRoomForLearner(
+                f"job {job_id}: no node other than {self.cluster.nodes[lost].name} (where "
+                f"learner {rank} was lost) has room for one learner ({one.describe()}) now; "
+                "the replacement waits until one has"
+            )
+        new = (*old[:rank], fits[0], *old[rank + 1 :])
+        self.cluster.allocate(job, new)
+        names = tuple(self.cluster.nodes[i].name for i in new)
+        rec.placement = replace(rec.placement, learner_nodes=names)
+        rec.learner_idx = new
+        self._save(rec)
+        return rec.placement
 
     # -- views -------------------------------------------------------------------------
 

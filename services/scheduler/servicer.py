@@ -8,6 +8,8 @@
                from the store are returned once more in the next reply, because the
                caller may never have seen them (the LCM treats a repeated placement
                of a job it already placed as a no-op).
+- ``ReplaceLearner`` a gang of one for a placed job's lost learner (``placed=false`` and
+               the reason when no node has room: the caller waits and asks again).
 - ``Release``, ``Explain``, ``GetCluster`` as named.
 
 Jobs to halt so that borrowed quota returns to its owner are in
@@ -29,7 +31,13 @@ from google.protobuf import timestamp_pb2
 from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from services.rpc_guard import MalformedRequestInterceptor
-from services.scheduler.api import AdmitResult, Placement, SchedulerError, UnknownJob
+from services.scheduler.api import (
+    AdmitResult,
+    NoRoomForLearner,
+    Placement,
+    SchedulerError,
+    UnknownJob,
+)
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
@@ -114,6 +122,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
                 raise  # abort raises; this keeps type checkers honest
         return scheduler_pb2.ExplainResponse(explanation=text)
+
+    def ReplaceLearner(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            try:
+                placement = self.scheduler.replace_learner(request.job_id, request.rank)
+            except NoRoomForLearner as exc:
+                return scheduler_pb2.ReplaceLearnerResponse(placed=False, reason=str(exc))
+            except UnknownJob as exc:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+                raise
+            except SchedulerError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                raise
+        return scheduler_pb2.ReplaceLearnerResponse(
+            placed=True,
+            node=placement.learner_nodes[request.rank],
+            placement=placement_to_proto(placement),
+        )
 
     def GetCluster(self, request: Any, context: Any) -> Any:
         with self._lock:

@@ -171,7 +171,11 @@ def test_a_sigkilled_learner_is_the_runtimes_failover_not_a_restart(
     assert notes[0]["status"] == "PROCESSING"
     job = wait_end(platform, job_id)
     assert job["status"] == "COMPLETED", job
-    assert "learner 1 preempted; the runtime failed over" in job["status_message"]
+    # one preemption: a replacement that the runtime refused (the job was finishing)
+    # retires unused; it is not counted as a second loss
+    failovers = [h for h in job["history"] if h["message"].startswith("learner 1 preempted")]
+    assert len(failovers) == 1, job["history"]
+    assert job["status_message"].startswith("every "), job["status_message"]
     statuses = [h["status"] for h in job["history"]]
     # deployed once, never recovered or restarted
     assert statuses.count("DEPLOYING") == 1 and "RECOVERING" not in statuses, statuses
@@ -278,5 +282,72 @@ def test_lost_learners_are_replaced_redundancy_returns_and_a_second_loss_is_surv
     assert gather_params(platform, job_id, tmp_path / "params") == [
         "0/worker0.pt",
         "1/worker1.pt",
+    ]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_a_standby_takes_a_lost_slot_without_a_cold_start_and_a_new_standby_is_started(
+    platform: Path, tmp_path: Path
+) -> None:
+    """`pipeline.standbys: 1`: the guardian deploys learner 2 beside the two workers; it
+    builds the model and queues before anything fails. Learner 1 dies at step 2 → the
+    runtime fails over → the waiting standby takes slot 1 at once (no start-up) and every
+    block has a replica again → within the job's replacement budget learner 1 restarts
+    as the next standby; the job ends, that unused standby is refused and retires (no
+    preemption), the job is COMPLETED with the parameters of the uninterrupted run."""
+    steps = 60
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    (code / "manifest.yml").write_text(
+        manifest(2, steps, "pipe-standby")
+        .replace("pipelines: 1}", "pipelines: 1, standbys: 1}")
+        # step 40's batches wait until the standby joined (generation 2)
+        .replace(f"--steps {steps}", f"--steps {steps} --gate 40:2")
+    )
+    job_id = str(
+        json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
+    )
+    deadline = time.monotonic() + 120
+    while "queued" not in learner_file(platform, job_id, 2, "stderr.log"):
+        assert time.monotonic() < deadline, show(platform, job_id)
+        time.sleep(0.1)
+    # `rhizome show` lists the standby beside the stages
+    stages = show(platform, job_id)["stages"]
+    assert [(r["learner"], r["stage"]) for r in stages] == [(0, 0), (1, 1), (2, "standby")]
+    while "step 2 " not in learner_file(platform, job_id, 1, "stdout.log"):
+        assert time.monotonic() < deadline, show(platform, job_id)
+        time.sleep(0.05)
+    victims = worker_pids(job_id, 1)
+    assert victims, "learner 1's worker is not running"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    job = wait_end(platform, job_id, timeout_s=300)
+    assert job["status"] == "COMPLETED", job
+    messages = [h["message"] for h in job["history"]]
+    expected = [
+        "learner 1 preempted; stage 1 now served by learner 0 (generation 1)",
+        "standby learner 2 took over stage 1 of pipeline 0 (learner 1's slot) without a cold "
+        "start, every block has a replica (generation 2)",
+        "learner 1 lost: a replacement joins as a standby (replacement 1 of at most 2)",
+        "standby learner 1 retired unused: the job finished before a slot was lost",
+    ]
+    assert [m for m in messages if m in expected] == expected, messages
+    statuses = [h["status"] for h in job["history"]]
+    assert statuses.count("DEPLOYING") == 1, statuses
+    assert "RECOVERING" not in statuses and "FAILED" not in statuses, statuses
+    # one preemption only: the standby refused at the end is none
+    assert sum("preempt" in m for m in messages) == 1, messages
+    err2 = learner_file(platform, job_id, 2, "stderr.log")
+    assert "standby 2: queued (no lost slot in generation 0)" in err2, err2
+    assert "joiner 2: admitted into slot 1 -> generation 2" in err2, err2
+    assert "received block 1 at version" in err2, err2
+    assert f"[worker 1] finished: {steps} steps, blocks [1] of pipeline 0" in err2, err2
+    err1 = learner_file(platform, job_id, 1, "stderr.log")
+    assert "REFUSED:" in err1 and "the job is finishing" in err1, err1
+    # the standby saved slot 1's blocks in its own learner's results
+    assert gather_params(platform, job_id, tmp_path / "params") == [
+        "0/worker0.pt",
+        "2/worker1.pt",
     ]
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)

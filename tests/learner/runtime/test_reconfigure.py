@@ -142,6 +142,10 @@ def test_a_standby_queues_while_nothing_is_lost_and_takes_the_next_lost_slot(
         state, _ = store.get_state()
         assert state is not None and state.dead == ()
         assert not store.get_prefix("standbys/")
+        # the used ticket names the slot it took: the guardian names the standby from it
+        ticket = store.get("tickets/5")
+        assert ticket is not None and ticket["slot"] == 2
+        assert ticket["used_at"] == state.generation
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -71,6 +71,26 @@ def test_a_good_ffdl_manifest_parses_with_resources() -> None:
             "maximum of 255",
         ),
         (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, standbys: -1}",
+            "pipeline.standbys",
+            "minimum of 0",
+        ),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, standbys: 65}",
+            "pipeline.standbys",
+            "maximum of 64",
+        ),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, standbys: two}",
+            "pipeline.standbys",
+            "integer",
+        ),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 64, pipelines: 16, standbys: 1}",
+            "pipeline",
+            "stages × pipelines + standbys = 1025",
+        ),
+        (
             "name: a\nframework: {command: x}\npipeline: {stages: 64, pipelines: 32}",
             "pipeline",
             "at most 1024",
@@ -185,3 +205,13 @@ def test_out_of_range_numbers_name_the_field(field: str, text: str) -> None:
     with pytest.raises(ManifestError) as info:
         parse_manifest(f"name: a\nframework: {{command: x}}\n{text}\n")
     assert info.value.field == field
+
+
+def test_standbys_are_learners_beyond_the_workers() -> None:
+    m = parse_manifest(
+        "name: a\nframework: {command: x}\npipeline: {stages: 2, pipelines: 2, standbys: 1}"
+    )
+    assert m.pipeline is not None and m.pipeline.standbys == 1
+    assert m.pipeline.workers == 4 and m.learners == 5  # the scheduler places all five
+    plain = parse_manifest("name: a\nframework: {command: x}\npipeline: {stages: 2}")
+    assert plain.pipeline is not None and plain.pipeline.standbys == 0 and plain.learners == 2

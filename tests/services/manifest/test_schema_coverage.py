@@ -68,6 +68,10 @@ READERS: dict[str, list[tuple[str, str]]] = {
         ("contract/env.py", "env.pipeline_redundancy"),
         ("learner/runtime/worker.py", "env.redundancy"),
     ],
+    "pipeline.standbys": [
+        ("services/manifest/types.py", "self.workers + self.standbys"),
+        ("services/guardian/pipeline.py", "pipe.standbys"),
+    ],
     "pipeline.microbatches": [
         ("services/backends/local/backend.py", "pipe.microbatches"),
         ("contract/env.py", "microbatches=env.pipeline_microbatches"),
