@@ -139,6 +139,12 @@ class Backend(abc.ABC):
         code (e.g. an out-of-memory kill); empty otherwise."""
         return ""
 
+    def out_of_memory(self, job_id: str, rank: int) -> bool:
+        """Whether learner `rank`'s last run was killed for exceeding its memory limit.
+        Its exit code (137, SIGKILL) looks like a preemption's; the guardian counts it as
+        the job's own failure instead (max_learner_restarts, not max_preemptions)."""
+        return False
+
 
 BackendFactory = Callable[..., Backend]
 BACKENDS: Registry[BackendFactory] = Registry("learner backend", error=UnknownBackend)

@@ -556,9 +556,12 @@ class Guardian:
                 done = int(restarts.get(str(rank), 0))
                 lost = int(preemptions.get(str(rank), 0))
                 code = int(value.get("exit_code") or 1)
-                if code in PREEMPTION_EXIT_CODES:
+                if code in PREEMPTION_EXIT_CODES and not self.backend.out_of_memory(
+                    self.job_id, rank
+                ):
                     # The node was taken away: not the user's code failing, so it does not
-                    # count against max_learner_restarts.
+                    # count against max_learner_restarts. (A kill for memory exits 137 too,
+                    # but is the job's own failure: the backend tells them apart.)
                     if lost >= spec.manifest.max_preemptions:
                         limit = spec.manifest.max_preemptions
                         return self.fail_learner(

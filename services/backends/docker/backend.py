@@ -565,7 +565,8 @@ class DockerBackend(Backend):
             return True
         return any(s.running and s.rank == rank for s in watch.states())
 
-    def exit_note(self, job_id: str, rank: int) -> str:
+    def _oom_states(self, job_id: str, rank: int) -> list[ContainerState]:
+        """The rank's containers the engine reported out of memory (events, else inspect)."""
         oom = [s for s in self.watch(job_id).states() if s.rank == rank and s.oom]
         if not oom:
             with contextlib.suppress(*_ENGINE_ERRORS):
@@ -574,6 +575,13 @@ class DockerBackend(Backend):
                     attrs = client.api.inspect_container(summary["Id"])
                     if (attrs.get("State") or {}).get("OOMKilled"):
                         oom.append(ContainerState.from_attrs(attrs))
+        return oom
+
+    def out_of_memory(self, job_id: str, rank: int) -> bool:
+        return bool(self._oom_states(job_id, rank))
+
+    def exit_note(self, job_id: str, rank: int) -> str:
+        oom = self._oom_states(job_id, rank)
         if not oom:
             return ""
         limit = ""

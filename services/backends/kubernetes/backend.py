@@ -247,10 +247,7 @@ class KubernetesBackend(Backend):
             return True
         return any(s.running and not s.terminating and s.rank == rank for s in watch.states())
 
-    def exit_note(self, job_id: str, rank: int) -> str:
-        stuck = self._stuck.get((job_id, rank))
-        if stuck:
-            return stuck
+    def _ended_pod(self, job_id: str, rank: int) -> PodState | None:
         last = self._last_pod(job_id, rank)
         deadline = time.monotonic() + EXIT_NOTE_WAIT_S
         # The controller records its learner's failure just before its container ends: the
@@ -258,6 +255,17 @@ class KubernetesBackend(Backend):
         while last is not None and last.running and time.monotonic() < deadline:
             time.sleep(0.1)
             last = self._last_pod(job_id, rank)
+        return last
+
+    def out_of_memory(self, job_id: str, rank: int) -> bool:
+        last = self._ended_pod(job_id, rank)
+        return last is not None and last.reason == "OOMKilled"
+
+    def exit_note(self, job_id: str, rank: int) -> str:
+        stuck = self._stuck.get((job_id, rank))
+        if stuck:
+            return stuck
+        last = self._ended_pod(job_id, rank)
         if last is None:
             return ""
         if last.reason == "OOMKilled":

@@ -626,6 +626,24 @@ class LocalBackend(Backend):
             if proc.poll() is not None:
                 self._procs.pop(pid, None)
 
+    def out_of_memory(self, job_id: str, rank: int) -> bool:
+        """Whether the kernel killed a process of the rank's newest memory cgroup (its
+        `oom_kill` count); False where no cgroup limits the learner."""
+        mine = [
+            g
+            for g in self._cgroups.get(job_id, [])
+            if g.name.startswith(f"rhizome-{job_id}-{rank}-")
+        ]
+        if not mine:
+            return False
+        for events in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
+            with contextlib.suppress(OSError, ValueError):
+                for line in (mine[-1] / events).read_text().splitlines():
+                    key, _, count = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(count) > 0
+        return False
+
     def _limit_memory(self, job_id: str, rank: int, pid: int, memory_mb: float) -> None:
         limit = str(int(memory_mb * 1024 * 1024))
         name = f"rhizome-{job_id}-{rank}-{pid}"

@@ -113,3 +113,34 @@ def test_past_max_preemptions_the_job_fails_saying_so(
         if guardian.poll() is None:
             guardian.kill()
             guardian.wait()
+
+
+def test_a_kill_for_memory_counts_as_the_jobs_own_failure_not_a_preemption(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    # The kernel's OOM kill exits 137, as a preemption's SIGKILL does; the backend tells
+    # them apart (the learner's memory cgroup counted an oom_kill), so a job with no
+    # restarts left fails at once instead of being restarted as preempted.
+    hog = "x = bytearray(512 * 1024 * 1024)\nprint(len(x))\n"
+    repo = stores["repo"]
+    job = submit(
+        repo,
+        tmp_path,
+        "python hog.py",
+        files={"hog.py": hog},
+        max_learner_restarts=0,
+        memory="96MiB",
+    )
+    guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
+    try:
+        assert guardian.wait(timeout=120) == 0
+        record = repo.get(job.job_id)
+        assert record.status == states.FAILED, record.status_message
+        assert record.status_message.startswith("learner 0 exited with code 137"), (
+            record.status_message
+        )
+        assert preempted(stores, job.job_id) == []
+    finally:
+        if guardian.poll() is None:
+            guardian.kill()
+            guardian.wait()
