@@ -65,6 +65,7 @@ def test_a_job_with_one_allowed_restart_survives_three_injected_preemptions(
         wait_for("COMPLETED", lambda: repo.get(job.job_id).status == states.COMPLETED)
         assert guardian.wait(timeout=30) == 0
     finally:
+        (tmp_path / "jobs" / job.job_id / "stop").touch()  # a failed run leaves no learner
         if guardian.poll() is None:
             guardian.kill()
             guardian.wait()
@@ -110,6 +111,7 @@ def test_past_max_preemptions_the_job_fails_saying_so(
             record.status_message,
         ), record.status_message
     finally:
+        (tmp_path / "jobs" / job.job_id / "stop").touch()  # a failed run leaves no learner
         if guardian.poll() is None:
             guardian.kill()
             guardian.wait()
