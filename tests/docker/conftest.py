@@ -109,16 +109,16 @@ class DockerPlatform:
             self.args.append(f"--elasticsearch-url={es_url}")
         self.server: Any = None
 
-    def learner_output(self, job_id: str, rank: int = 0) -> str:
-        """What learner `rank` printed on stdout, as the TDS holds it (shipped by the job's
-        log collector from its containers' streams, before the job ended)."""
+    def learner_output(self, job_id: str, rank: int = 0, stream: str = "stdout") -> str:
+        """What learner `rank` printed on `stream`, as the TDS holds it (shipped by the
+        job's log collector from its containers' streams, before the job ended)."""
         from rhizome.v1 import tds_pb2
 
         from services.client.sdk import Client
 
         with Client(self.address, token=self.token()) as client:
             lines = client.logs(tds_pb2.LogsRequest(job_id=job_id, learner=rank))
-            return "".join(f"{ln.line}\n" for ln in lines if ln.stream == "stdout")
+            return "".join(f"{ln.line}\n" for ln in lines if ln.stream == stream)
 
     @property
     def address(self) -> str:

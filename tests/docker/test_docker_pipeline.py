@@ -42,11 +42,9 @@ def client(docker_platform: DockerPlatform) -> Any:
 
 
 def learner_file(platform: DockerPlatform, job_id: str, rank: int, name: str) -> str:
-    path = platform.data_dir / "jobs" / job_id / "learners" / str(rank) / name
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
+    """A learner's `stdout.log`/`stderr.log` as the local backend would write it: on docker
+    the container's stream, as the job's log collector shipped it to the TDS."""
+    return platform.learner_output(job_id, rank, stream=name.removesuffix(".log"))
 
 
 def test_a_pipeline_job_in_containers_survives_a_docker_kill_of_a_learner(
