@@ -111,8 +111,10 @@ def test_a_restarted_learner_still_receives_the_next_preemption(
     assert not set(first.pids) & set(second.pids)  # the restarted incarnation's processes
     assert first.events[0] == "sigterm" and first.outcome in ("exited", "killed")
     assert second.events[0] == "sigterm" and second.outcome in ("exited", "killed")
-    restarts = etcd.get(etcd_keys.deploy_step(job_id, "restarts"))
-    assert restarts is not None and int(restarts.value["0"]) >= 1
+    # the guardian restarted the preempted learner, counting it as a preemption (its own
+    # counter, not max_learner_restarts': services/guardian/guardian.py PREEMPTIONS)
+    preemptions = etcd.get(etcd_keys.deploy_step(job_id, "preemptions"))
+    assert preemptions is not None and int(preemptions.value["0"]) >= 1
 
 
 def test_cli_preempts_the_job_and_reports_the_rank(
