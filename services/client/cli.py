@@ -32,7 +32,6 @@ from services.client.options import (
 )
 from services.client.sdk import UPLOAD_CHUNK, Client, ClientError, zip_directory
 from services.client.stages import print_stage_table, stage_rows
-from services.client.stages import stage_placement as stage_placement  # tests import it here
 from services.client.up_summary import print_up_summary
 from services.config import DEFAULT_DATA_DIR
 from services.manifest import ManifestError, parse_manifest

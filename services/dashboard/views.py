@@ -88,7 +88,7 @@ def with_zones(
     """The placement rows with each node's zone (`?` when the scheduler cannot say), and
     for a pipeline job its stages: which learner shadows which, and whether they sit in
     different zones (the CLI's `rhizome show` table, `stage_placement`)."""
-    from services.client.cli import stage_placement
+    from services.client.stages import stage_placement
 
     for row in view.get("placement", []):
         row["zone"] = (zones or {}).get(row["node"], "?")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.client.cli import stage_placement
+from services.client.stages import stage_placement
 
 
 def test_each_stage_names_its_shadow_and_the_zone_it_runs_in() -> None:
