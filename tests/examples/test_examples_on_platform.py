@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -60,16 +61,32 @@ def test_spot_checkpoint_runs_through_rhizome_train(platform: Path) -> None:
     assert "COMPLETED" in proc.stderr, proc.stderr
 
 
-def test_mnist_halted_and_resumed_continues_from_its_checkpoint(platform: Path) -> None:
-    job_id = json.loads(rz(platform, "train", "examples/mnist/manifest.yml", "--json").stdout)[
-        "job_id"
-    ]
+MNIST_EPOCHS = 30
+
+
+def test_mnist_halted_and_resumed_continues_from_its_checkpoint(
+    platform: Path, tmp_path: Path
+) -> None:
+    # 30 epochs instead of the example's 10, as `make demo` does: an epoch takes well
+    # under a second on a fast machine, and 10 of them could all end between the poll
+    # that sees epoch 2 and the halt (CI saw the job COMPLETED before the halt landed).
+    example = tmp_path / "mnist"
+    shutil.copytree(ROOT / "examples" / "mnist", example)
+    manifest = example / "manifest.yml"
+    text = manifest.read_text()
+    assert "--epochs 10" in text, "examples/mnist/manifest.yml changed its command"
+    manifest.write_text(text.replace("--epochs 10", f"--epochs {MNIST_EPOCHS}"))
+    job_id = json.loads(rz(platform, "train", str(manifest), "--json").stdout)["job_id"]
     deadline = time.monotonic() + 240
-    while not re.search(r"^epoch [2-9]/10", log_text(platform, job_id), re.MULTILINE):
+    second = re.compile(rf"^epoch ([2-9]|[1-9]\d)/{MNIST_EPOCHS}", re.MULTILINE)
+    while not second.search(log_text(platform, job_id)):
         assert time.monotonic() < deadline, "examples/mnist logged no second epoch in 240 s"
         time.sleep(1)
     assert json.loads(rz(platform, "halt", job_id, "--json").stdout)["status"] == "HALTED"
-    before = [int(e) for e in re.findall(r"^epoch (\d+)/10", log_text(platform, job_id), re.M)]
+    before = [
+        int(e)
+        for e in re.findall(rf"^epoch (\d+)/{MNIST_EPOCHS}", log_text(platform, job_id), re.M)
+    ]
     rz(platform, "resume", job_id)
     rz(platform, "show", job_id)
     status = ""
@@ -79,7 +96,7 @@ def test_mnist_halted_and_resumed_continues_from_its_checkpoint(platform: Path) 
         status = json.loads(rz(platform, "show", job_id, "--json").stdout)["status"]
     assert status == "COMPLETED"
     text = log_text(platform, job_id)
-    resumed = re.search(r"resuming from the checkpoint of epoch (\d+)/10", text)
+    resumed = re.search(rf"resuming from the checkpoint of epoch (\d+)/{MNIST_EPOCHS}", text)
     assert resumed, f"the resumed learner started over:\n{text[-2000:]}"
     assert int(resumed.group(1)) >= max(before) - 1 >= 1  # at most the epoch under way is redone
     assert "final test accuracy" in text
