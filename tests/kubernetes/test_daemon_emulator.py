@@ -199,6 +199,9 @@ def test_emulator_daemon_job_runs_in_pods_bound_by_our_scheduler_to_completed(
     # ... and each learner pod bound once, by our binder, through the Binding subresource.
     bound = [pod for pod, _ in platform.emulator.km.bindings if job_id in pod]
     assert len(bound) == 2 and len(set(bound)) == 2
+    # ... on the very nodes the scheduler service recorded (the binder honours them).
+    nodes = sorted(node for pod, node in platform.emulator.km.bindings if job_id in pod)
+    assert nodes == sorted(record.placement["learner_nodes"].values())
     # (this job's pods only: the kubelet emulator serves the module's whole cluster)
     assert sorted(p for p in platform.kubelet.started if job_id in p) == sorted(bound)
     # The learners' own command ran in each pod (the kubelet emulator's process).

@@ -183,6 +183,45 @@ def test_emulator_gang_bind_is_all_or_none(
     assert names[0] not in left and names[1] not in left  # none of this gang stays bound
 
 
+def test_emulator_binder_honours_the_placement_the_scheduler_service_recorded(
+    cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
+) -> None:
+    api = cluster.api()
+    for name in ("n0", "n1", "n2"):
+        api.create_node(node(name, cpu="4", memory="8Gi"))
+    wait_for(lambda: len(scheduler.node_watch.nodes()) == 3, "3 nodes")
+    # pack alone would put both learners on one node; the recorded choice is n2 and n1
+    recorded = make_job(tmp_path, learners=2, placement={"learner_nodes": {"0": "n2", "1": "n1"}})
+    deploy(cluster.backend(), recorded)
+    pods = cluster.objects("pods", recorded.job_id)
+    assert {p["metadata"]["annotations"]["rhizome.io/scheduled-node"] for p in pods} == {"n1", "n2"}
+    for pod in pods:
+        validate(pod)
+    assert scheduler.schedule_once()[recorded.job_id] == "n2,n1"
+    by_rank = {
+        p["metadata"]["labels"]["rhizome.io/rank"]: p["spec"]["nodeName"]
+        for p in cluster.objects("pods", recorded.job_id)
+    }
+    assert by_rank == {"0": "n2", "1": "n1"}
+
+
+def test_emulator_binder_places_anew_when_the_recorded_node_is_gone_or_full(
+    cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
+) -> None:
+    api = cluster.api()
+    api.create_node(node("n0", cpu="4", memory="8Gi"))
+    api.create_node(node("n1", cpu="2", memory="8Gi"))
+    wait_for(lambda: len(scheduler.node_watch.nodes()) == 2, "2 nodes")
+    gone = make_job(tmp_path, learners=1, placement={"learner_nodes": {"0": "removed-node"}})
+    deploy(cluster.backend(), gone)
+    assert scheduler.schedule_once()[gone.job_id] in ("n0", "n1")
+    # n1 has 2 CPUs: two learners of 1.5 CPUs recorded there cannot both fit any more
+    full = make_job(tmp_path, learners=2, placement={"learner_nodes": {"0": "n1", "1": "n1"}})
+    deploy(cluster.backend(), full)
+    placed = scheduler.schedule_once()[full.job_id].split(",")
+    assert placed != ["n1", "n1"] and len(placed) == 2
+
+
 def test_emulator_bound_pods_take_room_from_the_model(
     cluster: Cluster, scheduler: GangScheduler, tmp_path: Path
 ) -> None:

@@ -10,7 +10,9 @@ model, so nodes added, removed, cordoned or tainted change it at the next event.
 running pods already request is taken off their nodes' free resources.
 
 A gang — the pending pods of one job's generation — is placed only when all its pods
-exist, with the scheduler's own placement policy (BSA `pack` by default, zone-aware for
+exist: on the nodes the platform's scheduler service recorded for the job (each pod's
+`rhizome.io/scheduled-node` annotation) when they are still there and the gang fits,
+else with the scheduler's own placement policy (BSA `pack` by default, zone-aware for
 pipeline jobs: services/scheduler/placement), and bound through the Binding subresource:
 every pod or none (a failed binding deletes the pods of the gang it already bound, and
 the guardian starts them again). A gang that does not fit gets the reason on its pods'
@@ -42,6 +44,7 @@ from services.backends.kubernetes.api import (
 )
 from services.backends.kubernetes.client import Calls, api_client, json_body
 from services.backends.kubernetes.spec import (
+    ANNOTATION_NODE,
     GPU_RESOURCE,
     LABEL_GENERATION,
     LABEL_GPU_TYPE,
@@ -51,7 +54,7 @@ from services.backends.kubernetes.spec import (
     LABEL_ZONE_AWARE,
 )
 from services.backends.kubernetes.watch import ListWatch
-from services.scheduler.api import JobRequest
+from services.scheduler.api import JobRequest, OverCommitError
 from services.scheduler.cluster import Cluster, Node
 from services.scheduler.placement import get_policy
 
@@ -302,6 +305,9 @@ class GangScheduler(PodBinder):
         )
         if not cluster.nodes:
             raise GangUnplaceable(f"job {job_id}: the cluster has no schedulable node")
+        recorded = self.recorded_placement(cluster, request, pods)
+        if recorded is not None:
+            return recorded
         found = self.policy.place(cluster, request, self.rng)
         if found is None:
             raise GangUnplaceable(self.explain(cluster, request))
@@ -309,6 +315,34 @@ class GangScheduler(PodBinder):
             str(pod["metadata"]["name"]): cluster.nodes[idx].name
             for pod, idx in zip(pods, found.learner_nodes, strict=True)
         }
+
+    @staticmethod
+    def recorded_placement(
+        cluster: Cluster, request: JobRequest, pods: list[dict[str, Any]]
+    ) -> dict[str, str] | None:
+        """The nodes the platform's scheduler service chose for this gang (each pod's
+        ANNOTATION_NODE, from the job's recorded placement), when every pod has one, every
+        node is still in the model and the gang fits there now; else None, and our own
+        policy places the gang (a node removed or filled since the choice, or pods made
+        outside the platform). Both read the same watched Nodes, so honouring the choice
+        keeps `rhizome show`'s placement and the pods' nodes the same."""
+        chosen = [
+            ((pod["metadata"].get("annotations") or {}).get(ANNOTATION_NODE) or "") for pod in pods
+        ]
+        if not all(chosen):
+            return None
+        indices = [cluster.index.get(name) for name in chosen]
+        if any(idx is None for idx in indices):
+            gone = sorted({n for n, i in zip(chosen, indices, strict=True) if i is None})
+            log.info("job %s: recorded node(s) %s gone; placing anew", request.job_id, gone)
+            return None
+        try:  # a trial booking: the round's model is rebuilt after the gang is bound
+            cluster.allocate(request, [int(idx) for idx in indices if idx is not None])
+        except OverCommitError as exc:
+            log.info("job %s: the recorded placement no longer fits (%s)", request.job_id, exc)
+            return None
+        cluster.release(request.job_id)
+        return {str(pod["metadata"]["name"]): name for pod, name in zip(pods, chosen, strict=True)}
 
     @staticmethod
     def explain(cluster: Cluster, job: JobRequest) -> str:

@@ -38,6 +38,9 @@ LABEL_ROLE = "rhizome.io/role"
 LABEL_LEARNERS = "rhizome.io/learners"
 LABEL_GPU_TYPE = "rhizome.io/gpu-type"
 LABEL_ZONE_AWARE = "rhizome.io/zone-aware"
+# The node the platform's scheduler service chose for a learner (the job's recorded
+# placement); our binder honours it when the node is still there and the pod fits.
+ANNOTATION_NODE = "rhizome.io/scheduled-node"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rhizome", "app.kubernetes.io/component": "learner"}
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER = "learner"
@@ -255,10 +258,14 @@ def pod_object(
     if int(job.gpus_per_learner) > 0:
         # GPU nodes are commonly tainted so that only pods asking for GPUs land there.
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    meta = _meta(name, namespace, labels, owner)
+    chosen = (job.placement.get("learner_nodes") or {}).get(str(rank))
+    if chosen:
+        meta["annotations"] = {ANNOTATION_NODE: str(chosen)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(name, namespace, labels, owner),
+        "metadata": meta,
         "spec": {
             **({"tolerations": tolerations} if tolerations else {}),
             "schedulerName": SCHEDULER_NAME,
