@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from docker.types import DeviceRequest, Mount
+from docker.types import DeviceRequest, LogConfig, Mount
 
 from contract.containers import LABEL_GENERATION as LABEL_GENERATION
 from contract.containers import LABEL_JOB as LABEL_JOB
@@ -71,6 +71,12 @@ class ContainerOptions:
     code_mounts: list[Mount] = field(default_factory=learner_mounts)
     base_env: dict[str, str] = field(default_factory=learner_environment)
     init: bool = True
+    # The engine's json-file log of each container, capped: a learner printing without
+    # end must not fill the engine's disk. The job's log collector follows the stream as
+    # it is written, so rotation loses nothing it shipped; only what a collector that is
+    # down misses, beyond max_size x max_files, is gone.
+    log_max_size: str = "64m"
+    log_max_files: int = 2
 
 
 def gpu_devices(host_ids: str) -> tuple[list[DeviceRequest], str]:
@@ -169,6 +175,10 @@ def container_spec(
         "security_opt": ["no-new-privileges"],
         "pids_limit": options.pids_limit,
         "stop_signal": "SIGTERM",
+        "log_config": LogConfig(
+            type=LogConfig.types.JSON,
+            config={"max-size": options.log_max_size, "max-file": str(options.log_max_files)},
+        ),
     }
     if options.network == "host":
         kwargs["network_mode"] = "host"

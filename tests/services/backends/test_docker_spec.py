@@ -128,6 +128,11 @@ def test_limits_from_the_manifest(tmp_path: Path) -> None:
     assert host["Memory"] == 2048 * 1024 * 1024
     assert host["NanoCpus"] == 1_500_000_000
     assert host["PidsLimit"] == 4096
+    # the engine's own log of the container is capped (64 MiB x 2 files by default)
+    assert host["LogConfig"] == {
+        "Type": "json-file",
+        "Config": {"max-size": "64m", "max-file": "2"},
+    }
 
 
 def test_gpus_become_an_nvidia_device_request(tmp_path: Path) -> None:
