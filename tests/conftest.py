@@ -20,12 +20,58 @@ from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServ
 os.environ.setdefault("RHIZOME_LEARNER_UIDS", "off")
 
 
+# The session's servers that are running, by name: the per-module reset below empties
+# only those, and starts none.
+_RUNNING: dict[str, ManagedServer] = {}
+
+
 def _serve(server: ManagedServer) -> Iterator[ManagedServer]:
     server.start()
+    _RUNNING[server.name] = server
     try:
         yield server
     finally:
+        _RUNNING.pop(server.name, None)
         server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _empty_session_stores_per_module() -> Iterator[None]:
+    """Each test module starts from an empty MongoDB and etcd. The servers live for the
+    whole session, and a daemon a module starts adopts every job it finds: jobs an earlier
+    module left QUEUED or PROCESSING would be scheduled, deployed and guarded again, ahead
+    of this module's own (in a full run one Kubernetes test waited 100 s behind them).
+    Within a module, tests share what their module-scoped fixtures set up."""
+    mongo = _RUNNING.get(MongoServer.name)
+    if mongo is not None:
+        from services.store.mongo import connect
+
+        client = connect(mongo.url).client
+        try:
+            for name in client.list_database_names():
+                if name not in ("admin", "config", "local"):
+                    n = client[name]["jobs"].count_documents(
+                        {"status": {"$nin": ["COMPLETED", "FAILED", "HALTED", "DELETED"]}}
+                    )
+                    print(f"\nLEFTOVER {name}: {n} live jobs", flush=True)
+            for name in client.list_database_names():
+                if name not in ("admin", "config", "local"):
+                    client.drop_database(name)
+        finally:
+            client.close()
+    etcd = _RUNNING.get(EtcdServer.name)
+    if etcd is not None:
+        from contract.etcd import EtcdClient
+
+        store = EtcdClient.connect(etcd.url)
+        try:
+            # etcd refuses an empty key, so "every key" is one range per first character
+            firsts = {meta.key[:1] for _, meta in store.raw.get_all(keys_only=True)}
+            for first in firsts:
+                store.raw.delete_prefix(first)
+        finally:
+            store.close()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ module of its own, since its daemon must be the only LCM on the session's etcd."
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from services.client.sdk import Client
 from services.embedded.docker_engine import DockerEngine
 from services.images.build import build_offline
 from services.store import states
-from tests.docker.conftest import DockerPlatform
+from tests.docker.conftest import DockerPlatform, remove_engine_root
 from tests.docker.test_docker_backend import STEPPER, TERMINAL, manifest, wait_status
 from tests.services.guardian.helpers import code_zip, wait_for
 
@@ -43,7 +42,7 @@ def own_engine(learner_image: Any) -> Iterator[DockerEngine]:
     finally:
         DockerEngine(data_dir).stop()
         engine.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_engine_root(data_dir)
 
 
 def labelled(client: docker.DockerClient, job_id: str) -> list[str]:
