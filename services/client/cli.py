@@ -522,6 +522,9 @@ def _print_cost(found: dict[str, Any]) -> None:
     if left is not None:
         if left["problem"]:
             out.print(f"to finish: {left['problem']}", markup=False)
+        elif left["steps_done"] >= left["steps_total"]:
+            done = f"{left['steps_done']} of {left['steps_total']}"
+            out.print(f"to finish: no steps left ({done} done)")
         else:
             out.print(
                 f"to finish: {_dollars(left['dollars'])}, {left['hours'] * 60:.1f} min for steps "

@@ -73,6 +73,7 @@
     });
     if (saves.length) $("checkpoints").tBodies[0].replaceChildren(...saves);
     showCost(view.cost);
+    if (view.final) $("cost-to-finish").textContent = "the job has ended";
   }
 
   // Cents, and tenths of a cent under a dollar: a short job's cost is not "$0.00".
@@ -102,8 +103,11 @@
       const resp = await fetch("/ui/jobs/" + encodeURIComponent(jobId) + "/estimate");
       const body = await resp.json();
       if (!resp.ok) throw new Error(body.message || resp.statusText);
+      if (job.final) return; // it ended while the estimate was asked for
       $("cost-to-finish").textContent = body.problem
         ? body.problem
+        : body.steps_done >= body.steps_total
+        ? "no steps left: " + body.steps_done + " of " + body.steps_total + " done"
         : dollars(body.dollars) + " and " + (body.hours * 60).toFixed(1) +
           " min for steps " + body.steps_done + "–" + body.steps_total + " (" + body.strategy +
           " checkpointing, preemptions as in " + body.model + ")";
