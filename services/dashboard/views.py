@@ -3,6 +3,7 @@ as JSON to the page's scripts, so the first paint and the live updates agree."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from services.store import states
@@ -40,6 +41,13 @@ def phase(job: JobRecord, now: float) -> str:
     return f"{job.status.lower()} {duration(now - since)} ago"
 
 
+def _finite(metric: dict[str, Any]) -> float | None:
+    """The value, or None for NaN and infinities (a diverged loss): JSON has no NaN, and
+    the pages' JSON must parse."""
+    value = float(metric.get("value", 0.0))
+    return value if math.isfinite(value) else None
+
+
 def last_metric_text(job: JobRecord, most: int = 2) -> str:
     """The jobs list's "last metric" cell: the most recently updated metrics, newest first,
     e.g. `loss 0.3124 · accuracy 0.91 (step 900)`; "" when the job emitted none."""
@@ -71,7 +79,7 @@ def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
         "can_delete": states.is_legal(job.status, states.DELETED),
         "last_metric": last_metric_text(job),
         "last_metrics": [
-            {k: m.get(k) for k in ("name", "value", "step", "time", "learner")}
+            {**{k: m.get(k) for k in ("name", "step", "time", "learner")}, "value": _finite(m)}
             for m in job.last_metrics
         ],
     }

@@ -27,6 +27,7 @@ from services.tds.api import time_us
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
+MAX_NAME = 128  # a metric name is the user's regex group: bound what the record holds
 
 # job_id, [{name, value, step, time, learner}] -> whether the job is stored
 Write = Callable[[str, list[dict[str, Any]]], bool]
@@ -34,7 +35,7 @@ Write = Callable[[str, list[dict[str, Any]]], bool]
 
 def sample_row(s: tds_pb2.MetricSample) -> dict[str, Any]:
     return {
-        "name": s.name,
+        "name": s.name[:MAX_NAME],
         "value": float(s.value),
         "step": int(s.step),
         "time": time_us(s) / 1e6,
@@ -57,9 +58,9 @@ class LastMetrics:
             for s in samples:
                 rows = self._pending.setdefault(s.job_id, {})
                 row = sample_row(s)
-                held = rows.get(s.name)
+                held = rows.get(row["name"])
                 if held is None or row["time"] >= held["time"]:
-                    rows[s.name] = row
+                    rows[row["name"]] = row
 
     def flush(self) -> int:
         """Write every job's pending last values; returns how many jobs were written. A job
