@@ -33,6 +33,9 @@ from services.store.retry import with_retries
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
+# Fields a listing does not read: a job's checkpoint list (up to MAX_CHECKPOINTS entries)
+# is for its own page and GetJob; 50 of them per row would weigh on every list.
+LISTING_LEAVES_OUT = ("checkpoints",)
 # How many metric names a job record keeps the last sample of (the rest are in the TDS).
 MAX_LAST_METRICS = 8
 
@@ -265,9 +268,12 @@ class JobsRepository:
     ) -> Page:
         """Newest first. The page token is the last id returned (ids are time-ordered).
         Served by the process's JobIndex: one indexed read of what changed, one read of
-        the page's records by id, whatever the number of jobs."""
+        the page's records by id, whatever the number of jobs. The records come without
+        their `checkpoints` (LISTING_LEAVES_OUT); `get` has them."""
         size = max(1, min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE))
-        docs = self._index.page(owner, list(statuses), name_prefix, size + 1, page_token)
+        docs = self._index.page(
+            owner, list(statuses), name_prefix, size + 1, page_token, leave_out=LISTING_LEAVES_OUT
+        )
         jobs = [JobRecord.from_doc(d) for d in docs[:size]]
         token = jobs[-1].job_id if len(docs) > size else ""
         return Page(jobs, token)

@@ -64,3 +64,16 @@ def test_last_metrics_are_bounded_to_the_most_recent_names(repo: JobsRepository)
 
 def test_last_metrics_of_a_job_not_stored_are_refused_quietly(repo: JobsRepository) -> None:
     assert not repo.set_last_metrics(new_job_id(), [row("loss", 1.0, 1.0)])
+
+
+def test_a_listing_carries_the_last_metrics_but_not_the_checkpoint_list(
+    repo: JobsRepository,
+) -> None:
+    job = new_job(repo)
+    repo.set_last_metrics(job.job_id, [row("loss", 0.5, 10.0)])
+    save = {"kind": "periodic", "step": 1, "size_bytes": 9, "time": 10.0, "learner": "0"}
+    assert repo.add_checkpoints(job.job_id, [save, dict(save)])  # shipped twice: kept once
+    listed = next(j for j in repo.list_page("alice", page_size=500).jobs if j.job_id == job.job_id)
+    assert [m["name"] for m in listed.last_metrics] == ["loss"]
+    assert listed.checkpoints == []
+    assert [c["step"] for c in repo.get(job.job_id).checkpoints] == [1]
