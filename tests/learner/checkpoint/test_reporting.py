@@ -10,6 +10,7 @@ import pytest
 
 from contract.checkpoints import CheckpointReport, parse
 from contract.env import LearnerEnv
+from learner.checkpoint.api import PreemptionNotice
 from learner.checkpoint.manager import CheckpointManager
 
 
@@ -30,6 +31,31 @@ def test_every_committed_save_prints_its_kind_step_and_size_on_stderr(
         ("periodic", 9, 2500, "3"),
     ]
     assert all(r.time >= before and r.name for r in reports)
+
+
+def test_an_emergency_save_is_reported_as_one_before_the_learner_would_exit(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    env = LearnerEnv(
+        job_id="j",
+        checkpoint_dir=str(tmp_path / "ck"),
+        insurance="never",
+        emergency_exit=False,  # the real one leaves with os._exit right after the report
+        save_s=1.0,
+        backup_s=1.0,
+    )
+    m = CheckpointManager(env, sources=[])
+    with m.step():
+        pass
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 3.0))
+    assert m.should_save()
+    path = m.staging_path("model.bin")
+    path.write_bytes(b"x" * 300)
+    m.backup(path)
+    m.close()
+    reports = [r for r in map(parse, capfd.readouterr().err.splitlines()) if r is not None]
+    assert [(r.kind, r.size_bytes) for r in reports] == [("emergency", 300)]
 
 
 def test_a_line_that_only_looks_like_a_report_is_not_one() -> None:
