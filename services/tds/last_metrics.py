@@ -10,7 +10,10 @@ job logs, its record takes one small write per interval, and a quiet job none.
 
 What it costs: memory for the jobs that emitted since the last flush only (the state of
 a flushed job is dropped; the store merges with what it holds). A TDS that dies loses at
-most one interval of last values; the next sample of each metric puts them back.
+most one interval of last values; the next sample of each metric puts them back. Two TDS
+replicas flushing the same job at the same moment may each merge over the other's read
+(`set_last_metrics` reads, merges, writes): one name's value can then lag by one
+interval, until that metric's next sample.
 """
 
 from __future__ import annotations
