@@ -98,6 +98,24 @@ def store_jobs(mongo_url: str, count: int) -> str:
             )
         ]
         record.placement = {"learner_nodes": {"0": "local-cpu-0"}, "placed_at": now}
+        # What a job that trained carries since the page shows it: its last metrics (the
+        # TDS's, services/tds/last_metrics.py) and its checkpoints (contract/checkpoints.py).
+        at = now - (count - i) + 3
+        record.last_metrics = [
+            {"name": n, "value": 0.5, "step": 900, "time": at, "learner": 0}
+            for n in ("loss", "accuracy", "throughput")
+        ]
+        record.checkpoints = [
+            {
+                "kind": "periodic",
+                "step": 100 * k,
+                "size_bytes": 10**8,
+                "time": at,
+                "learner": "0",
+                "name": f"ckpt-{k}-periodic-s{100 * k}",
+            }
+            for k in range(10)
+        ]
         batch.append(record.to_doc())
         some_id = record.job_id
         if len(batch) == 1000:

@@ -40,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from contract.checkpoints import CheckpointReport
 from contract.env import LearnerEnv
 from contract.status import ExitCode
 from learner.checkpoint import notices, policy
@@ -56,6 +57,16 @@ log = logging.getLogger("rhizome.checkpoint")
 
 # The longest notice each cloud documents; SIGTERM and GCP use the configured grace.
 NOMINAL_GRACE_S = {"aws": 120.0, "azure": 30.0}
+
+
+def _size_bytes(path: Path) -> int:
+    """A checkpoint's size on disk: the file, or every file under the directory."""
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 class CheckpointManager:
@@ -266,6 +277,7 @@ class CheckpointManager:
     def _commit(
         self, source: Path, step: int, kind: CheckpointKind, meta: dict[str, Any]
     ) -> CommittedCheckpoint:
+        size = _size_bytes(source)  # before: a staged source is removed after the commit
         start = time.monotonic()
         committed = self.store.commit(source, step=step, kind=kind, metadata=meta)
         with self._lock:
@@ -280,7 +292,21 @@ class CheckpointManager:
                 else:
                     source.unlink(missing_ok=True)
         self._record({"event": "committed", "kind": kind.value, "step": step, **meta})
+        self._report(committed, size)
         return committed
+
+    def _report(self, committed: CommittedCheckpoint, size: int) -> None:
+        """Tell the platform (contract/checkpoints.py: a line on stderr, which every backend
+        ships to the TDS); flushed at once, as an emergency save exits right after."""
+        report = CheckpointReport(
+            kind=committed.kind.value,
+            step=committed.step,
+            size_bytes=size,
+            time=committed.committed_at,
+            learner=str(self.env.learner_id),
+            name=committed.name,
+        )
+        print(report.line(), file=sys.stderr, flush=True)
 
     def _record(self, event: dict[str, Any]) -> None:
         event["time"] = time.time()

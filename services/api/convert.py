@@ -52,6 +52,27 @@ def job_to_proto(job: JobRecord) -> job_pb2.Job:
         queue_reason=job.queue_reason,
         exit_code=job.exit_code,
         last_log_lines=job.last_log_lines,
+        last_metrics=[
+            job_pb2.LastMetric(
+                name=str(m.get("name", "")),
+                value=float(m.get("value", 0.0)),
+                step=int(m.get("step", 0)),
+                time=timestamp(float(m.get("time", 0.0))),
+                learner=int(m.get("learner", 0)),
+            )
+            for m in job.last_metrics
+        ],
+        checkpoints=[
+            job_pb2.CheckpointTaken(
+                kind=str(c.get("kind", "")),
+                step=int(c.get("step", 0)),
+                size_bytes=int(c.get("size_bytes", 0)),
+                time=timestamp(float(c.get("time", 0.0))),
+                learner=str(c.get("learner", "")),
+                name=str(c.get("name", "")),
+            )
+            for c in job.checkpoints
+        ],
     )
     if job.placement:
         nodes = job.placement.get("learner_nodes", {})

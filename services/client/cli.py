@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from services.client.cost import for_job as job_cost
 from services.client.options import (
     Ctx,
     add_global_options,
@@ -59,6 +60,16 @@ def fmt_time(ts: Any) -> str:
     if not ts.seconds and not ts.nanos:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts.seconds))
+
+
+def fmt_bytes(n: int) -> str:
+    """`512 B`, `3.2 MB`, `1.5 GB`: a checkpoint's size (decimal units, as disks are sold)."""
+    size = float(n)
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
 
 
 def handles_errors(fn: F) -> F:
@@ -450,7 +461,7 @@ def show(obj: Ctx, job_id: str, as_json: bool) -> None:
     """Show one job: status, why it waits, its history, and a failed job's last lines."""
     job = obj.client.get_job(job_id)
     if as_json:
-        doc = to_dict(job)
+        doc = {**to_dict(job), **job_cost(obj.client, job)}
         stages = stage_rows(obj.client, job) if job.placement.learner_nodes else []
         emit_json({**doc, "stages": stages} if stages else doc)
         return
@@ -469,12 +480,58 @@ def show(obj: Ctx, job_id: str, as_json: bool) -> None:
         stages = stage_rows(obj.client, job)
         if stages:
             print_stage_table(out, stages)
+    if job.last_metrics:
+        shown = ", ".join(f"{m.name}={m.value:.4g} (step {m.step})" for m in job.last_metrics)
+        out.print(f"last metrics: {shown}", markup=False)
+    _print_cost(job_cost(obj.client, job))
+    if job.checkpoints:
+        saves = Table("time", "kind", "step", "size", "learner", title="checkpoints")
+        for c in job.checkpoints:
+            saves.add_row(
+                fmt_time(c.time),
+                c.kind,
+                str(c.step),
+                fmt_bytes(c.size_bytes),
+                c.learner,
+            )
+        out.print(saves)
     table = Table("time", "status", "message", title="history")
     for h in job.history:
         table.add_row(fmt_time(h.time), status_name(h.status), h.message)
     out.print(table)
     if status_name(job.status) == "FAILED":
         _print_last_lines(obj.client, job)
+
+
+def _dollars(d: float) -> str:
+    """Cents, and tenths of a cent under a dollar: a short job's cost is not `$0.00`."""
+    return f"${d:.4f}" if d < 1 else f"${d:.2f}"
+
+
+def _print_cost(found: dict[str, Any]) -> None:
+    cost, left = found["cost_so_far"], found["estimate_to_finish"]
+    if cost is None:
+        out.print("cost so far: unknown (the scheduler did not answer)")
+    else:
+        unpriced = f"; not priced: {', '.join(cost['unpriced'])}" if cost["unpriced"] else ""
+        out.print(
+            f"cost so far: {_dollars(cost['dollars'])} "
+            f"({cost['node_hours']:.2f} node-hours{unpriced})",
+            markup=False,
+        )
+    if left is not None:
+        if left["problem"]:
+            out.print(f"to finish: {left['problem']}", markup=False)
+        elif left["steps_done"] >= left["steps_total"]:
+            done = f"{left['steps_done']} of {left['steps_total']}"
+            out.print(f"to finish: no steps left ({done} done)")
+        else:
+            out.print(
+                f"to finish: {_dollars(left['dollars'])}, {left['hours'] * 60:.1f} min for steps "
+                f"{left['steps_done']}-{left['steps_total']} ({left['strategy']} checkpointing, "
+                f"preemptions as in {left['model']})",
+                markup=False,
+            )
 
 
 def _print_last_lines(client: Client, job: job_pb2.Job, count: int = 20) -> None:

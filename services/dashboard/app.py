@@ -14,6 +14,7 @@ import hmac
 import json
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,11 +43,12 @@ from services.api.core import (
     TrainerCore,
     owner_scope,
 )
+from services.client.cost import estimate_to_finish, steps_done
 from services.dashboard.api import CsrfRejected, NotSignedIn, Session
 from services.dashboard.estimate import DEFAULT_RUNS, EstimateRefused, bundled_traces, estimate
 from services.dashboard.sessions import CookieSessionStore
 from services.dashboard.submit import examples, manifest_problem
-from services.dashboard.views import job_view, with_zones
+from services.dashboard.views import job_view, with_cost, with_zones
 from services.manifest import MAX_MANIFEST_BYTES
 from services.scheduler.api import QuotaConfigError
 from services.scheduler.quota import load_quota_config
@@ -67,6 +69,8 @@ MAX_TOKEN_CHARS = 512
 PREFIXES = ("/login", "/logout", "/jobs/", "/submit", "/cluster", "/estimate", "/assets/", "/ui/")
 QUEUE_SHOWN = 200
 ZONES_TTL_S = 10.0
+# How many jobs' estimates to finish the dashboard keeps (one simulation each).
+MAX_ESTIMATES = 256
 # What a page may load: only this origin's files, no inline script, no framing.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -359,7 +363,7 @@ def mount(
         _, who = await signed_in(request)
         return await run_in_threadpool(list_jobs, who, status, name, page)
 
-    zone_cache: dict[str, Any] = {"at": 0.0, "zones": None}
+    zone_cache: dict[str, Any] = {"at": 0.0, "zones": None, "prices": None}
 
     def node_zones() -> dict[str, str] | None:
         """node -> zone from the scheduler, reused for ZONES_TTL_S (every open job page
@@ -367,12 +371,35 @@ def mount(
         if time.monotonic() - zone_cache["at"] > ZONES_TTL_S:
             found, problem = nodes()
             zone_cache["zones"] = None if problem else {n["name"]: n["zone"] for n in found}
+            zone_cache["prices"] = (
+                None if problem else {n["name"]: float(n.get("price_per_hour", 0.0)) for n in found}
+            )
             zone_cache["at"] = time.monotonic()
         zones: dict[str, str] | None = zone_cache["zones"]
         return zones
 
     def full_view(job: JobRecord) -> dict[str, Any]:
-        return with_zones(job_view(job, time.time()), job, node_zones())
+        view = with_zones(job_view(job, time.time()), job, node_zones())
+        return with_cost(view, job, zone_cache["prices"], time.time())
+
+    # (job id, steps done) -> the simulator's estimate to finish: a page polls, the
+    # simulation runs once per step the job reports.
+    estimates: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+
+    @app.get("/ui/jobs/{job_id}/estimate", include_in_schema=False)
+    async def job_estimate(request: Request, job_id: str) -> dict[str, Any]:
+        _, who = await signed_in(request)
+        job = await run_in_threadpool(core.get, who, job_id)
+        if states.is_terminal(job.status):
+            return {"problem": f"the job is {job.status}: nothing left to estimate"}
+        done = steps_done(job.last_metrics, job.checkpoints)
+        key = (job.job_id, done)
+        if key not in estimates:
+            found = await run_in_threadpool(estimate_to_finish, job.manifest, done)
+            estimates[key] = found.to_dict()
+            while len(estimates) > MAX_ESTIMATES:
+                estimates.popitem(last=False)
+        return estimates[key]
 
     @app.get("/jobs/{job_id}", include_in_schema=False)
     async def job_page(request: Request, job_id: str) -> Response:

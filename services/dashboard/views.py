@@ -3,6 +3,7 @@ as JSON to the page's scripts, so the first paint and the live updates agree."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from services.store import states
@@ -40,6 +41,23 @@ def phase(job: JobRecord, now: float) -> str:
     return f"{job.status.lower()} {duration(now - since)} ago"
 
 
+def _finite(metric: dict[str, Any]) -> float | None:
+    """The value, or None for NaN and infinities (a diverged loss): JSON has no NaN, and
+    the pages' JSON must parse."""
+    value = float(metric.get("value", 0.0))
+    return value if math.isfinite(value) else None
+
+
+def last_metric_text(job: JobRecord, most: int = 2) -> str:
+    """The jobs list's "last metric" cell: the most recently updated metrics, newest first,
+    e.g. `loss 0.3124 · accuracy 0.91 (step 900)`; "" when the job emitted none."""
+    newest = sorted(job.last_metrics, key=lambda m: -float(m.get("time", 0)))[:most]
+    if not newest:
+        return ""
+    values = " · ".join(f"{m.get('name', '?')} {float(m.get('value', 0)):.4g}" for m in newest)
+    return f"{values} (step {int(newest[0].get('step', 0))})"
+
+
 def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
     res = job.resources
     view: dict[str, Any] = {
@@ -59,6 +77,11 @@ def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
         "can_halt": states.is_legal(job.status, states.HALTED),
         "can_resume": job.status == states.HALTED,
         "can_delete": states.is_legal(job.status, states.DELETED),
+        "last_metric": last_metric_text(job),
+        "last_metrics": [
+            {**{k: m.get(k) for k in ("name", "step", "time", "learner")}, "value": _finite(m)}
+            for m in job.last_metrics
+        ],
     }
     elastic = job.spec.elastic
     view["elastic"] = {"min": elastic.min, "max": elastic.max} if elastic else None
@@ -78,6 +101,11 @@ def job_view(job: JobRecord, now: float, brief: bool = False) -> dict[str, Any]:
         attempts=job.attempts,
         description=job.description,
         last_log_lines=list(job.last_log_lines),
+        # Newest first, as the page's table lists them.
+        checkpoints=[
+            {k: c.get(k) for k in ("kind", "step", "size_bytes", "time", "learner", "name")}
+            for c in reversed(job.checkpoints)
+        ],
     )
     return view
 
@@ -99,4 +127,17 @@ def with_zones(
         if pipeline is not None and placed
         else []
     )
+    return view
+
+
+def with_cost(
+    view: dict[str, Any], job: JobRecord, prices: dict[str, float] | None, now: float
+) -> dict[str, Any]:
+    """The job's cost so far (services/client/cost.py, as `rhizome show` prints it): its
+    held node-hours at the nodes' prices; `cost` is None when the scheduler cannot say."""
+    from services.client.cost import cost_so_far
+
+    nodes = [str(n) for n in ((job.placement or {}).get("learner_nodes", {}) or {}).values()]
+    history = [(h.status, h.time) for h in job.history]
+    view["cost"] = None if prices is None else cost_so_far(history, nodes, prices, now).to_dict()
     return view

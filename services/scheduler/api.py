@@ -265,6 +265,7 @@ class NodeView:
     memory_mb_free: float
     zone: str
     labels: Mapping[str, str]
+    price_per_hour: float = 0.0  # $ per node-hour from the cluster config; 0: not priced
 
 
 @dataclass(frozen=True)

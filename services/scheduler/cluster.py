@@ -17,6 +17,8 @@ Config format (every key checked; a typo is an error naming the closest key)::
         zone: zone-a            # optional, default "default"
         labels: {disk: ssd}     # optional
         count: 1                # optional: expand into name-0..name-(count-1)
+        price_per_hour: 0.918   # optional: $ per node-hour (spot), for a job's cost so
+                                # far; default 0, "not priced" (no made-up figure)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Node:
     gpu_type: str = ""
     zone: str = "default"
     labels: Mapping[str, str] = field(default_factory=dict)
+    price_per_hour: float = 0.0  # $ per node-hour; 0: not priced
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,7 @@ class Cluster:
                 memory_mb_free=float(self.mem_free[i]),
                 zone=n.zone,
                 labels=dict(n.labels),
+                price_per_hour=n.price_per_hour,
             )
             for i, n in enumerate(self.nodes)
         ]
@@ -230,7 +234,17 @@ class Cluster:
         return Cluster(self.nodes)
 
 
-_NODE_KEYS = {"name", "cpus", "memory_mb", "gpus", "gpu_type", "zone", "labels", "count"}
+_NODE_KEYS = {
+    "name",
+    "cpus",
+    "memory_mb",
+    "gpus",
+    "gpu_type",
+    "zone",
+    "labels",
+    "count",
+    "price_per_hour",
+}
 
 
 def _typo(key: str, allowed: Iterable[str]) -> str:
@@ -287,6 +301,7 @@ def nodes_from_config(config: Mapping[str, Any], source: str = "cluster config")
         if count < 1:
             raise ClusterConfigError(f"{where}: count must be >= 1")
         zone = str(raw.get("zone", "default"))
+        price = _number(where, "price_per_hour", raw.get("price_per_hour", 0))
         names = (
             [name] if count == 1 and "count" not in raw else [f"{name}-{i}" for i in range(count)]
         )
@@ -300,6 +315,7 @@ def nodes_from_config(config: Mapping[str, Any], source: str = "cluster config")
                     gpu_type=gpu_type if gpus > 0 else "",
                     zone=zone,
                     labels={str(k): str(v) for k, v in labels.items()},
+                    price_per_hour=price,
                 )
             )
     return nodes

@@ -157,6 +157,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     memory_mb_free=n.memory_mb_free,
                     zone=n.zone,
                     labels=dict(n.labels),
+                    price_per_hour=n.price_per_hour,
                 )
                 for n in view.nodes
             ],

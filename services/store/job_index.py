@@ -118,9 +118,11 @@ class JobIndex:
         prefix: str,
         limit: int,
         before: str = "",
+        leave_out: Collection[str] = (),
     ) -> list[dict[str, Any]]:
-        """Up to `limit` full records matching the filter, newest first, ids below
-        `before`; every one checked against the filter as stored now."""
+        """Up to `limit` records matching the filter, newest first, ids below `before`;
+        every one checked against the filter as stored now. `leave_out` names fields not
+        to read (a listing does not need a job's checkpoint list)."""
         self.refresh()
         found: list[dict[str, Any]] = []
         candidates = self._candidates(owner, statuses, prefix, before)
@@ -128,7 +130,9 @@ class JobIndex:
             batch = [c for _, c in zip(range(limit - len(found)), candidates, strict=False)]
             if not batch:
                 break
-            docs = {str(d["_id"]): d for d in self._col.find({"_id": {"$in": batch}})}
+            projection = {f: 0 for f in leave_out} or None
+            found_docs = self._col.find({"_id": {"$in": batch}}, projection)
+            docs = {str(d["_id"]): d for d in found_docs}
             with self._lock:
                 for job_id in batch:
                     doc = docs.get(job_id)

@@ -23,6 +23,7 @@ import pymongo
 import pymongo.errors
 from pymongo.database import Database
 
+from contract.checkpoints import MAX_KEPT as MAX_CHECKPOINTS
 from services.manifest import Manifest
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
@@ -32,6 +33,11 @@ from services.store.retry import with_retries
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
+# Fields a listing does not read: a job's checkpoint list (up to MAX_CHECKPOINTS entries)
+# is for its own page and GetJob; 50 of them per row would weigh on every list.
+LISTING_LEAVES_OUT = ("checkpoints",)
+# How many metric names a job record keeps the last sample of (the rest are in the TDS).
+MAX_LAST_METRICS = 8
 
 
 class _JobIdClock:
@@ -106,6 +112,13 @@ class JobRecord:
     queue_reason: str = ""
     exit_code: int = 0
     last_log_lines: list[str] = field(default_factory=list)
+    # The newest sample of each metric the job emits ({name, value, step, time, learner},
+    # by name), kept by the TDS at a bounded rate (services/tds/last_metrics.py): the jobs
+    # list shows it without asking the search server per row.
+    last_metrics: list[dict[str, Any]] = field(default_factory=list)
+    # The checkpoints its learners committed ({kind, step, size_bytes, time, learner,
+    # name}), oldest first, the newest MAX_KEPT: reported through contract/checkpoints.py.
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
     version: int = 0
 
     @classmethod
@@ -255,9 +268,12 @@ class JobsRepository:
     ) -> Page:
         """Newest first. The page token is the last id returned (ids are time-ordered).
         Served by the process's JobIndex: one indexed read of what changed, one read of
-        the page's records by id, whatever the number of jobs."""
+        the page's records by id, whatever the number of jobs. The records come without
+        their `checkpoints` (LISTING_LEAVES_OUT); `get` has them."""
         size = max(1, min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE))
-        docs = self._index.page(owner, list(statuses), name_prefix, size + 1, page_token)
+        docs = self._index.page(
+            owner, list(statuses), name_prefix, size + 1, page_token, leave_out=LISTING_LEAVES_OUT
+        )
         jobs = [JobRecord.from_doc(d) for d in docs[:size]]
         token = jobs[-1].job_id if len(docs) > size else ""
         return Page(jobs, token)
@@ -376,6 +392,51 @@ class JobsRepository:
             ):
                 return self.get(job_id)
         raise StaleToken(f"job {job_id}: too much contention on field writes")
+
+    @with_retries
+    def set_last_metrics(self, job_id: str, samples: Iterable[dict[str, Any]]) -> bool:
+        """Merge these samples ({name, value, step, time, learner}) into the job's
+        `last_metrics`, keeping per name the newer by time; at most MAX_LAST_METRICS names.
+
+        Neither `version` nor `updated_at` moves: a metric is not a status change, so it
+        must not make a guardian's fenced write stale nor every listing index re-read the
+        job. Returns False when the job is not stored (purged)."""
+        doc = self._col.find_one({"_id": job_id}, {"last_metrics": 1})
+        if doc is None:
+            return False
+        merged = {str(m["name"]): m for m in doc.get("last_metrics") or [] if "name" in m}
+        for m in samples:
+            held = merged.get(str(m["name"]))
+            if held is None or float(m["time"]) >= float(held.get("time", 0)):
+                merged[str(m["name"])] = dict(m)
+        # The most recently updated names win the bounded room.
+        keep = sorted(merged.values(), key=lambda m: -float(m.get("time", 0)))[:MAX_LAST_METRICS]
+        # A list, not a mapping by name: metric names may hold dots, which MongoDB field
+        # names must not.
+        self._col.update_one(
+            {"_id": job_id}, {"$set": {"last_metrics": sorted(keep, key=lambda m: m["name"])}}
+        )
+        return True
+
+    @with_retries
+    def add_checkpoints(self, job_id: str, reports: Iterable[dict[str, Any]]) -> bool:
+        """Merge checkpoint reports into the job's `checkpoints` (a report seen twice is
+        kept once), oldest first, the newest `contract.checkpoints.MAX_KEPT`. Like
+        `set_last_metrics`, neither `version` nor `updated_at` moves. False when the job
+        is not stored."""
+        doc = self._col.find_one({"_id": job_id}, {"checkpoints": 1})
+        if doc is None:
+            return False
+
+        def key(c: dict[str, Any]) -> tuple[str, str, int, float]:
+            return (str(c.get("learner")), str(c.get("name")), int(c["step"]), float(c["time"]))
+
+        merged = {key(c): c for c in doc.get("checkpoints") or []}
+        for c in reports:
+            merged.setdefault(key(c), dict(c))
+        kept = sorted(merged.values(), key=lambda c: float(c["time"]))[-MAX_CHECKPOINTS:]
+        self._col.update_one({"_id": job_id}, {"$set": {"checkpoints": kept}})
+        return True
 
     @with_retries
     def _cas(self, job_id: str, version: int, update: dict[str, Any]) -> bool:

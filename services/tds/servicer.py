@@ -111,13 +111,19 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         sweep_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         job_scope: Callable[[grpc.ServicerContext], str] | None = None,
+        on_metrics: Callable[[Sequence[tds_pb2.MetricSample]], None] | None = None,
+        on_logs: Callable[[Sequence[tds_pb2.LogLine]], object] | None = None,
     ) -> None:
         """`job_finished` is called about every `follow_poll_s` by each follow stream;
         None means follow streams end only when the client cancels. `retention_s` is how
         long DeleteJobData waits before deleting (0: at once). `job_scope(context)` names
         the one job a call's credential is confined to (a learner's job token), or ""
-        (services/security/internal.py)."""
+        (services/security/internal.py). `on_metrics(samples)` sees every batch the store
+        accepted (the jobs' last values, services/tds/last_metrics.py); `on_logs(lines)` every
+        batch of log lines (checkpoint reports, services/tds/checkpoints.py)."""
         self.store = store
+        self.on_metrics = on_metrics
+        self.on_logs = on_logs
         self.job_scope = job_scope
         self.job_finished = job_finished
         self.retention_s = retention_s
@@ -195,6 +201,8 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         metrics.TDS_DOCUMENTS.labels("log").inc(n)
         for job_id, recs in _by_job(lines).items():
             self.log_broker.publish(job_id, recs)
+        if self.on_logs is not None:
+            self.on_logs(lines)
         return tds_pb2.AddResponse(accepted=n)
 
     def AddMetrics(
@@ -218,6 +226,8 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         metrics.TDS_DOCUMENTS.labels("metric").inc(n)
         for job_id, recs in _by_job(samples).items():
             self.metric_broker.publish(job_id, recs)
+        if self.on_metrics is not None:
+            self.on_metrics(samples)
         return tds_pb2.AddResponse(accepted=n)
 
     @staticmethod

@@ -62,6 +62,73 @@
     );
     $("stages-box").hidden = !stages.length;
     if (stages.length) $("stages").tBodies[0].replaceChildren(...stages);
+    const saves = (view.checkpoints || []).map((c) => {
+      const tr = tableRow(["", c.kind, c.step, fmtBytes(c.size_bytes), c.learner]);
+      tr.dataset.kind = c.kind;
+      const t = document.createElement("time");
+      t.textContent = fmtTime(c.time);
+      t.dateTime = new Date(c.time * 1000).toISOString();
+      tr.cells[0].replaceChildren(t);
+      return tr;
+    });
+    if (saves.length) $("checkpoints").tBodies[0].replaceChildren(...saves);
+    showCost(view.cost);
+    if (view.final) $("cost-to-finish").textContent = "the job has ended";
+  }
+
+  // Cents, and tenths of a cent under a dollar: a short job's cost is not "$0.00".
+  function dollars(d) {
+    return "$" + d.toFixed(d < 1 ? 4 : 2);
+  }
+
+  function showCost(cost) {
+    if (!cost) {
+      $("cost-so-far").textContent = "unknown: the scheduler did not answer";
+      return;
+    }
+    $("cost-so-far").textContent =
+      dollars(cost.dollars) + " (" + cost.node_hours.toFixed(2) + " node-hours)";
+    $("cost-unpriced").hidden = !cost.unpriced.length;
+    $("cost-unpriced").querySelector("span").textContent = cost.unpriced.join(", ");
+  }
+
+  // The simulator's estimate to finish: recomputed by the server when the job reports a
+  // new step, so a slow poll is enough.
+  async function estimate() {
+    if (job.final) {
+      $("cost-to-finish").textContent = "the job has ended";
+      return;
+    }
+    try {
+      const resp = await fetch("/ui/jobs/" + encodeURIComponent(jobId) + "/estimate");
+      const body = await resp.json();
+      if (!resp.ok) throw new Error(body.message || resp.statusText);
+      if (job.final) return; // it ended while the estimate was asked for
+      $("cost-to-finish").textContent = body.problem
+        ? body.problem
+        : body.steps_done >= body.steps_total
+        ? "no steps left: " + body.steps_done + " of " + body.steps_total + " done"
+        : dollars(body.dollars) + " and " + (body.hours * 60).toFixed(1) +
+          " min for steps " + body.steps_done + "–" + body.steps_total + " (" + body.strategy +
+          " checkpointing, preemptions as in " + body.model + ")";
+    } catch (err) {
+      $("cost-to-finish").textContent = "no estimate now (" + err.message + "); retrying";
+    }
+  }
+  estimate();
+  setInterval(estimate, 10000);
+
+  // Jinja's filesizeformat, so the first render and the live updates read alike.
+  function fmtBytes(n) {
+    const units = ["Bytes", "kB", "MB", "GB", "TB"];
+    if (n < 1000) return n + (n === 1 ? " Byte" : " Bytes");
+    let i = 0;
+    let v = n;
+    while (v >= 1000 && i < units.length - 1) {
+      v /= 1000;
+      i += 1;
+    }
+    return v.toFixed(1) + " " + units[i];
   }
 
   let statusFailing = false;

@@ -34,6 +34,9 @@
     tr.appendChild(cell(job.phase));
     tr.appendChild(cell(String(job.learners)));
     tr.appendChild(cell(String(Math.round(job.gpus * 100) / 100)));
+    const metric = cell(job.last_metric);
+    metric.className = "metric";
+    tr.appendChild(metric);
     return tr;
   }
 
@@ -59,7 +62,7 @@
       if (!body.jobs.length) {
         const tr = document.createElement("tr");
         const td = cell("No jobs.");
-        td.colSpan = 7;
+        td.colSpan = 8;
         tr.appendChild(td);
         tbody.appendChild(tr);
       }
