@@ -17,6 +17,8 @@ Config format (every key checked; a typo is an error naming the closest key)::
         zone: zone-a            # optional, default "default"
         labels: {disk: ssd}     # optional
         count: 1                # optional: expand into name-0..name-(count-1)
+    scheduler:                  # optional: the scaling policy of elastic jobs
+      scaling: elastic-tiresias # (services/scheduler/elasticity; default none)
 """
 
 from __future__ import annotations
@@ -252,10 +254,13 @@ def nodes_from_config(config: Mapping[str, Any], source: str = "cluster config")
     """Build nodes from a parsed config mapping; every error names the node and the key."""
     if not isinstance(config, Mapping):
         raise ClusterConfigError(f"{source}: expected a mapping with a 'nodes' list")
-    extra = set(config) - {"nodes"}
+    # `scheduler:` (the scaling policy) is read by services.scheduler.elasticity
+    extra = set(config) - {"nodes", "scheduler"}
     if extra:
         key = sorted(extra)[0]
-        raise ClusterConfigError(f"{source}: unknown top-level key {key!r}{_typo(key, ['nodes'])}")
+        raise ClusterConfigError(
+            f"{source}: unknown top-level key {key!r}{_typo(key, ['nodes', 'scheduler'])}"
+        )
     raw_nodes = config.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ClusterConfigError(f"{source}: 'nodes' must be a non-empty list of nodes")
