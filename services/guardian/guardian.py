@@ -49,6 +49,7 @@ from contract.status import (
     LearnerStatus,
 )
 from services.backends.api import Backend, BackendError, JobSpec
+from services.guardian.checkpoints import CheckpointReporter
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
@@ -461,6 +462,8 @@ class Guardian:
         assert complete is not None
         spec = self.spec(job, int(complete.value["generation"]), int(complete.value["master_port"]))
         max_restarts = job.spec.max_learner_restarts
+        # when the job last saved, for the scheduler's choice of preemption victims
+        checkpoints = CheckpointReporter(self.jobs, self.job_id, spec.checkpoint_dir)
         while True:
             self.wake.wait(0.5)  # etcd watches wake us at once on any change
             self.wake.clear()
@@ -482,6 +485,7 @@ class Guardian:
                 return self.finish(states.DELETED, self.control_reason())
             if spec.manifest.elastic is not None:
                 job, spec = self.elastic.apply(job, spec)
+            checkpoints.poll()
             statuses = self.learner_statuses(spec, max_restarts)
             if isinstance(statuses, int):
                 return statuses

@@ -53,7 +53,7 @@ from services.scheduler.servicer import SchedulerServicer, placement_to_proto
 from services.scheduler.source import ClusterSource, ConfigFileSource, cluster_source
 from services.store import states
 from services.store.errors import JobNotFound
-from services.store.jobs import JobsRepository
+from services.store.jobs import JobRecord, JobsRepository
 from services.store.mongo import database_name
 
 log = logging.getLogger("rhizome.scheduler")
@@ -84,8 +84,6 @@ class SchedulingLoop:
         # How a resize reaches a job's guardian: (job, learners, reason) -> the answer;
         # raises on a refusal. The LCM's ScaleJob unless given (tests call request_scale).
         self.scale = scale if scale is not None else self._scale_through_lcm
-        self._elastic_seen: set[str] = set()  # placed jobs whose record was read for bounds
-        self._elastic_at = 0.0
         self.source = source
         self._nodes_version = -1  # the first pass takes the source's nodes as they are then
         self.lock = servicer._lock  # the servicer and the loop share one scheduler
@@ -142,11 +140,10 @@ class SchedulingLoop:
         if now - self._synced_at >= RESYNC_INTERVAL_S:
             self._synced_at = now
             self._resync()
-        if self.scheduler.elasticity.active and (
-            self.scheduler.elasticity.shrinking or now - self._elastic_at >= RELEASE_INTERVAL_S
-        ):
-            self._elastic_at = now
-            self._follow_elastic()
+        with self.lock:
+            shrinking = list(self.scheduler.elasticity.shrinking)
+        if shrinking:  # free what a shrink retired as soon as the record says so
+            self._follow_records(self.jobs.get_many(shrinking))
         with self.lock:
             result = self.scheduler.schedule()
             placements = self.scheduler.placements()
@@ -189,26 +186,25 @@ class SchedulingLoop:
             self._release_finished([p.job_id for p in placements])
 
     # -- a scaling policy's resizes (services/scheduler/elasticity) -------------------------
-    def _follow_elastic(self) -> None:
-        """Tell the scheduler which placed jobs are elastic (their manifest's bounds, read
-        once per job) and how many learners each runs on now (the record's size, which the
-        guardian changes when it applies a scale): a job that shrank frees the rest."""
-        with self.lock:
-            placed = [
-                p.job_id for p in self.scheduler.placements() if scale_gang_parent(p.job_id) is None
-            ]
-            elastic = set(self.scheduler.elasticity.bounds)
-        wanted = [j for j in placed if j not in self._elastic_seen or j in elastic]
-        if not wanted:
-            return
-        for job in self.jobs.get_many(wanted):
-            self._elastic_seen.add(job.job_id)
-            bounds = job.spec.elastic
-            if bounds is None:
+    def _follow_records(self, records: Iterable[JobRecord]) -> None:
+        """From placed jobs' records, tell the scheduler which are elastic (their
+        manifest's bounds), how many learners each runs on now (the record's size, which
+        the guardian changes when it applies a scale: a job that shrank frees the rest),
+        and when each last saved a checkpoint (`placement.last_checkpoint`, written by
+        its guardian: a preemption takes the job that loses the least work). Fed by the
+        release check's read of every placed job's record, so it costs no read of its own."""
+        for job in records:
+            if job.status not in states.ACTIVE_STATES:
                 continue
+            saved = (job.placement or {}).get("last_checkpoint") or {}
+            bounds = job.spec.elastic
             learners = int(job.resources["learners"])
             with self.lock:
                 if job.job_id not in self.scheduler.records:
+                    continue
+                if saved.get("at") is not None:
+                    self.scheduler.note_checkpoint(job.job_id, float(saved["at"]))
+                if bounds is None:
                     continue
                 self.scheduler.set_elastic(job.job_id, bounds.min, bounds.max)
                 if learners < self.scheduler.job_size(job.job_id):
@@ -390,6 +386,7 @@ class SchedulingLoop:
         parents = {job_id: scale_gang_parent(job_id) for job_id in placed}
         wanted = set(placed) | {p for p in parents.values() if p is not None}
         records = {j.job_id: j for j in self.jobs.get_many(wanted)}
+        self._follow_records(records.values())
         for job_id in placed:
             parent = parents[job_id]
             job = records.get(parent or job_id)

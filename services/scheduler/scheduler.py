@@ -229,7 +229,16 @@ class GangScheduler:
                     continue
             rec.waiting_for_shrink = ()
             if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
-                assignment, victims = self._place_by_preemption(job)
+                # borrowing elastic jobs shrink first; whole gangs are preempted only if
+                # that cannot make room
+                waits, asked = self.elasticity.shrink_borrowers(job, now)
+                resize.update(asked)
+                if waits:
+                    rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
+                    blocked.setdefault(job.pool, job.job_id)
+                    rec.blocked_by = None
+                    continue
+                assignment, victims = self._place_by_preemption(job, now)
                 if victims:
                     failed_shapes.clear()
             if assignment is None:
@@ -264,8 +273,13 @@ class GangScheduler:
         self._save(rec)
         return rec.placement
 
-    def _place_by_preemption(self, job: JobRequest) -> tuple[Assignment | None, list[str]]:
-        """Free borrowed GPUs of the job's type, cheapest victims first, until the gang fits."""
+    def _place_by_preemption(
+        self, job: JobRequest, now: float
+    ) -> tuple[Assignment | None, list[str]]:
+        """Free borrowed GPUs of the job's type, cheapest victims first, until the gang fits:
+        lowest priority first, then the one that loses the least work since its last
+        checkpoint (``note_checkpoint``; a job that never reported one loses everything
+        since it was placed), then the most recently placed."""
         victims = [
             r
             for r in self.records.values()
@@ -274,9 +288,13 @@ class GangScheduler:
             and r.job.gpu_type == job.gpu_type
             and r.job.gpus > 0
         ]
-        # lowest priority first, then the most recently placed
         victims.sort(
-            key=lambda r: (r.job.priority, -(r.placement.placed_at if r.placement else 0), -r.seq)
+            key=lambda r: (
+                r.job.priority,
+                self.elasticity.lost_work(r, now),
+                -(r.placement.placed_at if r.placement else 0),
+                -r.seq,
+            )
         )
         released: list[JobRecord] = []
         for victim in victims:
@@ -348,6 +366,11 @@ class GangScheduler:
                 "need 1 <= min <= max"
             )
         self.elasticity.set_bounds(job_id, min_learners, max_learners)
+
+    def note_checkpoint(self, job_id: str, committed_at: float) -> None:
+        """A placed job's latest checkpoint was committed at this (wall-clock) time: a
+        preemption would lose only the work since then."""
+        self.elasticity.checkpoints[job_id] = committed_at
 
     def resize(self, job_id: str, learners: int) -> bool:
         """A running job now runs on ``learners`` (fewer than it holds: a scale-in was

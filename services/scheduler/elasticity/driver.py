@@ -42,6 +42,8 @@ class ElasticDriver:
         self.bounds: dict[str, tuple[int, int]] = {}  # job id -> (min, max) learners
         self.shrinking: dict[str, PendingShrink] = {}
         self.growing: dict[str, PendingShrink] = {}  # the same bookkeeping, upwards
+        # job id -> when its last checkpoint was committed (the guardian reports it)
+        self.checkpoints: dict[str, float] = {}
 
     @property
     def active(self) -> bool:
@@ -52,6 +54,7 @@ class ElasticDriver:
         self.bounds[job_id] = (lo, hi)
 
     def forget(self, job_id: str) -> None:
+        self.checkpoints.pop(job_id, None)
         self.bounds.pop(job_id, None)
         self.shrinking.pop(job_id, None)
         self.growing.pop(job_id, None)
@@ -93,6 +96,60 @@ class ElasticDriver:
             else:
                 self.s.shrink_record(rec, keep)
         return freed
+
+    # -- preemption that loses the least work ----------------------------------------------
+    def lost_work(self, rec: JobRecord, now: float) -> float:
+        """GPU-seconds (learner-seconds for CPU jobs) a record's learners would lose if
+        stopped now: the time since its job's last checkpoint, or since it was placed."""
+        assert rec.placement is not None
+        owner = scale_gang_parent(rec.job.job_id) or rec.job.job_id
+        since = max(self.checkpoints.get(owner, 0.0), rec.placement.placed_at)
+        return max(0.0, now - since) * rec.job.learners * max(1, rec.job.gpus)
+
+    def shrink_borrowers(
+        self, job: JobRequest, now: float
+    ) -> tuple[bool, dict[str, tuple[int, str]]]:
+        """Quota reclaim, shrink first: elastic jobs that borrow GPUs of ``job``'s type
+        shrink towards their minimum (lowest priority, then the most recently placed,
+        first), as few as make room; a shrink loses no work, a preemption does. Returns
+        (whether ``job`` waits for shrinks, the new shrinks to ask for)."""
+        if self.shrinking and self.fits_if(job, {}):
+            return True, {}
+        candidates = []
+        for job_id, (lo, _) in self.bounds.items():
+            recs = self.records_of(job_id)
+            if (
+                recs
+                and job_id not in self.shrinking
+                and recs[0].job.pool == job.pool
+                and any(r.placement is not None and r.placement.borrowing for r in recs)
+                and self.size(job_id) > lo
+            ):
+                candidates.append(recs[0])
+        candidates.sort(
+            key=lambda r: (r.job.priority, -(r.placement.placed_at if r.placement else 0.0))
+        )
+        sizes: dict[str, int] = {}
+        for rec in candidates:
+            job_id = rec.job.job_id
+            fits = False
+            # one learner at a time, towards the minimum: as little as makes room
+            for learners in range(self.size(job_id) - 1, self.bounds[job_id][0] - 1, -1):
+                sizes[job_id] = learners
+                fits = self.fits_if(job, sizes)
+                if fits:
+                    break
+            if fits:
+                asked = {}
+                for job_id, learners in sizes.items():
+                    reason = (
+                        f"quota reclaim: {job.owner or 'another user'}'s guaranteed job "
+                        f"{job.job_id} needs the GPUs it borrows; shrinks instead of a preemption"
+                    )
+                    self.shrinking[job_id] = PendingShrink(learners, now, reason)
+                    asked[job_id] = (learners, reason)
+                return True, asked
+        return False, {}
 
     # -- decisions -------------------------------------------------------------------------
     def elastic_jobs(self, pool: str, now: float) -> list[ElasticJob]:

@@ -54,7 +54,14 @@ def test_a_queued_gang_is_admitted_by_shrinking_an_elastic_job(
             return request_scale(etcd, repo, job_id, learners, reason)  # what the LCM does
 
         loop = SchedulingLoop(scheduler, SchedulerServicer(scheduler), repo, None, scale=scale)
-        loop.run_pass()
+
+        def shrink_asked() -> bool:
+            loop._released_at = 0.0  # the release check (which reads the records) is due
+            loop.run_pass()
+            return bool(asked)
+
+        # the first pass's release check reads the records: the job is elastic; then it shrinks
+        wait_for("the shrink asked", shrink_asked, timeout_s=10)
         assert [(j, n) for j, n, _ in asked] == [(elastic.job_id, 1)]
         assert "Elastic-Tiresias" in asked[0][2]
         # asked, not yet done: the resources stay held, the gang waits and says why
