@@ -96,6 +96,9 @@ class Cluster:
         self.cpus_free = self.cpus_total.copy()
         self.mem_free = self.mem_total.copy()
         self.allocations: dict[str, Allocation] = {}
+        # Node indices a placement should leave out now (a straggler was seen there):
+        # `capacity` counts no room on them; allocation itself is not restricted.
+        self.avoided: set[int] = set()
 
     # -- what fits -------------------------------------------------------------------
 
@@ -135,6 +138,8 @@ class Cluster:
         if job.memory_mb > 0:
             cap = np.minimum(cap, np.floor(mem / job.memory_mb + _EPS).astype(np.int64))
         cap[~self.eligible(job)] = 0
+        if self.avoided and not empty:
+            cap[sorted(self.avoided)] = 0
         return np.maximum(cap, 0)
 
     def primary(self, job: JobRequest) -> tuple[np.ndarray, np.ndarray, float]:

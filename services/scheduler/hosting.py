@@ -84,6 +84,7 @@ class SchedulingLoop:
         # How a resize reaches a job's guardian: (job, learners, reason) -> the answer;
         # raises on a refusal. The LCM's ScaleJob unless given (tests call request_scale).
         self.scale = scale if scale is not None else self._scale_through_lcm
+        self._stragglers_seen: set[tuple[str, str]] = set()  # (job, worker) passed on
         self.source = source
         self._nodes_version = -1  # the first pass takes the source's nodes as they are then
         self.lock = servicer._lock  # the servicer and the loop share one scheduler
@@ -200,6 +201,17 @@ class SchedulingLoop:
             bounds = job.spec.elastic
             learners = int(job.resources["learners"])
             with self.lock:
+                # a node that slowed a learner down is avoided whatever placed the job
+                for straggler in (job.placement or {}).get("stragglers") or []:
+                    seen = (job.job_id, str(straggler.get("worker")))
+                    if seen not in self._stragglers_seen:
+                        self._stragglers_seen.add(seen)
+                        self.scheduler.avoid_node(str(straggler.get("node")))
+                        log.info(
+                            "avoiding node %s for a while: a straggler of job %s",
+                            straggler.get("node"),
+                            job.job_id,
+                        )
                 if job.job_id not in self.scheduler.records:
                     continue
                 if saved.get("at") is not None:

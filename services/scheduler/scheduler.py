@@ -47,6 +47,11 @@ from services.scheduler.quota import QuotaClass, QuotaConfig, QuotaLedger
 
 log = logging.getLogger(__name__)
 
+# How long a node where a straggler was reported is left out of placements (if the gang
+# fits elsewhere): long enough for the next placements, short enough that a node slowed
+# by a passing neighbour comes back.
+STRAGGLER_AVOID_S = 600.0
+
 
 @dataclass
 class JobRecord:
@@ -120,6 +125,7 @@ class GangScheduler:
         self.clock = clock
         self.records: dict[str, JobRecord] = {}
         self.restored_reservations: list[str] = []
+        self.avoided: dict[str, float] = {}  # node name -> until when (stragglers)
         # running elastic jobs resized by the scaling policy (services/scheduler/elasticity)
         self.elasticity = ElasticDriver(self, scaling)
         if store is not None:
@@ -186,7 +192,32 @@ class GangScheduler:
         return np.random.default_rng([self.seed, zlib.crc32(job_id.encode())])
 
     def _propose(self, job: JobRequest) -> Assignment | None:
+        avoid = self._avoided_now()
+        if avoid:
+            # nodes where a straggler was reported: a preference, not a constraint
+            self.cluster.avoided = avoid
+            try:
+                assignment = self.policy.place(self.cluster, job, self._rng(job.job_id))
+            finally:
+                self.cluster.avoided = set()
+            if assignment is not None:
+                return assignment
         return self.policy.place(self.cluster, job, self._rng(job.job_id))
+
+    def _avoided_now(self) -> set[int]:
+        if not self.avoided:
+            return set()
+        now = self.clock()
+        for name, until in list(self.avoided.items()):
+            if until <= now:
+                del self.avoided[name]
+        return {self.cluster.index[n] for n in self.avoided if n in self.cluster.index}
+
+    def avoid_node(self, name: str, for_s: float = STRAGGLER_AVOID_S) -> None:
+        """A learner on ``name`` was persistently slower than its gang (a straggler,
+        reported by its guardian): placements leave the node out for ``for_s`` seconds
+        when they fit elsewhere."""
+        self.avoided[name] = max(self.avoided.get(name, 0.0), self.clock() + for_s)
 
     def schedule(self, now: float | None = None) -> ScheduleResult:
         """Place whole gangs from the queue; returns placements and jobs to halt."""
