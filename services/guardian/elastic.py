@@ -109,13 +109,13 @@ class ElasticScaler:
     def _put(self, name: str, value: dict[str, Any]) -> None:
         self.etcd.put(etcd_keys.deploy_step(self.job_id, name), value)
 
-    def report_stragglers(self, spec: JobSpec) -> None:
+    def report_stragglers(self, job: JobRecord) -> None:
         """A worker that left as a straggler (`elastic/leaves/<w>`, reason `straggler:
         ...`, written by the learner library) is reported to the scheduler: the node of
         its learner goes to the record's `placement.stragglers`, which the scheduling
         loop reads (placements avoid the node for a while), with a line in the history."""
         leaves = self.etcd.get_prefix(etcd_keys.elastic_prefix(self.job_id) + "leaves/")
-        nodes = spec.placement.get("learner_nodes") or {}
+        nodes = (job.placement or {}).get("learner_nodes") or {}
         for key, entry in leaves.items():
             worker = key.rsplit("/", 1)[-1]
             value = entry.value if isinstance(entry.value, dict) else {}
@@ -141,7 +141,7 @@ class ElasticScaler:
     def apply(self, job: JobRecord, spec: JobSpec) -> tuple[JobRecord, JobSpec]:
         """Roll back a predecessor's half-done change, then apply the newest request if
         there is one; returns the job and its spec at their (possibly new) size."""
-        self.report_stragglers(spec)
+        self.report_stragglers(job)
         if not self.checked_in_flight:
             self.checked_in_flight = True
             flight = self._get(IN_FLIGHT)
