@@ -85,6 +85,7 @@ class SchedulingLoop:
         # raises on a refusal. The LCM's ScaleJob unless given (tests call request_scale).
         self.scale = scale if scale is not None else self._scale_through_lcm
         self._stragglers_seen: set[tuple[str, str]] = set()  # (job, worker) passed on
+        self._bounds: dict[str, tuple[int, int] | None] = {}  # job -> elastic (min, max)
         self.source = source
         self._nodes_version = -1  # the first pass takes the source's nodes as they are then
         self.lock = servicer._lock  # the servicer and the loop share one scheduler
@@ -198,7 +199,10 @@ class SchedulingLoop:
             if job.status not in states.ACTIVE_STATES:
                 continue
             saved = (job.placement or {}).get("last_checkpoint") or {}
-            bounds = job.spec.elastic
+            if job.job_id not in self._bounds:  # the typed manifest, parsed once per job
+                el = job.spec.elastic
+                self._bounds[job.job_id] = (el.min, el.max) if el is not None else None
+            bounds = self._bounds[job.job_id]
             learners = int(job.resources["learners"])
             with self.lock:
                 # a node that slowed a learner down is avoided whatever placed the job
@@ -218,7 +222,7 @@ class SchedulingLoop:
                     self.scheduler.note_checkpoint(job.job_id, float(saved["at"]))
                 if bounds is None:
                     continue
-                self.scheduler.set_elastic(job.job_id, bounds.min, bounds.max)
+                self.scheduler.set_elastic(job.job_id, *bounds)
                 if learners < self.scheduler.job_size(job.job_id):
                     self.scheduler.resize(job.job_id, learners)
                     log.info("job %s runs on %d learners: freed the rest", job.job_id, learners)
@@ -410,6 +414,7 @@ class SchedulingLoop:
                     self.scheduler.release(job_id)
                 self._bound.discard(job_id)
                 self.gangs.pop(job_id, None)
+                self._bounds.pop(job_id, None)
                 log.info("released the placement of %s", job_id)
 
 
