@@ -223,7 +223,13 @@ class SchedulingLoop:
                 if bounds is None:
                     continue
                 self.scheduler.set_elastic(job.job_id, *bounds)
-                if learners < self.scheduler.job_size(job.job_id):
+                # a scale-out in flight holds its gang before the record counts its learners
+                adding = sum(
+                    int((g or {}).get("learners") or 0)
+                    for g in ((job.placement or {}).get("scale_gangs") or {}).values()
+                    if (g or {}).get("state") == "requested"
+                )
+                if learners + adding < self.scheduler.job_size(job.job_id):
                     self.scheduler.resize(job.job_id, learners)
                     log.info("job %s runs on %d learners: freed the rest", job.job_id, learners)
                     self.wake.set()  # a waiting job may fit now
