@@ -1,6 +1,8 @@
 """The scheduling loop follows an elastic job's size from its record (real MongoDB-wire
 server): a scale-in frees what the retired learners held, the job's own gang included,
-while a scale-out in flight (its gang placed, the record not yet grown) keeps its gang."""
+while a scale-out in flight (its gang placed, the record not yet grown) keeps its gang;
+a growth proposed by Elastic-Tiresias is a scale gang listed in the record and placed
+before the resize is asked (the LCM call is recorded here, not made)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from services.manifest import parse_manifest
 from services.scheduler.api import JobRequest, scale_gang_id
+from services.scheduler.elasticity import get_scaling_policy
 from services.scheduler.hosting import SchedulingLoop
 from services.scheduler.scheduler import GangScheduler
 from services.scheduler.servicer import SchedulerServicer
@@ -69,3 +72,33 @@ def test_a_scale_out_in_flight_keeps_its_gang(stores: dict[str, Any]) -> None:
     loop.run_pass()  # the record still says 1 learner: the added two are starting
     assert scheduler.job_size(job_id) == 3
     assert scheduler.cluster.free_gpus() == 1
+
+
+def test_a_growth_is_a_scale_gang_placed_and_listed_before_the_resize_is_asked(
+    stores: dict[str, Any],
+) -> None:
+    repo = stores["repo"]
+    job_id = running_elastic(repo, 1)
+    scheduler = GangScheduler(
+        gpu_cluster(nodes=1, gpus=4), scaling=get_scaling_policy("elastic-tiresias")
+    )
+    scheduler.submit(JobRequest(job_id, learners=1, gpus=1, gpu_type="V100", owner="alice"))
+    scheduler.schedule(now=0)
+    asked: list[tuple[str, int]] = []
+
+    def scale(job: str, learners: int, reason: str) -> str:
+        # what the LCM's ScaleJob is given (the guardian's side: tests/services/guardian)
+        record = repo.get(job)
+        gangs = (record.placement or {}).get("scale_gangs") or {}
+        assert [g["state"] for g in gangs.values()] == ["requested"]  # listed first
+        asked.append((job, learners))
+        return "ok"
+
+    loop = SchedulingLoop(scheduler, SchedulerServicer(scheduler), repo, None, scale=scale)
+    loop.run_pass()  # the release check reads the record: the job is elastic (max 4)
+    loop.run_pass()  # nothing waits: it grows into the 3 idle GPUs
+    assert asked == [(job_id, 4)]
+    gangs = repo.get(job_id).placement["scale_gangs"]
+    (entry,) = gangs.values()
+    assert entry["learners"] == 3 and entry["nodes"] == ["n0", "n0", "n0"]
+    assert scheduler.job_size(job_id) == 4 and scheduler.cluster.free_gpus() == 0
