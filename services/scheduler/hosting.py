@@ -37,6 +37,7 @@ from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.scheduler.api import (
     ClusterConfigError,
+    JobRequest,
     PlacementStore,
     SchedState,
     SchedulerError,
@@ -177,7 +178,7 @@ class SchedulingLoop:
             self._bound.discard(job_id)
         for job_id in result.preempted:
             self._bound.discard(job_id)
-            self._halt(job_id)
+            self._halt(job_id, result.preempted_for.get(job_id))
         for job_id, (learners, reason) in result.resize.items():
             self._resize(job_id, learners, reason)
         if now - self._explained_at >= EXPLAIN_INTERVAL_S:
@@ -372,8 +373,15 @@ class SchedulingLoop:
         with contextlib.suppress(states.IllegalTransition, JobNotFound):
             self.jobs.transition(job_id, states.FAILED, reason)
 
-    def _halt(self, job_id: str) -> None:
+    def _halt(self, job_id: str, made_room_for: JobRequest | None = None) -> None:
         reason = "halted: the owner of the quota it borrowed needs it back; resume it later"
+        if made_room_for is not None:
+            reason = (
+                f"halted by the scheduler: {made_room_for.owner or 'the owner'} of the quota it "
+                f"borrowed needs it back for job {made_room_for.job_id} (of the borrowers, "
+                "the lowest priority that loses the least work since its last checkpoint); "
+                "resume it later"
+            )
         with self.lock:
             # The library queues a preempted job again; here it is halted (the user resumes
             # it), so it leaves the scheduler until it is queued again.

@@ -229,6 +229,7 @@ class GangScheduler:
         # failed once fails again: skip the policy for it. Keeps per-pod passes cheap.
         failed_shapes: set[tuple[Any, ...]] = set()
         resize: dict[str, tuple[int, str]] = {}
+        preempted_for: dict[str, JobRequest] = {}
         ordered = self.queue.ordered()
         pending: dict[str, int] = {}
         for entry in ordered:
@@ -280,6 +281,7 @@ class GangScheduler:
             for victim in victims:
                 self._requeue_preempted(victim)
                 preempted.append(victim)
+                preempted_for[victim] = job
             placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
         if self.elasticity.active:
             # capacity nobody waits for: elastic jobs of pools with an empty queue grow
@@ -287,7 +289,7 @@ class GangScheduler:
                 e.job.pool for e in self.queue.ordered()
             }
             resize.update(self.elasticity.grow(idle_pools, now))
-        return ScheduleResult(placements, preempted, resize)
+        return ScheduleResult(placements, preempted, resize, preempted_for)
 
     def _commit(
         self, rec: JobRecord, assignment: Assignment, borrowing: bool, now: float
