@@ -25,11 +25,12 @@ from services.scheduler.elasticity.api import ElasticJob, ScalingPolicy, StaticS
 if TYPE_CHECKING:
     from services.scheduler.scheduler import GangScheduler, JobRecord
 
+# a resize asked for and not applied by then (refused, or its job ended) is forgotten
 SHRINK_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
-class PendingShrink:
+class PendingResize:
     learners: int
     asked_at: float
     reason: str
@@ -40,8 +41,8 @@ class ElasticDriver:
         self.s = scheduler
         self.policy = policy or StaticScaling()
         self.bounds: dict[str, tuple[int, int]] = {}  # job id -> (min, max) learners
-        self.shrinking: dict[str, PendingShrink] = {}
-        self.growing: dict[str, PendingShrink] = {}  # the same bookkeeping, upwards
+        self.shrinking: dict[str, PendingResize] = {}
+        self.growing: dict[str, PendingResize] = {}  # growths asked for, not yet applied
         # job id -> when its last checkpoint was committed (the guardian reports it)
         self.checkpoints: dict[str, float] = {}
 
@@ -146,7 +147,7 @@ class ElasticDriver:
                         f"quota reclaim: {job.owner or 'another user'}'s guaranteed job "
                         f"{job.job_id} needs the GPUs it borrows; shrinks instead of a preemption"
                     )
-                    self.shrinking[job_id] = PendingShrink(learners, now, reason)
+                    self.shrinking[job_id] = PendingResize(learners, now, reason)
                     asked[job_id] = (learners, reason)
                 return True, asked
         return False, {}
@@ -234,7 +235,7 @@ class ElasticDriver:
             current = next(j.learners for j in jobs if j.job_id == d.job_id)
             if not lo <= d.learners < current:  # a policy may only shrink, within bounds
                 continue
-            self.shrinking[d.job_id] = PendingShrink(d.learners, now, d.reason)
+            self.shrinking[d.job_id] = PendingResize(d.learners, now, d.reason)
             asked[d.job_id] = (d.learners, d.reason)
         return bool(asked), asked
 
@@ -275,7 +276,7 @@ class ElasticDriver:
                     current = next(j.learners for j in jobs if j.job_id == d.job_id)
                     if not current < d.learners <= hi:  # a policy may only grow, within bounds
                         continue
-                    self.growing[d.job_id] = PendingShrink(d.learners, now, d.reason)
+                    self.growing[d.job_id] = PendingResize(d.learners, now, d.reason)
                     out[d.job_id] = (d.learners, d.reason)
         finally:
             for gid in held:  # the real gangs are placed by the scheduler, as any gang
