@@ -50,3 +50,5 @@ def test_scale_in_stops_the_highest_ranks_container_and_the_job_runs_on(
             assert running_ranks(docker_client, job_id) == ["0"]
         finally:
             client.delete_job(job_id)
+            # ended before the platform stops: its guardian is not stopped mid-delete
+            wait_status(docker_platform, job_id, {states.DELETED}, 60)

@@ -65,3 +65,5 @@ def test_emulator_scale_in_deletes_the_retired_ranks_pod_and_the_job_runs_on(
             wait_for("rank 1's pod gone", lambda: running_pods(platform, job_id) == [pods[0]], 30)
         finally:
             c.delete_job(job_id)
+            # ended before the daemon stops: its guardian is not stopped mid-delete
+            platform.wait_status(job_id, {states.DELETED}, 60)
