@@ -99,6 +99,8 @@ class ElasticScaler:
         self.jobs = guardian.jobs
         self.job_id = guardian.job_id
         self.checked_in_flight = False
+        self.stragglers: set[str] = set()  # workers already reported
+        self.reported: list[dict[str, Any]] = []  # what `placement.stragglers` holds
 
     def _get(self, name: str) -> dict[str, Any]:
         entry = self.etcd.get(etcd_keys.deploy_step(self.job_id, name))
@@ -107,9 +109,39 @@ class ElasticScaler:
     def _put(self, name: str, value: dict[str, Any]) -> None:
         self.etcd.put(etcd_keys.deploy_step(self.job_id, name), value)
 
+    def report_stragglers(self, job: JobRecord) -> None:
+        """A worker that left as a straggler (`elastic/leaves/<w>`, reason `straggler:
+        ...`, written by the learner library) is reported to the scheduler: the node of
+        its learner goes to the record's `placement.stragglers`, which the scheduling
+        loop reads (placements avoid the node for a while), with a line in the history."""
+        leaves = self.etcd.get_prefix(etcd_keys.elastic_prefix(self.job_id) + "leaves/")
+        nodes = (job.placement or {}).get("learner_nodes") or {}
+        for key, entry in leaves.items():
+            worker = key.rsplit("/", 1)[-1]
+            value = entry.value if isinstance(entry.value, dict) else {}
+            reason = str(value.get("reason", ""))
+            rank = elastic_worker_rank(worker)
+            if worker in self.stragglers or not reason.startswith("straggler") or rank is None:
+                continue
+            self.stragglers.add(worker)
+            node = str(nodes.get(str(rank), ""))
+            if not node:
+                continue
+            self.reported.append(
+                {"node": node, "rank": rank, "worker": worker, "reason": reason,
+                 "at": time.time()}
+            )  # fmt: skip
+            self.jobs.update_fields(self.job_id, **{"placement.stragglers": self.reported})
+            self.jobs.note(
+                self.job_id,
+                f"learner {rank} on {node} left as a straggler ({reason}); the scheduler "
+                "avoids the node for its next placements",
+            )
+
     def apply(self, job: JobRecord, spec: JobSpec) -> tuple[JobRecord, JobSpec]:
         """Roll back a predecessor's half-done change, then apply the newest request if
         there is one; returns the job and its spec at their (possibly new) size."""
+        self.report_stragglers(job)
         if not self.checked_in_flight:
             self.checked_in_flight = True
             flight = self._get(IN_FLIGHT)

@@ -251,6 +251,12 @@ class ScheduleResult:
 
     placements: list[Placement] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    # Running elastic jobs the scaling policy resizes: job id -> (learners, reason). The
+    # service asks each job's guardian to scale; a shrink frees its resources only once
+    # the job runs on fewer learners (``GangScheduler.resize``).
+    resize: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # preempted job id -> the job it made room for (the history says who and why)
+    preempted_for: dict[str, JobRequest] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ Config format (every key checked; a typo is an error naming the closest key)::
         count: 1                # optional: expand into name-0..name-(count-1)
         price_per_hour: 0.918   # optional: $ per node-hour (spot), for a job's cost so
                                 # far; default 0, "not priced" (no made-up figure)
+    scheduler:                  # optional: the scaling policy of elastic jobs
+      scaling: elastic-tiresias # (services/scheduler/elasticity; default none)
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class Cluster:
         self.cpus_free = self.cpus_total.copy()
         self.mem_free = self.mem_total.copy()
         self.allocations: dict[str, Allocation] = {}
+        # Node indices a placement should leave out now (a straggler was seen there):
+        # `capacity` counts no room on them; allocation itself is not restricted.
+        self.avoided: set[int] = set()
 
     # -- what fits -------------------------------------------------------------------
 
@@ -136,6 +141,8 @@ class Cluster:
         if job.memory_mb > 0:
             cap = np.minimum(cap, np.floor(mem / job.memory_mb + _EPS).astype(np.int64))
         cap[~self.eligible(job)] = 0
+        if self.avoided and not empty:
+            cap[sorted(self.avoided)] = 0
         return np.maximum(cap, 0)
 
     def primary(self, job: JobRequest) -> tuple[np.ndarray, np.ndarray, float]:
@@ -266,10 +273,13 @@ def nodes_from_config(config: Mapping[str, Any], source: str = "cluster config")
     """Build nodes from a parsed config mapping; every error names the node and the key."""
     if not isinstance(config, Mapping):
         raise ClusterConfigError(f"{source}: expected a mapping with a 'nodes' list")
-    extra = set(config) - {"nodes"}
+    # `scheduler:` (the scaling policy) is read by services.scheduler.elasticity
+    extra = set(config) - {"nodes", "scheduler"}
     if extra:
         key = sorted(extra)[0]
-        raise ClusterConfigError(f"{source}: unknown top-level key {key!r}{_typo(key, ['nodes'])}")
+        raise ClusterConfigError(
+            f"{source}: unknown top-level key {key!r}{_typo(key, ['nodes', 'scheduler'])}"
+        )
     raw_nodes = config.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ClusterConfigError(f"{source}: 'nodes' must be a non-empty list of nodes")

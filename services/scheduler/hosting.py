@@ -13,7 +13,12 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
 3. jobs whose borrowed quota is reclaimed are halted (not lost);
 4. every two seconds, the explanations of the jobs at the head of the queue are written
    to their records (`rhizome show` prints them);
-5. the placements of jobs that no longer hold resources are released.
+5. the placements of jobs that no longer hold resources are released;
+6. with a scaling policy (the cluster config's `scheduler.scaling`, e.g. Elastic-Tiresias;
+   services/scheduler/elasticity), the resizes it proposes become scale requests to the
+   jobs' guardians (through the LCM, as `rhizome scale`): a shrink frees its resources
+   once the job's record runs on fewer learners, a growth is a scale gang placed here
+   first (docs/elastic.md, "The scheduler scales elastic jobs").
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -31,21 +37,24 @@ from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.hosting import DaemonContext, Hosted, jobs_repository
 from services.scheduler.api import (
     ClusterConfigError,
+    JobRequest,
     PlacementStore,
     SchedState,
     SchedulerError,
+    scale_gang_id,
     scale_gang_parent,
 )
 from services.scheduler.cluster import Cluster
+from services.scheduler.elasticity import load_scaling_config
 from services.scheduler.persist import MongoPlacementStore
 from services.scheduler.quota import load_quota_config
 from services.scheduler.requests import job_request
 from services.scheduler.scheduler import GangScheduler
 from services.scheduler.servicer import SchedulerServicer, placement_to_proto
-from services.scheduler.source import ClusterSource, cluster_source
+from services.scheduler.source import ClusterSource, ConfigFileSource, cluster_source
 from services.store import states
 from services.store.errors import JobNotFound
-from services.store.jobs import JobsRepository
+from services.store.jobs import JobRecord, JobsRepository
 from services.store.mongo import database_name
 
 log = logging.getLogger("rhizome.scheduler")
@@ -70,8 +79,14 @@ class SchedulingLoop:
         jobs: JobsRepository,
         lcm_channel: grpc.Channel | None,
         source: ClusterSource | None = None,
+        scale: Callable[[str, int, str], str] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        # How a resize reaches a job's guardian: (job, learners, reason) -> the answer;
+        # raises on a refusal. The LCM's ScaleJob unless given (tests call request_scale).
+        self.scale = scale if scale is not None else self._scale_through_lcm
+        self._stragglers_seen: set[tuple[str, str]] = set()  # (job, worker) passed on
+        self._bounds: dict[str, tuple[int, int] | None] = {}  # job -> elastic (min, max)
         self.source = source
         self._nodes_version = -1  # the first pass takes the source's nodes as they are then
         self.lock = servicer._lock  # the servicer and the loop share one scheduler
@@ -129,6 +144,10 @@ class SchedulingLoop:
             self._synced_at = now
             self._resync()
         with self.lock:
+            shrinking = list(self.scheduler.elasticity.shrinking)
+        if shrinking:  # free what a shrink retired as soon as the record says so
+            self._follow_records(self.jobs.get_many(shrinking))
+        with self.lock:
             result = self.scheduler.schedule()
             placements = self.scheduler.placements()
             queued = self.scheduler.queued()
@@ -159,13 +178,125 @@ class SchedulingLoop:
             self._bound.discard(job_id)
         for job_id in result.preempted:
             self._bound.discard(job_id)
-            self._halt(job_id)
+            self._halt(job_id, result.preempted_for.get(job_id))
+        for job_id, (learners, reason) in result.resize.items():
+            self._resize(job_id, learners, reason)
         if now - self._explained_at >= EXPLAIN_INTERVAL_S:
             self._explained_at = now
             self._explain(queued[:EXPLAIN_AT_MOST])
         if now - self._released_at >= RELEASE_INTERVAL_S:
             self._released_at = now
             self._release_finished([p.job_id for p in placements])
+
+    # -- a scaling policy's resizes (services/scheduler/elasticity) -------------------------
+    def _follow_records(self, records: Iterable[JobRecord]) -> None:
+        """From placed jobs' records, tell the scheduler which are elastic (their
+        manifest's bounds), how many learners each runs on now (the record's size, which
+        the guardian changes when it applies a scale: a job that shrank frees the rest),
+        and when each last saved a checkpoint (the record's `last_checkpoint`, the newest
+        its learners reported through contract/checkpoints.py: a preemption takes the job
+        that loses the least work). Fed by the
+        release check's read of every placed job's record, so it costs no read of its own."""
+        for job in records:
+            if job.status not in states.ACTIVE_STATES:
+                continue
+            saved = job.last_checkpoint or {}
+            if job.job_id not in self._bounds:  # the typed manifest, parsed once per job
+                el = job.spec.elastic
+                self._bounds[job.job_id] = (el.min, el.max) if el is not None else None
+            bounds = self._bounds[job.job_id]
+            learners = int(job.resources["learners"])
+            with self.lock:
+                # a node that slowed a learner down is avoided whatever placed the job
+                for straggler in (job.placement or {}).get("stragglers") or []:
+                    seen = (job.job_id, str(straggler.get("worker")))
+                    if seen not in self._stragglers_seen:
+                        self._stragglers_seen.add(seen)
+                        self.scheduler.avoid_node(str(straggler.get("node")))
+                        log.info(
+                            "avoiding node %s for a while: a straggler of job %s",
+                            straggler.get("node"),
+                            job.job_id,
+                        )
+                if job.job_id not in self.scheduler.records:
+                    continue
+                if saved.get("at") is not None:
+                    self.scheduler.note_checkpoint(job.job_id, float(saved["at"]))
+                if bounds is None:
+                    continue
+                self.scheduler.set_elastic(job.job_id, *bounds)
+                # a scale-out in flight holds its gang before the record counts its learners
+                adding = sum(
+                    int((g or {}).get("learners") or 0)
+                    for g in ((job.placement or {}).get("scale_gangs") or {}).values()
+                    if (g or {}).get("state") == "requested"
+                )
+                if learners + adding < self.scheduler.job_size(job.job_id):
+                    self.scheduler.resize(job.job_id, learners)
+                    log.info("job %s runs on %d learners: freed the rest", job.job_id, learners)
+                    self.wake.set()  # a waiting job may fit now
+
+    def _resize(self, job_id: str, learners: int, reason: str) -> None:
+        with self.lock:
+            current = self.scheduler.job_size(job_id)
+        gang = ""
+        try:
+            if learners > current:
+                gang = self._place_growth(job_id, learners - current, learners)
+            answer = self.scale(job_id, learners, reason)
+            log.info("job %s: %s (%s)", job_id, answer, reason)
+        except Exception as exc:  # a refusal (not PROCESSING any more), an LCM away
+            log.info("job %s: resize to %d not asked: %s", job_id, learners, exc)
+            with self.lock:
+                self.scheduler.elasticity.shrinking.pop(job_id, None)
+                self.scheduler.elasticity.grown(job_id)
+                if gang:
+                    self.scheduler.release(gang)
+            if gang:
+                with contextlib.suppress(JobNotFound):
+                    self.jobs.update_fields(job_id, **{f"placement.scale_gangs.{gang}": None})
+            return
+        if gang:
+            with self.lock:
+                self.scheduler.elasticity.grown(job_id)
+
+    def _place_growth(self, job_id: str, added: int, target: int) -> str:
+        """The learners a growth adds, as a scale gang like a user's scale-out (listed in
+        the record first, then placed, then its nodes written; the guardian deploys onto
+        them). Raises SchedulerError when it does not fit any more."""
+        job = self.jobs.get(job_id)
+        gang = scale_gang_id(job_id, job.version)
+        field = f"placement.scale_gangs.{gang}"
+        entry: dict[str, Any] = {"learners": added, "target": target, "state": "requested",
+                                 "nodes": []}  # fmt: skip
+        self.jobs.update_fields(job_id, **{field: entry})
+        with self.lock:
+            own = self.scheduler.records[job_id].job
+            placement = self.scheduler.place_now(
+                replace(own, job_id=gang, learners=added, max_nodes=None, zone_aware=False)
+            )
+        self._bound.add(gang)
+        self.gangs[gang] = scheduler_pb2.JobPlacement(
+            job_id=gang, placement=placement_to_proto(placement)
+        )
+        self.jobs.update_fields(
+            job_id, **{field: {**entry, "nodes": list(placement.learner_nodes)}}
+        )
+        return gang
+
+    def _scale_through_lcm(self, job_id: str, learners: int, reason: str) -> str:
+        if self.lcm is None:
+            raise SchedulerError("no lifecycle manager to ask")
+        try:
+            resp = self.lcm.ScaleJob(
+                lcm_pb2.LcmScaleRequest(job_id=job_id, learners=learners, reason=reason),
+                timeout=10,
+            )
+        except grpc.RpcError as exc:
+            raise SchedulerError(str(exc.details())) from None
+        if not resp.accepted:
+            raise SchedulerError(resp.message or "refused")
+        return str(resp.message)
 
     def _follow_nodes(self) -> None:
         """Rebuild the model when the cluster source's nodes changed (Kubernetes: a node
@@ -243,8 +374,15 @@ class SchedulingLoop:
         with contextlib.suppress(states.IllegalTransition, JobNotFound):
             self.jobs.transition(job_id, states.FAILED, reason)
 
-    def _halt(self, job_id: str) -> None:
+    def _halt(self, job_id: str, made_room_for: JobRequest | None = None) -> None:
         reason = "halted: the owner of the quota it borrowed needs it back; resume it later"
+        if made_room_for is not None:
+            reason = (
+                f"halted by the scheduler: {made_room_for.owner or 'the owner'} of the quota it "
+                f"borrowed needs it back for job {made_room_for.job_id} (of the borrowers, "
+                "the lowest priority that loses the least work since its last checkpoint); "
+                "resume it later"
+            )
         with self.lock:
             # The library queues a preempted job again; here it is halted (the user resumes
             # it), so it leaves the scheduler until it is queued again.
@@ -279,6 +417,7 @@ class SchedulingLoop:
         parents = {job_id: scale_gang_parent(job_id) for job_id in placed}
         wanted = set(placed) | {p for p in parents.values() if p is not None}
         records = {j.job_id: j for j in self.jobs.get_many(wanted)}
+        self._follow_records(records.values())
         for job_id in placed:
             parent = parents[job_id]
             job = records.get(parent or job_id)
@@ -290,6 +429,7 @@ class SchedulingLoop:
                     self.scheduler.release(job_id)
                 self._bound.discard(job_id)
                 self.gangs.pop(job_id, None)
+                self._bounds.pop(job_id, None)
                 log.info("released the placement of %s", job_id)
 
 
@@ -366,7 +506,10 @@ def build(ctx: DaemonContext) -> Hosted:
     except Exception:
         source.close()
         raise
-    scheduler = GangScheduler(cluster, quotas=quotas, store=store)
+    # the scaling policy of elastic jobs: the cluster config's `scheduler:` section (a
+    # backend that owns its nodes has no cluster config: none)
+    scaling = load_scaling_config(source.path) if isinstance(source, ConfigFileSource) else None
+    scheduler = GangScheduler(cluster, quotas=quotas, store=store, scaling=scaling)
     servicer = LoopedSchedulerServicer(scheduler)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, ctx.server)
     loop = SchedulingLoop(

@@ -39,11 +39,18 @@ from services.scheduler.api import (
     UnknownJob,
 )
 from services.scheduler.cluster import Cluster, Node
+from services.scheduler.elasticity.api import ScalingPolicy
+from services.scheduler.elasticity.driver import ElasticDriver
 from services.scheduler.placement import get_policy
 from services.scheduler.queue import JobQueue
 from services.scheduler.quota import QuotaClass, QuotaConfig, QuotaLedger
 
 log = logging.getLogger(__name__)
+
+# How long a node where a straggler was reported is left out of placements (if the gang
+# fits elsewhere): long enough for the next placements, short enough that a node slowed
+# by a passing neighbour comes back.
+STRAGGLER_AVOID_S = 600.0
 
 
 @dataclass
@@ -56,6 +63,8 @@ class JobRecord:
     learner_idx: tuple[int, ...] = ()
     preemptions: int = 0
     blocked_by: str | None = None
+    # elastic jobs asked to shrink to make room for this one (a scaling policy)
+    waiting_for_shrink: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         p = self.placement
@@ -102,6 +111,7 @@ class GangScheduler:
         batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
         store: PlacementStore | None = None,
         clock: Callable[[], float] = time.time,
+        scaling: ScalingPolicy | None = None,
     ) -> None:
         self.cluster = cluster
         self.policy = (
@@ -115,6 +125,9 @@ class GangScheduler:
         self.clock = clock
         self.records: dict[str, JobRecord] = {}
         self.restored_reservations: list[str] = []
+        self.avoided: dict[str, float] = {}  # node name -> until when (stragglers)
+        # running elastic jobs resized by the scaling policy (services/scheduler/elasticity)
+        self.elasticity = ElasticDriver(self, scaling)
         if store is not None:
             self._restore(store.load_all())
 
@@ -179,7 +192,32 @@ class GangScheduler:
         return np.random.default_rng([self.seed, zlib.crc32(job_id.encode())])
 
     def _propose(self, job: JobRequest) -> Assignment | None:
+        avoid = self._avoided_now()
+        if avoid:
+            # nodes where a straggler was reported: a preference, not a constraint
+            self.cluster.avoided = avoid
+            try:
+                assignment = self.policy.place(self.cluster, job, self._rng(job.job_id))
+            finally:
+                self.cluster.avoided = set()
+            if assignment is not None:
+                return assignment
         return self.policy.place(self.cluster, job, self._rng(job.job_id))
+
+    def _avoided_now(self) -> set[int]:
+        if not self.avoided:
+            return set()
+        now = self.clock()
+        for name, until in list(self.avoided.items()):
+            if until <= now:
+                del self.avoided[name]
+        return {self.cluster.index[n] for n in self.avoided if n in self.cluster.index}
+
+    def avoid_node(self, name: str, for_s: float = STRAGGLER_AVOID_S) -> None:
+        """A learner on ``name`` was persistently slower than its gang (a straggler,
+        reported by its guardian): placements leave the node out for ``for_s`` seconds
+        when they fit elsewhere."""
+        self.avoided[name] = max(self.avoided.get(name, 0.0), self.clock() + for_s)
 
     def schedule(self, now: float | None = None) -> ScheduleResult:
         """Place whole gangs from the queue; returns placements and jobs to halt."""
@@ -190,7 +228,14 @@ class GangScheduler:
         # Free resources only shrink during a pass (until a preemption), so a shape that
         # failed once fails again: skip the policy for it. Keeps per-pod passes cheap.
         failed_shapes: set[tuple[Any, ...]] = set()
-        for entry in self.queue.ordered():
+        resize: dict[str, tuple[int, str]] = {}
+        preempted_for: dict[str, JobRequest] = {}
+        ordered = self.queue.ordered()
+        pending: dict[str, int] = {}
+        for entry in ordered:
+            pending[entry.job.pool] = pending.get(entry.job.pool, 0) + 1
+        self.elasticity.expire(now)
+        for entry in ordered:
             job = entry.job
             rec = self.records[job.job_id]
             if job.job_id in preempted:
@@ -205,8 +250,27 @@ class GangScheduler:
             shape = _shape(job)
             assignment = None if shape in failed_shapes else self._propose(job)
             victims: list[str] = []
+            if assignment is None:
+                # elastic jobs shrink (a scaling policy) before anyone is preempted
+                waits, asked = self.elasticity.shrink_for(job, pending[job.pool], now)
+                resize.update(asked)
+                if waits:
+                    rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
+                    blocked.setdefault(job.pool, job.job_id)
+                    rec.blocked_by = None
+                    continue
+            rec.waiting_for_shrink = ()
             if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
-                assignment, victims = self._place_by_preemption(job)
+                # borrowing elastic jobs shrink first; whole gangs are preempted only if
+                # that cannot make room
+                waits, asked = self.elasticity.shrink_borrowers(job, now)
+                resize.update(asked)
+                if waits:
+                    rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
+                    blocked.setdefault(job.pool, job.job_id)
+                    rec.blocked_by = None
+                    continue
+                assignment, victims = self._place_by_preemption(job, now)
                 if victims:
                     failed_shapes.clear()
             if assignment is None:
@@ -217,8 +281,15 @@ class GangScheduler:
             for victim in victims:
                 self._requeue_preempted(victim)
                 preempted.append(victim)
+                preempted_for[victim] = job
             placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
-        return ScheduleResult(placements, preempted)
+        if self.elasticity.active:
+            # capacity nobody waits for: elastic jobs of pools with an empty queue grow
+            idle_pools = {r.job.pool for r in self.records.values()} - {
+                e.job.pool for e in self.queue.ordered()
+            }
+            resize.update(self.elasticity.grow(idle_pools, now))
+        return ScheduleResult(placements, preempted, resize, preempted_for)
 
     def _commit(
         self, rec: JobRecord, assignment: Assignment, borrowing: bool, now: float
@@ -235,8 +306,13 @@ class GangScheduler:
         self._save(rec)
         return rec.placement
 
-    def _place_by_preemption(self, job: JobRequest) -> tuple[Assignment | None, list[str]]:
-        """Free borrowed GPUs of the job's type, cheapest victims first, until the gang fits."""
+    def _place_by_preemption(
+        self, job: JobRequest, now: float
+    ) -> tuple[Assignment | None, list[str]]:
+        """Free borrowed GPUs of the job's type, cheapest victims first, until the gang fits:
+        lowest priority first, then the one that loses the least work since its last
+        checkpoint (``note_checkpoint``; a job that never reported one loses everything
+        since it was placed), then the most recently placed."""
         victims = [
             r
             for r in self.records.values()
@@ -245,9 +321,13 @@ class GangScheduler:
             and r.job.gpu_type == job.gpu_type
             and r.job.gpus > 0
         ]
-        # lowest priority first, then the most recently placed
         victims.sort(
-            key=lambda r: (r.job.priority, -(r.placement.placed_at if r.placement else 0), -r.seq)
+            key=lambda r: (
+                r.job.priority,
+                self.elasticity.lost_work(r, now),
+                -(r.placement.placed_at if r.placement else 0),
+                -r.seq,
+            )
         )
         released: list[JobRecord] = []
         for victim in victims:
@@ -284,6 +364,7 @@ class GangScheduler:
 
     def release(self, job_id: str) -> bool:
         """Forget a job (finished, failed, deleted): free what it holds. False if unknown."""
+        self.elasticity.forget(job_id)
         rec = self.records.pop(job_id, None)
         if rec is None:
             return False
@@ -294,6 +375,57 @@ class GangScheduler:
         if self.store is not None:
             self.store.delete(job_id)
         return True
+
+    def place_now(self, job: JobRequest) -> Placement:
+        """Place one gang at once, outside the queue (a scaling policy's growth, which it
+        proposed because there is room): SchedulerError when it does not fit."""
+        self.check(job)
+        if job.job_id in self.records:
+            raise InvalidJobRequest(f"job {job.job_id} is already known; use a new id")
+        assignment = self._propose(job)
+        if assignment is None:
+            raise NoRoomForLearner(f"no room for {job.job_id} ({job.describe()}) now")
+        rec = JobRecord(job, SchedState.QUEUED, -1, -1)
+        self.records[job.job_id] = rec
+        cls = self.ledger.classify(job)
+        return self._commit(rec, assignment, cls == QuotaClass.BORROW, self.clock())
+
+    def set_elastic(self, job_id: str, min_learners: int, max_learners: int) -> None:
+        """A placed job is elastic (manifest ``elastic: {min, max}``): the scaling policy
+        may resize it within these bounds."""
+        if not 1 <= min_learners <= max_learners:
+            raise InvalidJobRequest(
+                f"job {job_id}: elastic bounds [{min_learners}, {max_learners}]; "
+                "need 1 <= min <= max"
+            )
+        self.elasticity.set_bounds(job_id, min_learners, max_learners)
+
+    def note_checkpoint(self, job_id: str, committed_at: float) -> None:
+        """A placed job's latest checkpoint was committed at this (wall-clock) time: a
+        preemption would lose only the work since then."""
+        self.elasticity.checkpoints[job_id] = committed_at
+
+    def resize(self, job_id: str, learners: int) -> bool:
+        """A running job now runs on ``learners`` (fewer than it holds: a scale-in was
+        applied): free the rest. True if anything was freed."""
+        return self.elasticity.resize(job_id, learners)
+
+    def job_size(self, job_id: str) -> int:
+        """The learners a placed job holds: its own gang plus its scale gangs."""
+        return self.elasticity.size(job_id)
+
+    def shrink_record(self, rec: JobRecord, learners: int) -> None:
+        """Keep the first ``learners`` learners of a placed record (its lowest ranks)."""
+        assert rec.placement is not None and 0 < learners < rec.job.learners
+        borrowing = rec.placement.borrowing
+        self.cluster.release(rec.job.job_id)
+        self.ledger.refund(rec.job, borrowing)
+        rec.job = replace(rec.job, learners=learners)
+        rec.learner_idx = rec.learner_idx[:learners]
+        self.cluster.allocate(rec.job, rec.learner_idx)
+        self.ledger.charge(rec.job, borrowing)
+        rec.placement = replace(rec.placement, learner_nodes=rec.placement.learner_nodes[:learners])
+        self._save(rec)
 
     def replace_nodes(self, nodes: Sequence[Node]) -> list[str]:
         """The cluster's nodes changed (a cluster source reported a node added, removed,
@@ -381,6 +513,12 @@ class GangScheduler:
 
     def explain(self, job_id: str) -> str:
         rec = self._record(job_id)
+        if rec.placement is None and rec.waiting_for_shrink:
+            return (
+                f"waiting for elastic job{'s' * (len(rec.waiting_for_shrink) > 1)} "
+                f"{', '.join(rec.waiting_for_shrink)} to shrink (scaling policy "
+                f"{self.elasticity.policy.name}): it needs {rec.job.describe()}"
+            )
         if rec.placement is not None:
             return explain_mod.placed_reason(
                 rec.job,

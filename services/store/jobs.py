@@ -119,6 +119,9 @@ class JobRecord:
     # The checkpoints its learners committed ({kind, step, size_bytes, time, learner,
     # name}), oldest first, the newest MAX_KEPT: reported through contract/checkpoints.py.
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    # The newest of them, {at, step}, kept beside the list so that listings (which leave
+    # the list out) still tell the scheduler how much work a preemption would lose.
+    last_checkpoint: dict[str, Any] = field(default_factory=dict)
     version: int = 0
 
     @classmethod
@@ -435,7 +438,10 @@ class JobsRepository:
         for c in reports:
             merged.setdefault(key(c), dict(c))
         kept = sorted(merged.values(), key=lambda c: float(c["time"]))[-MAX_CHECKPOINTS:]
-        self._col.update_one({"_id": job_id}, {"$set": {"checkpoints": kept}})
+        newest = {"at": float(kept[-1]["time"]), "step": int(kept[-1]["step"])} if kept else {}
+        self._col.update_one(
+            {"_id": job_id}, {"$set": {"checkpoints": kept, "last_checkpoint": newest}}
+        )
         return True
 
     @with_retries

@@ -632,6 +632,14 @@ class DockerBackend(Backend):
             for thread in threads:
                 thread.join()
 
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        """SIGTERM the rank's running container (an elastic job's scale-in: its worker
+        leaves at the end of a mini-batch), SIGKILL after the grace; the others run on."""
+        with self.engine(f"job {job_id}: stopping learner {rank}") as client:
+            found = client.api.containers(filters={**job_filter(job_id, rank), "status": "running"})
+            for summary in found:
+                self._stop_one(client, str(summary["Id"]), max(1, int(grace_s + 0.999)))
+
     @staticmethod
     def _stop_one(client: docker.DockerClient, cid: str, timeout: int) -> None:
         with contextlib.suppress(NotFound, *_ENGINE_ERRORS):

@@ -328,12 +328,30 @@ class KubernetesBackend(Backend):
         return [f"[pod] {line}" for line in str(text or "").splitlines()[-lines:]]
 
     # -- undo ----------------------------------------------------------------------------
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        """Delete the rank's running pod with the grace (an elastic job's scale-in: the
+        kubelet's SIGTERM reaches the worker, which leaves at the end of a mini-batch);
+        waits until it is gone or the grace (plus a margin) has passed."""
+        self._delete_pods(
+            job_id,
+            [
+                str(p["metadata"]["name"])
+                for p in self._live_pods(job_id)
+                if PodState.from_pod(p, 0.0).rank == rank
+            ],
+            grace_s,
+        )
+
     def stop_learners(self, job_id: str, grace_s: float) -> None:
         """Delete the job's running pods with the grace: the kubelet sends SIGTERM (the
         controller passes it to the command, which saves), SIGKILL after it. Waits until
         they are gone or the grace (plus a margin) has passed."""
+        self._delete_pods(
+            job_id, [str(p["metadata"]["name"]) for p in self._live_pods(job_id)], grace_s
+        )
+
+    def _delete_pods(self, job_id: str, names: list[str], grace_s: float) -> None:
         grace = max(1, math.ceil(grace_s))
-        names = [str(p["metadata"]["name"]) for p in self._live_pods(job_id)]
         for name in names:
             self.calls.delete(
                 f"job {job_id}: stopping pod {name}",

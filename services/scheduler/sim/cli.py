@@ -149,7 +149,69 @@ def main() -> None:
       ffdl-gang  FfDL §5.3: is a job ever left holding GPUs without all its learners?
       ffdl-pack  FfDL §5.2: how many jobs wait over 15 minutes, SPREAD vs PACK?
       replay     any trace file against any cluster config and policy
+      elastic    Tiresias vs Elastic-Tiresias (Amoeba §6) on Philly-shaped traces
     """
+
+
+@main.command("elastic")
+@click.option(
+    "--seeds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Traces, one per seed (0, 1, ...); both policies replay each.",
+)
+@click.option(
+    "--jobs", default=480, show_default=True, type=click.IntRange(min=1), help="Jobs per trace."
+)
+@click.option(
+    "--gpus",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="GPUs of the cluster (one per learner).",
+)
+@click.option(
+    "--load",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Offered load of the trace (demand / capacity).",
+)
+@click.option(
+    "--overhead",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(0, 0.99),
+    help="Throughput model: p / (1 + overhead (p - 1)).",
+)
+@click.option(
+    "--pending-threshold",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Elastic-Tiresias shrinks when more than this many jobs wait.",
+)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def elastic(
+    seeds: int,
+    jobs: int,
+    gpus: int,
+    load: float,
+    overhead: float,
+    pending_threshold: int,
+    as_json: bool,
+) -> None:
+    """Tiresias vs Elastic-Tiresias on the same traces and cluster: JCT mean and p99,
+    utilisation, per-size JCT (services/scheduler/sim/elastic.py)."""
+    from services.scheduler.sim.elastic import compare, format_compare
+
+    out = compare(seeds, jobs, gpus, load, overhead, pending_threshold)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for line in format_compare(out):
+        click.echo(line)
 
 
 @main.command("ffdl-gang")
