@@ -53,6 +53,9 @@ class JobSpec:
     # The learners' mutual-TLS client certificate for the TDS (`{ca, cert, key}` PEM text;
     # empty on a plaintext platform): LearnerSpec.tds_tls.
     tds_tls: dict[str, str] = field(default_factory=dict, repr=False)
+    # The job's own etcd user, `USER:PASSWORD` (LearnerSpec.etcd_credentials); empty where
+    # etcd has no authentication.
+    etcd_credentials: str = field(default="", repr=False)
     # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
     # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0

@@ -121,6 +121,9 @@ class GuardianConfig:
     tds_address: str = ""
     tds_token: str = field(default="", repr=False)  # the job token (services/security)
     tds_tls: dict[str, str] = field(default_factory=dict, repr=False)  # the job's client cert
+    # The job's own etcd user (`USER:PASSWORD`) from the LCM, for the learners; empty where
+    # etcd has no authentication.
+    etcd_credentials: str = field(default="", repr=False)
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -278,6 +281,7 @@ class Guardian:
             tds_address=self.config.tds_address,
             tds_token=self.config.tds_token,
             tds_tls=self.config.tds_tls,
+            etcd_credentials=self.config.etcd_credentials,
             grace_s=self.config.learner_grace_s if grace_s is None else grace_s,
             platform_env=self.preemption_env(manifest),
         )

@@ -8,9 +8,16 @@ from services.hosting import DaemonContext, Hosted, jobs_repository
 
 
 def build(ctx: DaemonContext) -> Hosted:
+    import os
+
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
-    from contract.etcd import EtcdClient
+    from contract.etcd import (
+        ETCD_ROOT_CREDENTIALS_FILE,
+        EtcdAuthError,
+        EtcdClient,
+        root_credentials_from_env,
+    )
     from services.lcm.manager import LcmConfig, LifecycleManager
     from services.lcm.servicer import LifecycleServicer
 
@@ -23,6 +30,13 @@ def build(ctx: DaemonContext) -> Hosted:
     tds = config.internal_address if "tds" in config.services else config.peers.get("tds", "")
     tds = config.learner_tds_address or tds
     has_scheduler = "scheduler" in config.services or "scheduler" in config.peers
+    try:  # etcd's root user, to make each job's own etcd user (`rhizome up` gives it)
+        etcd_root = root_credentials_from_env()
+    except EtcdAuthError as exc:
+        raise click.UsageError(str(exc)) from exc
+    # Read once and dropped: the guardians and everything they start inherit our
+    # environment, and none of them may act as etcd's root.
+    os.environ.pop(ETCD_ROOT_CREDENTIALS_FILE, None)
     manager = LifecycleManager(
         LcmConfig(
             data_dir=config.data_dir,
@@ -33,6 +47,7 @@ def build(ctx: DaemonContext) -> Hosted:
             backend=config.backend,
             job_token=ctx.credentials.job_token if ctx.credentials else None,
             job_tls=ctx.internal_tls.job_credentials if ctx.internal_tls else None,
+            etcd_root=etcd_root,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

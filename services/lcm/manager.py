@@ -34,13 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, Lease
+from contract.etcd import (
+    EtcdClient,
+    EtcdCredentials,
+    Lease,
+    add_job_user,
+    job_etcd_password,
+    remove_job_user,
+)
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
+    JOB_ETCD_CREDENTIALS_ENV,
     JOB_TLS_ENV,
     JOB_TOKEN_ENV,
 )
@@ -72,6 +80,9 @@ class LcmConfig:
     # Issues a job's mutual-TLS client certificate (`{ca, cert, key}`) when the internal
     # port serves TLS (services/security/tls.py InternalTls); None on plaintext.
     job_tls: Callable[[str], dict[str, str]] | None = None
+    # etcd's root user when etcd requires authentication (`rhizome up`): the LCM makes each
+    # job's own etcd user with it, for the job's learners. None: no authentication.
+    etcd_root: EtcdCredentials | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -245,6 +256,18 @@ class LifecycleManager:
         env[GUARDIAN_MONGODB_URI_ENV] = self.config.mongodb_uri
         if self.config.job_token is not None:
             env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
+        if self.config.etcd_root is not None:
+            root = self.config.etcd_root
+            try:  # the same password for every guardian of the job: running learners keep theirs
+                user = add_job_user(
+                    self.config.etcd_url, root, job_id, password=job_etcd_password(root, job_id)
+                )
+            except StoreUnavailable as exc:
+                log.error(
+                    "job %s: cannot make its etcd user (%s); not starting its guardian", job_id, exc
+                )
+                return
+            env[JOB_ETCD_CREDENTIALS_ENV] = user.line()
         if self.config.job_tls is not None:
             try:
                 env[JOB_TLS_ENV] = json.dumps(self.config.job_tls(job_id))
@@ -290,6 +313,8 @@ class LifecycleManager:
             if code in (ExitCode.OK, GUARDIAN_ALREADY_GUARDED):
                 self.failures.pop(job_id, None)
                 self.not_before.pop(job_id, None)
+                if code == ExitCode.OK:
+                    self._remove_job_etcd_user(job_id)
             else:
                 # The first restart is immediate; a guardian that keeps dying backs off.
                 failures = 0 if lived > 30 else self.failures.get(job_id, 0) + 1
@@ -323,7 +348,27 @@ class LifecycleManager:
             pass  # purged: whatever it left is garbage too
         self.backend.rollback(job_id, str(self.config.data_dir / "jobs" / job_id))
         self.etcd.delete_prefix(etcd_keys.job_prefix(job_id))
+        self._remove_job_etcd_user(job_id)
         log.info("job %s: collected leftover keys", job_id)
+
+    def _remove_job_etcd_user(self, job_id: str) -> None:
+        """Delete the job's etcd user once no learner of it runs: the job ended or was
+        halted (a resume makes it again), not when its guardian merely stopped with the
+        daemon (its learners carry on and a new guardian adopts them)."""
+        if self.config.etcd_root is None:
+            return
+        try:
+            if self.jobs.get(job_id).status in states.ACTIVE_STATES:
+                return
+        except JobNotFound:
+            pass
+        except StoreUnavailable as exc:
+            log.warning("job %s: its etcd user is kept (%s)", job_id, exc)
+            return
+        try:
+            remove_job_user(self.config.etcd_url, self.config.etcd_root, job_id)
+        except StoreUnavailable as exc:
+            log.warning("job %s: cannot remove its etcd user (%s)", job_id, exc)
 
     # -- requests (any replica answers them) -------------------------------------------------
     def request(self, job_id: str, action: str, reason: str) -> str:

@@ -1,0 +1,153 @@
+"""etcd authentication on the running platform (issue #15), through a real `rhizome up
+--embedded` (etcd, MongoDB-wire and Elasticsearch-API servers, the daemon, its guardian,
+a learner): `up` switches authentication on with credentials in 0600 files of the data
+directory; a client without them is refused; a job still runs to COMPLETED; its learner
+authenticates as the job's own etcd user, which reaches the job's keys and nothing else;
+the daemon's command line holds no store URI."""
+
+from __future__ import annotations
+
+import io
+import json
+import stat
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rhizome.v1 import job_pb2, tds_pb2
+
+from contract import etcd_keys
+from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, job_etcd_user
+from services.client.sdk import Client
+from services.embedded.platform import load_state
+from services.security.etcd_auth import EtcdAuthFiles
+from tests.integration.test_cli import rz
+
+pytestmark = pytest.mark.integration
+
+# The learner's probe: as the job's etcd user (the file its controller wrote and named in
+# RHIZOME_ETCD_CREDENTIALS_FILE), write and read its own job's key, then try another
+# job's prefix and the platform's leader keys. One line per outcome, for the test to read.
+PROBE = """
+import os
+from contract.etcd import EtcdAuthError, EtcdClient
+job = os.environ["RHIZOME_JOB_ID"]
+client = EtcdClient(os.environ["PROBE_ETCD_URL"])
+client.put(f"/rhizome/jobs/{job}/probe", {"ok": 1})
+print("own-prefix", "read" if client.get(f"/rhizome/jobs/{job}/probe") else "missing")
+for name, key in (("other-job", "/rhizome/jobs/someone-else/control"),
+                  ("leaders", "/rhizome/leaders/lcm")):
+    try:
+        client.get(key)
+        print(name, "READABLE")
+    except EtcdAuthError:
+        print(name, "refused")
+print("root-credentials-variable", "present" if any("ROOT_CREDENTIALS" in k for k in os.environ) else "absent")
+print("credentials-file-mode", oct(os.stat(os.environ["RHIZOME_ETCD_CREDENTIALS_FILE"]).st_mode & 0o777))
+"""
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    data_dir = Path(tmp_path_factory.mktemp("etcd-auth-embedded"))
+    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        yield data_dir
+    finally:
+        rz(data_dir, "down", check=False)
+
+
+def etcd_url(data_dir: Path) -> str:
+    state = load_state(data_dir)
+    assert state is not None
+    return state.urls["etcd"]
+
+
+def test_up_switches_etcd_authentication_on_with_0600_credentials(embedded: Path) -> None:
+    files = EtcdAuthFiles.of(embedded)
+    for path in (files.root, files.platform):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE(files.root.parent.stat().st_mode) == 0o700
+    # Without credentials: refused, whatever the key.
+    anonymous = EtcdClient(etcd_url(embedded), anonymous=True)
+    try:
+        with pytest.raises(EtcdAuthError, match="requires authentication"):
+            anonymous.get(etcd_keys.leader("lcm"))
+    finally:
+        anonymous.close()
+    # The platform user reads the LCM's leader key (the daemon holds it, so it authenticated).
+    platform = EtcdClient.connect(
+        etcd_url(embedded), credentials=EtcdCredentials.from_file(files.platform)
+    )
+    try:
+        assert platform.get(etcd_keys.leader("lcm")) is not None
+    finally:
+        platform.close()
+
+
+def test_the_daemon_command_line_holds_no_store_uri_or_credential(embedded: Path) -> None:
+    state = load_state(embedded)
+    assert state is not None
+    pid = int(state.processes["api"]["pid"])
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    joined = " ".join(cmdline)
+    assert "services.daemon" in joined  # the daemon's, not another process's
+    for url in (state.urls["etcd"], state.urls["mongodb"], state.urls["elasticsearch"]):
+        assert url not in joined
+    for flag in ("--etcd", "--mongodb-uri", "--elasticsearch-url", "credentials"):
+        assert flag not in joined
+    files = EtcdAuthFiles.of(embedded)
+    for path in (files.root, files.platform):
+        assert EtcdCredentials.from_file(path).password not in joined
+    # The supervisor restarts it the same way: the recipe carries the environment.
+    assert state.processes["api"]["env"]["RHIZOME_ETCD"] == state.urls["etcd"]
+
+
+def test_a_job_completes_and_its_learner_reaches_only_its_own_prefix(embedded: Path) -> None:
+    state = load_state(embedded)
+    assert state is not None
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as zf:
+        zf.writestr("probe.py", PROBE)
+    manifest = (
+        "name: etcd-auth\n"
+        "framework: {command: 'python probe.py'}\n"
+        f"env: {{PROBE_ETCD_URL: '{etcd_url(embedded)}'}}\n"
+    )
+    with Client(state.api_address, data_dir=embedded) as client:
+        job_id = client.create_job(manifest, code.getvalue()).job_id
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if client.get_job(job_id).status in (job_pb2.COMPLETED, job_pb2.FAILED):
+                break
+            time.sleep(0.3)
+        job = client.get_job(job_id)
+        lines = [ln.line for ln in client.logs(tds_pb2.LogsRequest(job_id=job_id, learner=-1))]
+    assert job.status == job_pb2.COMPLETED, (job, lines)
+    assert "own-prefix read" in lines, lines
+    assert "other-job refused" in lines, lines
+    assert "leaders refused" in lines, lines
+    assert "credentials-file-mode 0o600" in lines, lines
+    assert "root-credentials-variable absent" in lines, lines
+    # The learner was given the job's own user in its 0600 spec, never the platform's.
+    spec_file = embedded / "jobs" / job_id / "learners" / "0" / "spec.json"
+    given = EtcdCredentials.parse(json.loads(spec_file.read_text())["etcd_credentials"])
+    assert given.user == job_etcd_user(job_id)
+    platform = EtcdCredentials.from_file(EtcdAuthFiles.of(embedded).platform)
+    root = EtcdCredentials.from_file(EtcdAuthFiles.of(embedded).root)
+    for log_file in (embedded / "jobs" / job_id).rglob("*.log"):
+        text = log_file.read_text(errors="replace")
+        for secret in (given.password, platform.password, root.password):
+            assert secret not in text, log_file
+    # The job ended: its etcd user is removed (by the LCM, once its guardian exited).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            EtcdClient(etcd_url(embedded), credentials=given).close()
+        except EtcdAuthError:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"job {job_id}'s etcd user still authenticates after the job ended")
