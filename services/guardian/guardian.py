@@ -54,6 +54,7 @@ from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
+from services.store.job_secrets import JobSecrets
 from services.store.jobs import JobRecord, JobsRepository
 from services.store.preemption_stats import PreemptionStatsRepository
 
@@ -262,6 +263,11 @@ class Guardian:
 
     def spec(self, job: JobRecord, generation: int, master_port: int) -> JobSpec:
         manifest = job.spec
+        if job.secrets:  # the data-store credentials the record only refers to
+            resolved = JobSecrets.in_data_dir(self.config.data_dir).resolve(
+                job.job_id, job.manifest
+            )
+            manifest = Manifest.from_document(resolved)
         grace_s = manifest.checkpoint.grace_s
         return JobSpec(
             job_id=job.job_id,
@@ -357,9 +363,10 @@ class Guardian:
                 self.job_id, states.DEPLOYING, "deploying", expect_version=job.version
             )
         generation = self.etcd.revision()
-        spec = self.spec(job, generation, free_port())
         attempt = job.attempts
         try:
+            # In the try: credentials that cannot be found fail this attempt, naming why.
+            spec = self.spec(job, generation, free_port())
             for step in STEPS:
                 if self.control().get("action") in ("halt", "delete"):
                     self.rollback()

@@ -54,6 +54,7 @@ from services.security.api import (
 )
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
+from services.store.job_secrets import JobSecrets
 from services.store.jobs import JobsRepository
 
 log = logging.getLogger("rhizome.lcm")
@@ -314,7 +315,7 @@ class LifecycleManager:
                 self.failures.pop(job_id, None)
                 self.not_before.pop(job_id, None)
                 if code == ExitCode.OK:
-                    self._remove_job_etcd_user(job_id)
+                    self._job_ended(job_id)
             else:
                 # The first restart is immediate; a guardian that keeps dying backs off.
                 failures = 0 if lived > 30 else self.failures.get(job_id, 0) + 1
@@ -348,22 +349,26 @@ class LifecycleManager:
             pass  # purged: whatever it left is garbage too
         self.backend.rollback(job_id, str(self.config.data_dir / "jobs" / job_id))
         self.etcd.delete_prefix(etcd_keys.job_prefix(job_id))
-        self._remove_job_etcd_user(job_id)
+        self._job_ended(job_id)
         log.info("job %s: collected leftover keys", job_id)
 
-    def _remove_job_etcd_user(self, job_id: str) -> None:
-        """Delete the job's etcd user once no learner of it runs: the job ended or was
-        halted (a resume makes it again), not when its guardian merely stopped with the
-        daemon (its learners carry on and a new guardian adopts them)."""
-        if self.config.etcd_root is None:
-            return
+    def _job_ended(self, job_id: str) -> None:
+        """Once no learner of the job runs (it ended or was halted; not when its guardian
+        merely stopped with the daemon, whose learners carry on under a new guardian):
+        delete its etcd user (a resume makes it again) and, when it ended for good, the
+        file of its data-store credentials."""
         try:
-            if self.jobs.get(job_id).status in states.ACTIVE_STATES:
-                return
+            status = self.jobs.get(job_id).status
         except JobNotFound:
-            pass
+            status = states.DELETED
         except StoreUnavailable as exc:
-            log.warning("job %s: its etcd user is kept (%s)", job_id, exc)
+            log.warning("job %s: its etcd user and credentials are kept (%s)", job_id, exc)
+            return
+        if status in states.ACTIVE_STATES:
+            return
+        if status != states.HALTED:  # a resume deploys it again with them
+            JobSecrets.in_data_dir(self.config.data_dir).remove(job_id)
+        if self.config.etcd_root is None:
             return
         try:
             remove_job_user(self.config.etcd_url, self.config.etcd_root, job_id)
@@ -384,6 +389,8 @@ class LifecycleManager:
             with contextlib.suppress(StaleToken, states.IllegalTransition):
                 self.jobs.transition(job_id, target, reason, expect_version=job.version)
                 self.etcd.delete(etcd_keys.control(job_id))
+                if target == states.DELETED:  # never deployed: nothing else removes them
+                    JobSecrets.in_data_dir(self.config.data_dir).remove(job_id)
                 return f"job {job_id} {target.lower()}"
         self.wake.set()
         return f"{action} of job {job_id} requested"

@@ -1,16 +1,22 @@
-"""etcd authentication on the running platform (issue #15), through a real `rhizome up
---embedded` (etcd, MongoDB-wire and Elasticsearch-API servers, the daemon, its guardian,
-a learner): `up` switches authentication on with credentials in 0600 files of the data
+"""Issue #15 on the running platform, through a real `rhizome up --embedded` (etcd,
+MongoDB-wire and Elasticsearch-API servers, the daemon, its guardian, a learner).
+
+etcd authentication: `up` switches it on with credentials in 0600 files of the data
 directory; a client without them is refused; a job still runs to COMPLETED; its learner
-authenticates as the job's own etcd user, which reaches the job's keys and nothing else;
-the daemon's command line holds no store URI."""
+authenticates as the job's own etcd user, which reaches the job's keys and nothing else.
+The daemon's command line holds no store URI. Data-store credentials: the stored record,
+GetJob, REST and `rhizome show --json` never hold them; the learner still gets them."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import secrets
+import ssl
 import stat
 import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +29,8 @@ from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, job_etcd_u
 from services.client.sdk import Client
 from services.embedded.platform import load_state
 from services.security.etcd_auth import EtcdAuthFiles
+from services.store.job_secrets import JobSecrets
+from services.store.mongo import connect
 from tests.integration.test_cli import rz
 
 pytestmark = pytest.mark.integration
@@ -47,6 +55,36 @@ for name, key in (("other-job", "/rhizome/jobs/someone-else/control"),
 print("root-credentials-variable", "present" if any("ROOT_CREDENTIALS" in k for k in os.environ) else "absent")
 print("credentials-file-mode", oct(os.stat(os.environ["RHIZOME_ETCD_CREDENTIALS_FILE"]).st_mode & 0o777))
 """
+
+
+# The learner's check of its data-store credentials: the backend's secrets file
+# ($RHIZOME_SECRETS) holds the password the test submitted, compared by digest so that
+# the password itself is never printed.
+SECRETS_PROBE = """
+import hashlib, os
+text = open(os.environ["RHIZOME_SECRETS"]).read()
+line = [ln for ln in text.splitlines() if ln.startswith("BUCKET_PASSWORD=")][0]
+value = line.split("=", 1)[1]
+ok = hashlib.sha256(value.encode()).hexdigest() == os.environ["EXPECTED_SHA256"]
+print("secret-delivered", "yes" if ok else "no")
+"""
+
+
+def wait_done(client: Client, job_id: str, timeout_s: float = 120) -> job_pb2.Job:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get_job(job_id)
+        if job.status in (job_pb2.COMPLETED, job_pb2.FAILED):
+            return job
+        time.sleep(0.3)
+    return client.get_job(job_id)
+
+
+def code_zip(name: str, text: str) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr(name, text)
+    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +189,66 @@ def test_a_job_completes_and_its_learner_reaches_only_its_own_prefix(embedded: P
         time.sleep(0.3)
     else:
         pytest.fail(f"job {job_id}'s etcd user still authenticates after the job ended")
+
+
+def test_data_store_credentials_stay_out_of_the_record_and_every_response(
+    embedded: Path,
+) -> None:
+    state = load_state(embedded)
+    assert state is not None
+    password = "pw-" + secrets.token_hex(12)
+    access_key = "ak-" + secrets.token_hex(12)
+    manifest = (
+        "name: store-secrets\n"
+        "framework: {command: 'python probe.py'}\n"
+        "data_stores:\n"
+        "  - id: bucket\n"
+        "    type: s3_datastore\n"
+        f"    connection: {{password: '{password}', access_key: '{access_key}'}}\n"
+        f"env: {{EXPECTED_SHA256: '{hashlib.sha256(password.encode()).hexdigest()}'}}\n"
+    )
+    with Client(state.api_address, data_dir=embedded) as client:
+        job_id = client.create_job(manifest, code_zip("probe.py", SECRETS_PROBE)).job_id
+        # Before it runs: the record holds names only; the 0600 file holds the values.
+        stored = connect(state.urls["mongodb"])["jobs"].find_one({"_id": job_id})
+        assert stored is not None and stored["secrets"] == "file"
+        assert stored["manifest"]["data_stores"][0]["connection"] == {
+            "password": "***",
+            "access_key": "***",
+        }
+        kept = JobSecrets.in_data_dir(embedded).path(job_id)
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+        job = wait_done(client, job_id)
+        lines = [ln.line for ln in client.logs(tds_pb2.LogsRequest(job_id=job_id, learner=-1))]
+        grpc_view = str(client.get_job(job_id))
+    assert job.status == job_pb2.COMPLETED, (job, lines)
+    assert "secret-delivered yes" in lines, lines  # the learner got them all the same
+    ca = ssl.create_default_context(cafile=str(embedded / "tls" / "ca.pem"))
+    request = urllib.request.Request(
+        f"{state.urls['rest']}/v1/models/{job_id}",
+        headers={"Authorization": f"Bearer {(embedded / 'admin.token').read_text().strip()}"},
+    )
+    with urllib.request.urlopen(request, context=ca, timeout=30) as resp:
+        rest_view = resp.read().decode()
+    assert job_id in rest_view and "bucket" in rest_view  # the job's own document
+    show_view = rz(embedded, "show", job_id, "--json").stdout
+    assert job_id in show_view
+    stored_view = json.dumps(
+        connect(state.urls["mongodb"])["jobs"].find_one({"_id": job_id}), default=str
+    )
+    for where, text in (
+        ("GetJob", grpc_view),
+        ("REST", rest_view),
+        ("rhizome show --json", show_view),
+        ("the MongoDB document", stored_view),
+    ):
+        for value in (password, access_key):
+            assert value not in text, f"{where} holds a data-store credential"
+    for log_file in (embedded / "jobs" / job_id).rglob("*.log"):
+        assert password not in log_file.read_text(errors="replace"), log_file
+    # The job ended for good: its credentials file is removed (by the LCM).
+    deadline = time.monotonic() + 30
+    while kept.exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not kept.exists(), f"{kept} outlived job {job_id}"
