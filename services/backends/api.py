@@ -89,6 +89,14 @@ class Backend(abc.ABC):
         """Stop the per-job helper, letting it finish its work (the platform is shutting
         down and the job stays; `rollback` stops it too)."""
 
+    def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
+        """Hand the job's running learners (and its log helper) their next TDS client
+        certificate (`{ca, cert, key}`): `<learner dir>/tds-tls.json`
+        (contract.credentials.TDS_TLS_FILE), which a log collector re-reads. A backend
+        that cannot refuses; the guardian logs it once, and the learners' logs stop
+        reaching the TDS when their certificate expires."""
+        raise BackendError(f"the {type(self).__name__} cannot renew running learners' certificates")
+
     @abc.abstractmethod
     def learner_exited(self, handle: int) -> int | None:
         """The exit code of a learner controller this process started, once it ended."""

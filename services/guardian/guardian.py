@@ -52,6 +52,8 @@ from services.backends.api import Backend, BackendError, JobSpec
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
+from services.security.api import TlsError
+from services.security.tls import InternalTls, renewal_due
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
 from services.store.job_secrets import JobSecrets
@@ -125,6 +127,9 @@ class GuardianConfig:
     # The job's own etcd user (`USER:PASSWORD`) from the LCM, for the learners; empty where
     # etcd has no authentication.
     etcd_credentials: str = field(default="", repr=False)
+    # The internal port's CA directory: the guardian re-issues the job's short-lived TDS
+    # certificate from it (`renew_job_certificate`). Empty: no renewal (plaintext).
+    tds_tls_dir: str = ""
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -185,6 +190,7 @@ class Guardian:
         self.terminate = threading.Event()
         self.wake = threading.Event()
         self.handles: dict[int, int] = {}
+        self._renewal_refused = False  # the backend cannot renew certificates: stop asking
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
         self.pipeline = PipelineFailover(self)
@@ -485,6 +491,7 @@ class Guardian:
                 self.backend.start_helper(spec)
             except BackendError as exc:
                 log.warning("job %s: the helper cannot start: %s", self.job_id, exc)
+            self.renew_job_certificate(spec)
             action = self.control().get("action")
             if action == "halt":
                 return self.halt(spec)
@@ -521,6 +528,24 @@ class Guardian:
                         f"{', '.join(ranks)} preempted; the runtime failed over)"
                     )
                 return self.finish(states.COMPLETED, message, exit_code=0)
+
+    def renew_job_certificate(self, spec: JobSpec) -> None:
+        """Past half its validity, the job's TDS client certificate is re-issued and handed
+        to the running learners (`Backend.renew_tls`); learners started later get it in
+        their spec. A backend that cannot is told once, and logged."""
+        if not self.config.tds_tls_dir or not spec.tds_tls or self._renewal_refused:
+            return
+        if not renewal_due(spec.tds_tls):
+            return
+        try:
+            fresh = InternalTls(Path(self.config.tds_tls_dir)).job_credentials(self.job_id)
+            self.backend.renew_tls(spec, fresh)
+        except (TlsError, BackendError, OSError) as exc:
+            self._renewal_refused = isinstance(exc, BackendError)
+            log.warning("job %s: cannot renew its TDS certificate: %s", self.job_id, exc)
+            return
+        spec.tds_tls = self.config.tds_tls = fresh
+        log.info("job %s: renewed its learners' TDS certificate", self.job_id)
 
     def learner_statuses(self, spec: JobSpec, max_restarts: int) -> dict[int, LearnerStatus] | int:
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))

@@ -48,6 +48,7 @@ def build(ctx: DaemonContext) -> Hosted:
             job_token=ctx.credentials.job_token if ctx.credentials else None,
             job_tls=ctx.internal_tls.job_credentials if ctx.internal_tls else None,
             etcd_root=etcd_root,
+            job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

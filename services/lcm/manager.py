@@ -49,6 +49,7 @@ from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
     JOB_ETCD_CREDENTIALS_ENV,
+    JOB_TLS_DIR_ENV,
     JOB_TLS_ENV,
     JOB_TOKEN_ENV,
 )
@@ -84,6 +85,9 @@ class LcmConfig:
     # etcd's root user when etcd requires authentication (`rhizome up`): the LCM makes each
     # job's own etcd user with it, for the job's learners. None: no authentication.
     etcd_root: EtcdCredentials | None = field(default=None, repr=False)
+    # The internal port's CA directory (with job_tls): guardians renew their job's
+    # certificate from it.
+    job_tls_dir: Path | None = None
 
 
 @dataclass
@@ -279,6 +283,8 @@ class LifecycleManager:
                     exc,
                 )
                 return
+            if self.config.job_tls_dir is not None:
+                env[JOB_TLS_DIR_ENV] = str(self.config.job_tls_dir)
         # The job directory may belong to the job's learner uid (local backend as root):
         # a link it left at guardian.log is refused, not followed as root.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK

@@ -31,6 +31,9 @@ JOB_TLS_ENV = "RHIZOME_JOB_TLS"
 # the LCM makes it with etcd's root user, the guardian pops it and puts it in each
 # learner's 0600 spec. Unset where etcd has no authentication.
 JOB_ETCD_CREDENTIALS_ENV = "RHIZOME_JOB_ETCD_CREDENTIALS"
+# The CA directory of the internal port, so that the guardian can re-issue its job's
+# short-lived TDS certificate (services/security/tls.py `renewal_due`). Popped too.
+JOB_TLS_DIR_ENV = "RHIZOME_JOB_TLS_DIR"
 
 
 HOW_TO_AUTHENTICATE = (

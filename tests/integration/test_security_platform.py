@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import secrets
 import ssl
 import stat
@@ -29,6 +30,7 @@ from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, job_etcd_u
 from services.client.sdk import Client
 from services.embedded.platform import load_state
 from services.security.etcd_auth import EtcdAuthFiles
+from services.security.tls import JOB_CERT_VALID_ENV
 from services.store.job_secrets import JobSecrets
 from services.store.mongo import connect
 from tests.integration.test_cli import rz
@@ -90,7 +92,12 @@ def code_zip(name: str, text: str) -> bytes:
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     data_dir = Path(tmp_path_factory.mktemp("etcd-auth-embedded"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    # Job certificates of 10 s (24 h by default), so that a job outlives its first one.
+    os.environ[JOB_CERT_VALID_ENV] = "10"
+    try:
+        rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    finally:
+        os.environ.pop(JOB_CERT_VALID_ENV)
     try:
         yield data_dir
     finally:
@@ -252,3 +259,36 @@ def test_data_store_credentials_stay_out_of_the_record_and_every_response(
     while kept.exists() and time.monotonic() < deadline:
         time.sleep(0.3)
     assert not kept.exists(), f"{kept} outlived job {job_id}"
+
+
+def test_a_job_outlives_its_first_certificate_and_ships_every_line(embedded: Path) -> None:
+    """Certificates of 10 s: the guardian renews the job's at half-life into the learner's
+    `tds-tls.json`, the collector follows, and lines printed after the first certificate
+    expired still reach the TDS over mutual TLS."""
+    state = load_state(embedded)
+    assert state is not None
+    ticks = 32  # 16 s of output, past the first certificate's 10 s
+    probe = f"import time\nfor i in range({ticks}):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
+    manifest = "name: renew-cert\nframework: {command: 'python ticks.py'}\n"
+    with Client(state.api_address, data_dir=embedded) as client:
+        job_id = client.create_job(manifest, code_zip("ticks.py", probe)).job_id
+        job = wait_done(client, job_id)
+        assert job.status == job_pb2.COMPLETED, job
+        deadline = time.monotonic() + 30
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            req = tds_pb2.LogsRequest(job_id=job_id, learner=-1)
+            lines = [ln.line for ln in client.logs(req)]
+            if f"tick {ticks - 1}" in lines:
+                break
+            time.sleep(0.5)
+    assert [ln for ln in lines if ln.startswith("tick ")] == [f"tick {i}" for i in range(ticks)]
+    learner = embedded / "jobs" / job_id / "learners" / "0"
+    first = json.loads((learner / "spec.json").read_text())["tds_tls"]["cert"]
+    renewed = json.loads((learner / "tds-tls.json").read_text())["cert"]
+    assert renewed != first
+    assert stat.S_IMODE((learner / "tds-tls.json").stat().st_mode) == 0o600
+    assert (
+        "renewed its learners' TDS certificate"
+        in (embedded / "jobs" / job_id / "guardian.log").read_text()
+    )
