@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import click
 
 from services.hosting import DaemonContext, Hosted, jobs_repository
+
+if TYPE_CHECKING:
+    from services.security.tls import InternalTls
 
 
 def build(ctx: DaemonContext) -> Hosted:
@@ -46,7 +54,9 @@ def build(ctx: DaemonContext) -> Hosted:
             place_locally=not has_scheduler,
             backend=config.backend,
             job_token=ctx.credentials.job_token if ctx.credentials else None,
-            job_tls=ctx.internal_tls.job_credentials if ctx.internal_tls else None,
+            job_tls=_job_certificates(ctx.internal_tls, config.backend)
+            if ctx.internal_tls
+            else None,
             etcd_root=etcd_root,
             job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
         ),
@@ -57,3 +67,16 @@ def build(ctx: DaemonContext) -> Hosted:
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LifecycleServicer(manager), ctx.server)
     name = lcm_pb2.DESCRIPTOR.services_by_name["LifecycleManager"].full_name
     return Hosted([name], manager.start, manager.stop)
+
+
+def _job_certificates(internal_tls: InternalTls, backend: str) -> Callable[[str], dict[str, str]]:
+    """How the LCM issues a job's TDS certificate: short-lived (24 h) where the guardian
+    can renew it in running learners (the local backend), else as long as a daemon's,
+    since a learner there would lose its log shipping when the first one expired."""
+    from services.security.tls import CLIENT_DAYS
+
+    if backend == "local":
+        return internal_tls.job_credentials
+    return functools.partial(
+        internal_tls.job_credentials, valid=datetime.timedelta(days=CLIENT_DAYS)
+    )
