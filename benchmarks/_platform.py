@@ -1,5 +1,8 @@
 """A throwaway platform for the lifecycle benchmarks: real etcd, a real MongoDB-wire
-server and the daemon (api + lcm) in a temporary directory, on free ports."""
+server and the daemon (api + lcm) in a temporary directory, on free ports. etcd runs with
+authentication, as under `rhizome up`: the daemon gets its credential files (and the
+store URIs) in its environment, and this process's own etcd clients authenticate as the
+platform user (`RHIZOME_ETCD_CREDENTIALS_FILE`, set on entry)."""
 
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "gen")]
 
+from contract.env import ETCD_CREDENTIALS_FILE  # noqa: E402
 from contract.procs import free_port  # noqa: E402
 from services.embedded.platform import DaemonServer  # noqa: E402
 from services.embedded.servers import EtcdServer, MongoServer  # noqa: E402
+from services.security.etcd_auth import EtcdAuthFiles, ensure_etcd_auth  # noqa: E402
 
 
 class BenchPlatform:
@@ -32,22 +37,29 @@ class BenchPlatform:
         self.mongo = MongoServer(self.data_dir / "deps" / "mongo")
         self.port, self.rest = free_port(), free_port()
         self.daemon: DaemonServer | None = None
+        self.etcd_auth: EtcdAuthFiles | None = None
 
     def __enter__(self) -> BenchPlatform:
         self.etcd.start()
+        self.etcd_auth = ensure_etcd_auth(self.data_dir, self.etcd.url)
+        os.environ.update(self.etcd_auth.client_environ())
         self.mongo.start()
         self.start_daemon()
         return self
 
     def start_daemon(self) -> None:
         args = [
-            f"--mongodb-uri={self.mongo.url}",
-            f"--etcd={self.etcd.url}",
             f"--services={self.services}",
             f"--admin-token-file={self.data_dir / 'admin.token'}",
             *self.daemon_args,
         ]
-        self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args)
+        assert self.etcd_auth is not None
+        environ = {
+            "RHIZOME_MONGODB_URI": self.mongo.url,
+            "RHIZOME_ETCD": self.etcd.url,
+            **self.etcd_auth.daemon_environ(),
+        }
+        self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args, environ=environ)
         self.daemon.start_timeout_s = 60
         self.daemon.start()
 
@@ -71,6 +83,7 @@ class BenchPlatform:
             self.daemon.stop(timeout_s=30)
         self.mongo.stop()
         self.etcd.stop()
+        os.environ.pop(ETCD_CREDENTIALS_FILE, None)
         if os.environ.get("RHIZOME_BENCH_KEEP") != "1":
             shutil.rmtree(self.data_dir, ignore_errors=True)
         else:

@@ -35,6 +35,10 @@ _SECRET_PARAM = re.compile(
     r"access_?key)[a-z0-9_.-]*)=)[^&;\s#'\"]*"
 )
 REDACTED = "***"
+# A learner's renewed TDS client certificate (`{ca, cert, key}` JSON, 0600) in its learner
+# directory: the guardian writes the next one before the last expires (job certificates
+# are short-lived); the log collector prefers it to its spec's `tds_tls` and re-reads it.
+TDS_TLS_FILE = "tds-tls.json"
 
 
 def redact_uri(text: str) -> str:

@@ -21,6 +21,7 @@ Written by the platform (the local backend, from the guardian's job spec):
 | `RHIZOME_RESTART_S` | `restart_s` | platform's mean restart time R (allocation + preparation) | `300` |
 | `RHIZOME_JOIN_TOKEN` | `join_token` | a pipeline learner started as a replacement: its admission token (the runtime gets it as `RHIZOME_RUNTIME_JOIN_TOKEN`) | unset |
 | `RHIZOME_ELASTIC_ETCD` | `elastic_etcd` | an elastic job's learner (manifest `elastic:`): the etcd URL its workers coordinate through (`learner.elastic.join` reads it, with `RHIZOME_JOB_ID`) | unset |
+| `RHIZOME_ETCD_CREDENTIALS_FILE` | (read by `contract.etcd.EtcdClient`) | a 0600 `USER:PASSWORD` file: the etcd user of the job (never the platform's), written by the learner controller for its command when etcd requires authentication | unset: no authentication |
 
 Checkpointing knobs (a manifest's `env` may set them; the backend passes them on):
 
@@ -87,6 +88,12 @@ MTTP_S = "RHIZOME_MTTP_S"
 RESTART_S = "RHIZOME_RESTART_S"
 JOIN_TOKEN = "RHIZOME_JOIN_TOKEN"
 ELASTIC_ETCD = "RHIZOME_ELASTIC_ETCD"
+# The etcd user every `contract.etcd.EtcdClient` of a process authenticates as, when
+# etcd runs with authentication (`rhizome up`): the path of a 0600 `USER:PASSWORD` file.
+# The platform's processes get the platform user's; a learner controller writes its
+# job's own user (from its spec) to a file and names it here for its command, so the
+# runtime's store, its cluster state and the elastic worker authenticate unchanged.
+ETCD_CREDENTIALS_FILE = "RHIZOME_ETCD_CREDENTIALS_FILE"
 GRACE_S = "RHIZOME_GRACE_S"
 BACKUP_URL = "RHIZOME_BACKUP_URL"
 S3_ENDPOINT_URL = "RHIZOME_S3_ENDPOINT_URL"

@@ -23,6 +23,8 @@ Every call that cannot reach etcd raises `StoreUnavailable` naming the URL and w
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -196,10 +198,22 @@ class EtcdCredentials:
             raise ValueError(
                 f"{path} holds an etcd password but has mode {mode:o}: chmod 600 {path}"
             )
-        user, sep, password = path.read_text().strip().partition(":")
+        try:
+            return cls.parse(path.read_text())
+        except ValueError:
+            raise ValueError(f"{path} must hold USER:PASSWORD on one line") from None
+
+    @classmethod
+    def parse(cls, text: str) -> EtcdCredentials:
+        """From `USER:PASSWORD` (the file's line, and how a learner spec carries them)."""
+        user, sep, password = text.strip().partition(":")
         if not sep or not user or not password:
-            raise ValueError(f"{path} must hold USER:PASSWORD on one line")
+            raise ValueError("etcd credentials must be USER:PASSWORD")
         return cls(user, password)
+
+    def line(self) -> str:
+        """`USER:PASSWORD`, the inverse of `parse` (a secret: never print it)."""
+        return f"{self.user}:{self.password}"
 
     def write(self, path: Path) -> None:
         """Store as `USER:PASSWORD`, mode 0600 from the first byte."""
@@ -209,17 +223,68 @@ class EtcdCredentials:
             tmp.unlink()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
-            fh.write(f"{self.user}:{self.password}\n")
+            fh.write(self.line() + "\n")
         os.replace(tmp, path)
+
+
+# etcd's superuser, which only the LCM holds (to make and remove each job's etcd user);
+# a platform-only variable, so it is not in contract/env.py's learner contract. The
+# platform's own clients name theirs in `env.ETCD_CREDENTIALS_FILE`.
+ETCD_ROOT_CREDENTIALS_FILE = "RHIZOME_ETCD_ROOT_CREDENTIALS_FILE"
+
+
+def _credentials_named_by(variable: str) -> EtcdCredentials | None:
+    """The credentials in the file `$variable` names; None when it is unset. A file that
+    is missing, unreadable, readable by others or malformed is an EtcdAuthError naming
+    the variable and the fix: a client must not quietly fall back to no identity."""
+    path = os.environ.get(variable, "")
+    if not path:
+        return None
+    try:
+        return EtcdCredentials.from_file(Path(path))
+    except OSError as exc:
+        raise EtcdAuthError(
+            f"${variable} names {path}, which cannot be read ({exc.strerror or exc}); "
+            "point it at the platform's etcd credentials file (`rhizome up` writes "
+            "<data dir>/etcd-auth/) or unset it for an etcd without authentication"
+        ) from None
+    except ValueError as exc:
+        raise EtcdAuthError(f"${variable}: {exc}") from None
+
+
+def credentials_from_env() -> EtcdCredentials | None:
+    """The etcd user this process authenticates as: the file `$RHIZOME_ETCD_CREDENTIALS_FILE`
+    names (contract/env.py), or None (etcd without authentication)."""
+    from contract.env import ETCD_CREDENTIALS_FILE
+
+    return _credentials_named_by(ETCD_CREDENTIALS_FILE)
+
+
+def root_credentials_from_env() -> EtcdCredentials | None:
+    """etcd's root user, from the file `$RHIZOME_ETCD_ROOT_CREDENTIALS_FILE` names (the
+    daemon hosting the LCM, under `rhizome up`); None where it is not given."""
+    return _credentials_named_by(ETCD_ROOT_CREDENTIALS_FILE)
 
 
 class EtcdClient:
     """JSON values, compare-and-set, leases and watches on one etcd endpoint; with
-    `credentials`, as that etcd user (etcd with authentication enabled)."""
+    `credentials`, as that etcd user (etcd with authentication enabled).
+
+    Without `credentials` the client takes the user of the file
+    `$RHIZOME_ETCD_CREDENTIALS_FILE` names, when set (`credentials_from_env`): that is how
+    every etcd client of the platform and of a learner authenticates without its call
+    site knowing. `anonymous=True` ignores it (enabling authentication on a fresh etcd)."""
 
     def __init__(
-        self, url: str, timeout_s: float = 5.0, credentials: EtcdCredentials | None = None
+        self,
+        url: str,
+        timeout_s: float = 5.0,
+        credentials: EtcdCredentials | None = None,
+        *,
+        anonymous: bool = False,
     ) -> None:
+        if credentials is None and not anonymous:
+            credentials = credentials_from_env()
         self.url = url
         self._credentials = credentials
         self.reauthentications = 0  # times an expired auth token was replaced
@@ -262,7 +327,8 @@ class EtcdClient:
     def connect(
         cls, url: str, timeout_s: float = 5.0, credentials: EtcdCredentials | None = None
     ) -> EtcdClient:
-        """A client whose server answered a status call, or StoreUnavailable."""
+        """A client whose server answered a status call, or StoreUnavailable (credentials
+        as for the constructor)."""
         client = cls(url, timeout_s, credentials)
         with client._errors("connect"):
             client.raw.status()
@@ -342,7 +408,19 @@ class EtcdClient:
         return out
 
     def revision(self) -> int:
-        resp = self._run("status", lambda: self.raw.get_response("/"))
+        """The store's current revision. Asked of the Status call, which any authenticated
+        user may make: a read of a key would need a role covering that key."""
+        from pyetcd import etcdrpc
+
+        resp = self._run(
+            "status",
+            lambda: self.raw.maintenancestub.Status(
+                etcdrpc.StatusRequest(),
+                self.raw.timeout,
+                credentials=self.raw.call_credentials,
+                metadata=self.raw.metadata,
+            ),
+        )
         return int(resp.header.revision)
 
     # -- write ----------------------------------------------------------------------------
@@ -676,7 +754,7 @@ def enable_auth(
     as it is (its users were made by an earlier call)."""
     from pyetcd import etcdrpc
 
-    client = EtcdClient(url, timeout_s)
+    client = EtcdClient(url, timeout_s, anonymous=True)
     try:
         with client._errors("enable authentication"):
             raw = client.raw
@@ -699,19 +777,32 @@ def job_etcd_user(job_id: str) -> str:
     return f"rhizome-job-{job_id}"
 
 
+def job_etcd_password(root: EtcdCredentials, job_id: str) -> str:
+    """The password of `job_id`'s etcd user, derived from the root password: the same for
+    every guardian the LCM starts for the job, so a restarted guardian's learners (which
+    keep the password they were given) can still authenticate; rotating the root
+    password changes every job's."""
+    digest = hmac.new(root.password.encode(), f"etcd-job:{job_id}".encode(), hashlib.sha256)
+    return digest.hexdigest()
+
+
 def add_job_user(
-    url: str, root: EtcdCredentials, job_id: str, timeout_s: float = 5.0
+    url: str,
+    root: EtcdCredentials,
+    job_id: str,
+    timeout_s: float = 5.0,
+    password: str | None = None,
 ) -> EtcdCredentials:
-    """A new etcd user for `job_id`'s learners, with a fresh random password, whose role
-    reads and writes only under the job's own prefix (`etcd_keys.job_prefix`: its status,
-    control, runtime and elastic keys all live there). Creating users takes etcd's root
-    user. Called again for the same job, it sets a new password (a redeploy)."""
+    """An etcd user for `job_id`'s learners whose role reads and writes only under the
+    job's own prefix (`etcd_keys.job_prefix`: its status, control, runtime and elastic
+    keys all live there), with `password` (default: a fresh random one). Creating users
+    takes etcd's root user. Called again for the same job, it sets the password given."""
     import secrets
 
     from contract import etcd_keys
 
     user = job_etcd_user(job_id)
-    credentials = EtcdCredentials(user, secrets.token_urlsafe(24))
+    credentials = EtcdCredentials(user, password or secrets.token_urlsafe(24))
     client = EtcdClient(url, timeout_s, credentials=root)
     try:
         with client._errors(f"add etcd user {user}"):

@@ -59,6 +59,11 @@ class LearnerSpec:
     # `{ca, cert, key}` PEM text, the job's own client certificate. Empty: plaintext.
     # Kept out of repr (the key); the spec file is 0600.
     tds_tls: dict[str, str] = field(default_factory=dict, repr=False)
+    # The job's own etcd user, `USER:PASSWORD` (`contract.etcd.EtcdCredentials.parse`), whose
+    # role covers only the job's prefix, when etcd requires authentication: the controller
+    # authenticates with it and hands it to its command in a 0600 file
+    # (`RHIZOME_ETCD_CREDENTIALS_FILE`). Kept out of repr; the spec file is 0600.
+    etcd_credentials: str = field(default="", repr=False)
     metric_sources: Any = None  # the manifest's `evaluation_metrics`
     grace_s: float = 10.0  # SIGTERM -> SIGKILL on halt
     lease_ttl_s: int = 2

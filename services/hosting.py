@@ -118,9 +118,13 @@ def mongo_database(ctx: DaemonContext) -> Any:
 def jobs_repository(ctx: DaemonContext) -> JobsRepository:
     """One jobs repository per daemon (indexes ensured once), shared by its services."""
     if "jobs" not in ctx.shared:
+        from services.store.job_secrets import JobSecrets
         from services.store.jobs import JobsRepository
 
-        repo = JobsRepository(mongo_database(ctx))
+        # A submit's data-store credentials go to the data directory, not the record.
+        repo = JobsRepository(
+            mongo_database(ctx), secrets=JobSecrets.in_data_dir(ctx.config.data_dir)
+        )
         repo.ensure_indexes()
         ctx.shared["jobs"] = repo
     return cast("JobsRepository", ctx.shared["jobs"])

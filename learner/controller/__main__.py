@@ -13,11 +13,14 @@ import signal
 import sys
 from pathlib import Path
 
-from contract.env import LearnerConfigError, LearnerEnv
-from contract.etcd import EtcdClient
+from contract.env import ETCD_CREDENTIALS_FILE, LearnerConfigError, LearnerEnv
+from contract.etcd import EtcdClient, EtcdCredentials
 from contract.learner_spec import LearnerSpec
 from contract.status import ExitCode
 from learner.controller.controller import Controller, keep_streams_for_command
+
+# In the learner's own directory (its uid's, 0700 above it), mode 0600.
+ETCD_CREDENTIALS_FILE_NAME = "etcd.credentials"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     except LearnerConfigError as exc:
         print(f"learner controller: {exc}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    if spec.etcd_credentials:
+        # The job's own etcd user, for this controller and, through the file the variable
+        # names, for its command (the runtime's store, the elastic worker): every
+        # `EtcdClient` of theirs authenticates by itself (contract/etcd.py).
+        path = spec.learner_dir / ETCD_CREDENTIALS_FILE_NAME
+        try:
+            EtcdCredentials.parse(spec.etcd_credentials).write(path)
+        except (OSError, ValueError) as exc:
+            print(f"learner controller: cannot keep its etcd credentials: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        os.environ[ETCD_CREDENTIALS_FILE] = str(path)
     controller = Controller(spec, EtcdClient(spec.etcd_url))
     if spec.passthrough:
         # Our stdout/stderr are the container's: the command's from here on (errors above,

@@ -59,7 +59,12 @@ import tenacity
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
 from contract.containers import COLLECTOR_TLS_ENV, COLLECTOR_TOKEN_ENV
-from contract.credentials import internal_channel, tls_channel_credentials, with_bearer
+from contract.credentials import (
+    TDS_TLS_FILE,
+    internal_channel,
+    tls_channel_credentials,
+    with_bearer,
+)
 from contract.logs import COMMAND_STREAMS
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
 from learner.controller.metric_sources.tail import LineTailer
@@ -146,6 +151,78 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
 
 
+class RenewingStub:
+    """The TDS stub of a collector, over a channel opened again whenever the learner's
+    renewed client certificate (`tds_file`, JSON `{ca, cert, key}` the guardian writes)
+    changes; until there is one, the spec's `tls`. Attribute access returns a function
+    that calls the current stub, so a call bound once (a retried one) follows a renewal."""
+
+    CHECK_INTERVAL_S = 1.0
+
+    def __init__(
+        self, address: str, token: str, tls: Mapping[str, str] | None, tds_file: Path
+    ) -> None:
+        self.address, self.token, self.tds_file = address, token, tds_file
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int] | None = None
+        self._checked = 0.0
+        self._channel = self._open(tls)
+        self._stub = tds_pb2_grpc.TrainingDataStub(self._channel)
+        self._current()  # a renewed certificate from before a restart wins at once
+
+    def _open(self, tls: Mapping[str, str] | None) -> grpc.Channel:
+        # With `tls` the channel is mutual TLS (the internal port of a TLS platform admits
+        # only certificates of its CA); the job token goes on every call on top.
+        raw = internal_channel(
+            self.address,
+            tls_channel_credentials(tls) if tls else None,
+            options=[
+                # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        return with_bearer(raw, self.token)
+
+    def _current(self) -> Any:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked < self.CHECK_INTERVAL_S and self._seen is not None:
+                return self._stub
+            self._checked = now
+            try:
+                st = self.tds_file.stat()
+            except OSError:
+                return self._stub  # no renewal yet
+            seen = (st.st_mtime_ns, st.st_size)
+            if seen == self._seen:
+                return self._stub
+            try:
+                tls = json.loads(self.tds_file.read_text())
+                channel = self._open(tls)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("renewed TDS certificate in %s not usable: %s", self.tds_file, exc)
+                return self._stub
+            self._seen = seen
+            old, self._channel = self._channel, channel
+            self._stub = tds_pb2_grpc.TrainingDataStub(channel)
+            old.close()
+            log.info("TDS channel opened again with the renewed certificate")
+            return self._stub
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self._current(), name)(*args, **kwargs)
+
+        return call
+
+    def close(self) -> None:
+        with self._lock:
+            self._channel.close()
+
+
 class Collector:
     def __init__(
         self,
@@ -224,19 +301,10 @@ class Collector:
         # refuses calls without a credential, and confines this one to its own job.
         # With `tls` (LearnerSpec.tds_tls) the channel is mutual TLS: the internal port of a
         # TLS platform admits only certificates of its CA.
-        self._raw_channel = internal_channel(
-            tds_address,
-            tls_channel_credentials(tls) if tls else None,
-            options=[
-                # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ],
-        )
-        self._channel = with_bearer(self._raw_channel, token)
-        self._stub = tds_pb2_grpc.TrainingDataStub(self._channel)
+        # A job's certificate is short-lived: the guardian writes the next one to
+        # `tds-tls.json` beside the logs, and every call (retries included) goes through
+        # a channel opened with the newest (`RenewingStub`).
+        self._stub = RenewingStub(tds_address, token, tls, self.dir / TDS_TLS_FILE)
         self._verified: dict[str, Any] = {}
         self._load_offsets()
         if not self._verified:
@@ -585,7 +653,7 @@ class Collector:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._channel.close()
+        self._stub.close()
         return self.error is None and not self.pending_lines and not self.pending_samples
 
 

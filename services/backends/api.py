@@ -53,6 +53,9 @@ class JobSpec:
     # The learners' mutual-TLS client certificate for the TDS (`{ca, cert, key}` PEM text;
     # empty on a plaintext platform): LearnerSpec.tds_tls.
     tds_tls: dict[str, str] = field(default_factory=dict, repr=False)
+    # The job's own etcd user, `USER:PASSWORD` (LearnerSpec.etcd_credentials); empty where
+    # etcd has no authentication.
+    etcd_credentials: str = field(default="", repr=False)
     # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
     # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0
@@ -85,6 +88,14 @@ class Backend(abc.ABC):
     def stop_helper(self, job_id: str, job_dir: str) -> None:  # noqa: B027 - optional hook
         """Stop the per-job helper, letting it finish its work (the platform is shutting
         down and the job stays; `rollback` stops it too)."""
+
+    def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
+        """Hand the job's running learners (and its log helper) their next TDS client
+        certificate (`{ca, cert, key}`): `<learner dir>/tds-tls.json`
+        (contract.credentials.TDS_TLS_FILE), which a log collector re-reads. A backend
+        that cannot refuses; the guardian logs it once, and the learners' logs stop
+        reaching the TDS when their certificate expires."""
+        raise BackendError(f"the {type(self).__name__} cannot renew running learners' certificates")
 
     @abc.abstractmethod
     def learner_exited(self, handle: int) -> int | None:

@@ -21,11 +21,13 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from contract.etcd import StoreUnavailable
 from contract.procs import free_port, pid_alive, stop_process_group
 from services.embedded.process import DependencyError, ManagedServer
 from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
 from services.embedded.supervisor import LOG_FILE as SUPERVISOR_LOG
 from services.embedded.supervisor import restart_recipe, state_lock
+from services.security.etcd_auth import EtcdAuthFiles, EtcdAuthSetupError, ensure_etcd_auth
 
 STATE_FILE = "platform.json"
 Progress = Callable[[str], None]
@@ -96,11 +98,16 @@ class DaemonServer(ManagedServer):
         rest_port: int,
         args: list[str],
         tls: TlsChoice | None = None,
+        environ: dict[str, str] | None = None,
     ) -> None:
         super().__init__(data_dir, port)
         self.rest_port = rest_port
         self.args = [*args, *(tls.daemon_args() if tls else [])]
         self.tls = tls
+        self._environ = dict(environ or {})
+
+    def environ(self) -> dict[str, str]:
+        return self._environ
 
     def argv(self) -> list[str]:
         return [
@@ -359,7 +366,7 @@ def up(
         started.append(server)
         state.processes[key] = {
             "pid": info.pid,
-            **restart_recipe(server.argv(), server.data_dir, Path(info.log_path)),
+            **restart_recipe(server.argv(), server.data_dir, Path(info.log_path), server.environ()),
         }
         state.ports[key] = server.port
         progress(f"{what} is healthy ({info.url}, log {info.log_path})")
@@ -378,6 +385,15 @@ def up(
         )
         state.ports["etcd-peer"] = etcd.peer_port
         state.urls["etcd"] = launch("etcd", etcd, "etcd")
+    etcd_auth: EtcdAuthFiles | None = None
+    if not etcd_url:  # our own etcd (a URL of yours keeps its own users: docs/security.md)
+        try:
+            etcd_auth = ensure_etcd_auth(data_dir, state.urls["etcd"])
+        except (EtcdAuthSetupError, StoreUnavailable) as exc:
+            for server in reversed(started):
+                server.stop()
+            save_state(PlatformState(str(data_dir), ports=state.ports))
+            raise DependencyError(f"etcd authentication: {exc}") from exc
     if mongodb_uri:
         state.urls["mongodb"] = mongodb_uri
     elif "mongodb" not in state.processes:
@@ -405,11 +421,17 @@ def up(
         mport = _pick(state.ports.get("metrics"))
         args = [
             f"--metrics-address=127.0.0.1:{mport}",
-            f"--mongodb-uri={state.urls['mongodb']}",
-            f"--etcd={state.urls['etcd']}",
-            f"--elasticsearch-url={state.urls['elasticsearch']}",
             f"--admin-token-file={data_dir / 'admin.token'}",  # 0600; the CLI and SDK read it
         ]
+        # The store URIs (a URL of yours may hold a password) and the etcd credential
+        # files go in the daemon's environment, not its command line: any local user, a
+        # learner uid included, can read /proc/PID/cmdline.
+        environ = {
+            "RHIZOME_MONGODB_URI": state.urls["mongodb"],
+            "RHIZOME_ETCD": state.urls["etcd"],
+            "RHIZOME_ELASTICSEARCH_URL": state.urls["elasticsearch"],
+            **(etcd_auth.daemon_environ() if etcd_auth else {}),
+        }
         if not services:
             from services.daemon import available_services
 
@@ -419,7 +441,7 @@ def up(
             args.append(f"--backend={backend}")
         if state.urls.get("docker"):
             args.append(f"--docker-host={state.urls['docker']}")
-        daemon = DaemonServer(data_dir, gport, rport, args, serving)
+        daemon = DaemonServer(data_dir, gport, rport, args, serving, environ)
         state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
         state.ports["rest"] = rport
         state.tls, state.tls_ca = serving.enabled, serving.ca

@@ -60,6 +60,12 @@ class ManagedServer(abc.ABC):
     @abc.abstractmethod
     def healthy(self) -> bool: ...
 
+    def environ(self) -> dict[str, str]:
+        """Variables the process gets on top of ours: where a setting is a secret (a store
+        URI with a password, a credentials file), since `/proc/PID/cmdline` is readable
+        by every local user and `/proc/PID/environ` only by the process's own uid."""
+        return {}
+
     # -- shared mechanics -----------------------------------------------------------
     @property
     def log_path(self) -> Path:
@@ -79,6 +85,7 @@ class ManagedServer(abc.ABC):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
+                env={**os.environ, **self.environ()},
                 start_new_session=True,
             )
         except FileNotFoundError as exc:

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import fcntl
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -51,9 +52,15 @@ def state_lock(data_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def restart_recipe(argv: list[str], cwd: Path, log_path: Path) -> dict[str, Any]:
-    """What the supervisor needs to start a process again, kept beside its pid."""
-    return {"argv": list(argv), "cwd": str(cwd), "log": str(log_path)}
+def restart_recipe(
+    argv: list[str], cwd: Path, log_path: Path, environ: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """What the supervisor needs to start a process again, kept beside its pid: `environ`
+    holds the variables it got on top of `up`'s environment (`ManagedServer.environ`)."""
+    recipe: dict[str, Any] = {"argv": list(argv), "cwd": str(cwd), "log": str(log_path)}
+    if environ:
+        recipe["env"] = dict(environ)
+    return recipe
 
 
 @dataclass
@@ -159,6 +166,7 @@ class Supervisor:
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
                         cwd=proc["cwd"],
+                        env={**os.environ, **proc.get("env", {})},
                         start_new_session=True,
                     )
             except OSError as exc:

@@ -23,6 +23,8 @@ from services.guardian.guardian import Guardian, GuardianConfig
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
+    JOB_ETCD_CREDENTIALS_ENV,
+    JOB_TLS_DIR_ENV,
     JOB_TLS_ENV,
     JOB_TOKEN_ENV,
 )
@@ -89,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             # guardian starts inherits it except through the learner spec.
             tds_token=os.environ.pop(JOB_TOKEN_ENV, ""),
             tds_tls=_job_tls(os.environ.pop(JOB_TLS_ENV, "")),
+            # The job's etcd user for its learners, popped for the same reason.
+            etcd_credentials=os.environ.pop(JOB_ETCD_CREDENTIALS_ENV, ""),
+            tds_tls_dir=os.environ.pop(JOB_TLS_DIR_ENV, ""),
         )
         etcd = EtcdClient.connect(config.etcd_url)
         db = connect(config.mongodb_uri)

@@ -52,8 +52,11 @@ from services.backends.api import Backend, BackendError, JobSpec
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
 from services.manifest import Manifest
+from services.security.api import TlsError
+from services.security.tls import InternalTls, renewal_due
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
+from services.store.job_secrets import JobSecrets
 from services.store.jobs import JobRecord, JobsRepository
 from services.store.preemption_stats import PreemptionStatsRepository
 
@@ -121,6 +124,12 @@ class GuardianConfig:
     tds_address: str = ""
     tds_token: str = field(default="", repr=False)  # the job token (services/security)
     tds_tls: dict[str, str] = field(default_factory=dict, repr=False)  # the job's client cert
+    # The job's own etcd user (`USER:PASSWORD`) from the LCM, for the learners; empty where
+    # etcd has no authentication.
+    etcd_credentials: str = field(default="", repr=False)
+    # The internal port's CA directory: the guardian re-issues the job's short-lived TDS
+    # certificate from it (`renew_job_certificate`). Empty: no renewal (plaintext).
+    tds_tls_dir: str = ""
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -181,6 +190,7 @@ class Guardian:
         self.terminate = threading.Event()
         self.wake = threading.Event()
         self.handles: dict[int, int] = {}
+        self._renewal_refused = False  # the backend cannot renew certificates: stop asking
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
         self.pipeline = PipelineFailover(self)
@@ -259,6 +269,11 @@ class Guardian:
 
     def spec(self, job: JobRecord, generation: int, master_port: int) -> JobSpec:
         manifest = job.spec
+        if job.secrets:  # the data-store credentials the record only refers to
+            resolved = JobSecrets.in_data_dir(self.config.data_dir).resolve(
+                job.job_id, job.manifest
+            )
+            manifest = Manifest.from_document(resolved)
         grace_s = manifest.checkpoint.grace_s
         return JobSpec(
             job_id=job.job_id,
@@ -278,6 +293,7 @@ class Guardian:
             tds_address=self.config.tds_address,
             tds_token=self.config.tds_token,
             tds_tls=self.config.tds_tls,
+            etcd_credentials=self.config.etcd_credentials,
             grace_s=self.config.learner_grace_s if grace_s is None else grace_s,
             platform_env=self.preemption_env(manifest),
         )
@@ -353,9 +369,10 @@ class Guardian:
                 self.job_id, states.DEPLOYING, "deploying", expect_version=job.version
             )
         generation = self.etcd.revision()
-        spec = self.spec(job, generation, free_port())
         attempt = job.attempts
         try:
+            # In the try: credentials that cannot be found fail this attempt, naming why.
+            spec = self.spec(job, generation, free_port())
             for step in STEPS:
                 if self.control().get("action") in ("halt", "delete"):
                     self.rollback()
@@ -474,6 +491,7 @@ class Guardian:
                 self.backend.start_helper(spec)
             except BackendError as exc:
                 log.warning("job %s: the helper cannot start: %s", self.job_id, exc)
+            self.renew_job_certificate(spec)
             action = self.control().get("action")
             if action == "halt":
                 return self.halt(spec)
@@ -510,6 +528,24 @@ class Guardian:
                         f"{', '.join(ranks)} preempted; the runtime failed over)"
                     )
                 return self.finish(states.COMPLETED, message, exit_code=0)
+
+    def renew_job_certificate(self, spec: JobSpec) -> None:
+        """Past half its validity, the job's TDS client certificate is re-issued and handed
+        to the running learners (`Backend.renew_tls`); learners started later get it in
+        their spec. A backend that cannot is told once, and logged."""
+        if not self.config.tds_tls_dir or not spec.tds_tls or self._renewal_refused:
+            return
+        if not renewal_due(spec.tds_tls):
+            return
+        try:
+            fresh = InternalTls(Path(self.config.tds_tls_dir)).job_credentials(self.job_id)
+            self.backend.renew_tls(spec, fresh)
+        except (TlsError, BackendError, OSError) as exc:
+            self._renewal_refused = isinstance(exc, BackendError)
+            log.warning("job %s: cannot renew its TDS certificate: %s", self.job_id, exc)
+            return
+        spec.tds_tls = self.config.tds_tls = fresh
+        log.info("job %s: renewed its learners' TDS certificate", self.job_id)
 
     def learner_statuses(self, spec: JobSpec, max_restarts: int) -> dict[int, LearnerStatus] | int:
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))

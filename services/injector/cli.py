@@ -10,11 +10,12 @@ from pathlib import Path
 import click
 
 from contract.credentials import redact_uri
-from contract.etcd import EtcdClient, StoreUnavailable
+from contract.etcd import EtcdClient, EtcdCredentials, StoreUnavailable
 from services.config import DEFAULT_DATA_DIR
 from services.embedded.platform import load_state
 from services.injector.injector import Injector, exponential_schedule, trace_schedule
 from services.injector.targets import InjectorError, JobTargets, PidTargets, Targets
+from services.security.etcd_auth import platform_credentials
 from services.sim.traces import TraceError
 
 
@@ -133,6 +134,7 @@ def inject(
         raise click.UsageError("give exactly one of --trace FILE or --mttp SECONDS")
     if bool(pids) == (job_id is not None):
         raise click.UsageError("give --pid PID (repeatable) or --job JOB_ID, not both or neither")
+    credentials: EtcdCredentials | None = None  # else $RHIZOME_ETCD_CREDENTIALS_FILE's
     if job_id is not None and not etcd_url:
         state = load_state(data_dir)
         etcd_url = state.urls.get("etcd", "") if state is not None else ""
@@ -141,12 +143,16 @@ def inject(
                 f"--job needs the platform's etcd: no embedded platform in {data_dir} "
                 "(`rhizome up`), so pass --etcd URL or set RHIZOME_ETCD"
             )
+        try:  # the embedded etcd requires its platform user
+            credentials = platform_credentials(data_dir)
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(f"the platform's etcd credentials: {exc}") from exc
     etcd: EtcdClient | None = None
     try:
         targets: Targets
         nodes: int | None = None
         if job_id is not None:
-            etcd = EtcdClient.connect(etcd_url)
+            etcd = EtcdClient.connect(etcd_url, credentials=credentials)
             job = JobTargets(etcd, job_id)
             job.check()
             targets, nodes = job, job.learners()

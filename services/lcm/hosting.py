@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import click
 
 from services.hosting import DaemonContext, Hosted, jobs_repository
 
+if TYPE_CHECKING:
+    from services.security.tls import InternalTls
+
 
 def build(ctx: DaemonContext) -> Hosted:
+    import os
+
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
-    from contract.etcd import EtcdClient
+    from contract.etcd import (
+        ETCD_ROOT_CREDENTIALS_FILE,
+        EtcdAuthError,
+        EtcdClient,
+        root_credentials_from_env,
+    )
     from services.lcm.manager import LcmConfig, LifecycleManager
     from services.lcm.servicer import LifecycleServicer
 
@@ -23,6 +38,13 @@ def build(ctx: DaemonContext) -> Hosted:
     tds = config.internal_address if "tds" in config.services else config.peers.get("tds", "")
     tds = config.learner_tds_address or tds
     has_scheduler = "scheduler" in config.services or "scheduler" in config.peers
+    try:  # etcd's root user, to make each job's own etcd user (`rhizome up` gives it)
+        etcd_root = root_credentials_from_env()
+    except EtcdAuthError as exc:
+        raise click.UsageError(str(exc)) from exc
+    # Read once and dropped: the guardians and everything they start inherit our
+    # environment, and none of them may act as etcd's root.
+    os.environ.pop(ETCD_ROOT_CREDENTIALS_FILE, None)
     manager = LifecycleManager(
         LcmConfig(
             data_dir=config.data_dir,
@@ -32,7 +54,11 @@ def build(ctx: DaemonContext) -> Hosted:
             place_locally=not has_scheduler,
             backend=config.backend,
             job_token=ctx.credentials.job_token if ctx.credentials else None,
-            job_tls=ctx.internal_tls.job_credentials if ctx.internal_tls else None,
+            job_tls=_job_certificates(ctx.internal_tls, config.backend)
+            if ctx.internal_tls
+            else None,
+            etcd_root=etcd_root,
+            job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),
@@ -41,3 +67,16 @@ def build(ctx: DaemonContext) -> Hosted:
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LifecycleServicer(manager), ctx.server)
     name = lcm_pb2.DESCRIPTOR.services_by_name["LifecycleManager"].full_name
     return Hosted([name], manager.start, manager.stop)
+
+
+def _job_certificates(internal_tls: InternalTls, backend: str) -> Callable[[str], dict[str, str]]:
+    """How the LCM issues a job's TDS certificate: short-lived (24 h) where the guardian
+    can renew it in running learners (the local backend), else as long as a daemon's,
+    since a learner there would lose its log shipping when the first one expired."""
+    from services.security.tls import CLIENT_DAYS
+
+    if backend == "local":
+        return internal_tls.job_credentials
+    return functools.partial(
+        internal_tls.job_credentials, valid=datetime.timedelta(days=CLIENT_DAYS)
+    )

@@ -34,18 +34,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, Lease
+from contract.etcd import (
+    EtcdClient,
+    EtcdCredentials,
+    Lease,
+    add_job_user,
+    job_etcd_password,
+    remove_job_user,
+)
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
+    JOB_ETCD_CREDENTIALS_ENV,
+    JOB_TLS_DIR_ENV,
     JOB_TLS_ENV,
     JOB_TOKEN_ENV,
 )
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
+from services.store.job_secrets import JobSecrets
 from services.store.jobs import JobsRepository
 
 log = logging.getLogger("rhizome.lcm")
@@ -72,6 +82,12 @@ class LcmConfig:
     # Issues a job's mutual-TLS client certificate (`{ca, cert, key}`) when the internal
     # port serves TLS (services/security/tls.py InternalTls); None on plaintext.
     job_tls: Callable[[str], dict[str, str]] | None = None
+    # etcd's root user when etcd requires authentication (`rhizome up`): the LCM makes each
+    # job's own etcd user with it, for the job's learners. None: no authentication.
+    etcd_root: EtcdCredentials | None = field(default=None, repr=False)
+    # The internal port's CA directory (with job_tls): guardians renew their job's
+    # certificate from it.
+    job_tls_dir: Path | None = None
 
 
 @dataclass
@@ -245,6 +261,18 @@ class LifecycleManager:
         env[GUARDIAN_MONGODB_URI_ENV] = self.config.mongodb_uri
         if self.config.job_token is not None:
             env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
+        if self.config.etcd_root is not None:
+            root = self.config.etcd_root
+            try:  # the same password for every guardian of the job: running learners keep theirs
+                user = add_job_user(
+                    self.config.etcd_url, root, job_id, password=job_etcd_password(root, job_id)
+                )
+            except StoreUnavailable as exc:
+                log.error(
+                    "job %s: cannot make its etcd user (%s); not starting its guardian", job_id, exc
+                )
+                return
+            env[JOB_ETCD_CREDENTIALS_ENV] = user.line()
         if self.config.job_tls is not None:
             try:
                 env[JOB_TLS_ENV] = json.dumps(self.config.job_tls(job_id))
@@ -255,6 +283,8 @@ class LifecycleManager:
                     exc,
                 )
                 return
+            if self.config.job_tls_dir is not None:
+                env[JOB_TLS_DIR_ENV] = str(self.config.job_tls_dir)
         # The job directory may belong to the job's learner uid (local backend as root):
         # a link it left at guardian.log is refused, not followed as root.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -290,6 +320,8 @@ class LifecycleManager:
             if code in (ExitCode.OK, GUARDIAN_ALREADY_GUARDED):
                 self.failures.pop(job_id, None)
                 self.not_before.pop(job_id, None)
+                if code == ExitCode.OK:
+                    self._job_ended(job_id)
             else:
                 # The first restart is immediate; a guardian that keeps dying backs off.
                 failures = 0 if lived > 30 else self.failures.get(job_id, 0) + 1
@@ -323,7 +355,31 @@ class LifecycleManager:
             pass  # purged: whatever it left is garbage too
         self.backend.rollback(job_id, str(self.config.data_dir / "jobs" / job_id))
         self.etcd.delete_prefix(etcd_keys.job_prefix(job_id))
+        self._job_ended(job_id)
         log.info("job %s: collected leftover keys", job_id)
+
+    def _job_ended(self, job_id: str) -> None:
+        """Once no learner of the job runs (it ended or was halted; not when its guardian
+        merely stopped with the daemon, whose learners carry on under a new guardian):
+        delete its etcd user (a resume makes it again) and, when it ended for good, the
+        file of its data-store credentials."""
+        try:
+            status = self.jobs.get(job_id).status
+        except JobNotFound:
+            status = states.DELETED
+        except StoreUnavailable as exc:
+            log.warning("job %s: its etcd user and credentials are kept (%s)", job_id, exc)
+            return
+        if status in states.ACTIVE_STATES:
+            return
+        if status != states.HALTED:  # a resume deploys it again with them
+            JobSecrets.in_data_dir(self.config.data_dir).remove(job_id)
+        if self.config.etcd_root is None:
+            return
+        try:
+            remove_job_user(self.config.etcd_url, self.config.etcd_root, job_id)
+        except StoreUnavailable as exc:
+            log.warning("job %s: cannot remove its etcd user (%s)", job_id, exc)
 
     # -- requests (any replica answers them) -------------------------------------------------
     def request(self, job_id: str, action: str, reason: str) -> str:
@@ -339,6 +395,8 @@ class LifecycleManager:
             with contextlib.suppress(StaleToken, states.IllegalTransition):
                 self.jobs.transition(job_id, target, reason, expect_version=job.version)
                 self.etcd.delete(etcd_keys.control(job_id))
+                if target == states.DELETED:  # never deployed: nothing else removes them
+                    JobSecrets.in_data_dir(self.config.data_dir).remove(job_id)
                 return f"job {job_id} {target.lower()}"
         self.wake.set()
         return f"{action} of job {job_id} requested"

@@ -27,6 +27,13 @@ GUARDIAN_MONGODB_URI_ENV = "RHIZOME_GUARDIAN_MONGODB_URI"
 # The job's mutual-TLS client certificate for the TDS (JSON `{ca, cert, key}`), the same
 # way: the key is a secret. Unset on a plaintext platform.
 JOB_TLS_ENV = "RHIZOME_JOB_TLS"
+# The job's own etcd user (`USER:PASSWORD`, scoped to the job's prefix), the same way:
+# the LCM makes it with etcd's root user, the guardian pops it and puts it in each
+# learner's 0600 spec. Unset where etcd has no authentication.
+JOB_ETCD_CREDENTIALS_ENV = "RHIZOME_JOB_ETCD_CREDENTIALS"
+# The CA directory of the internal port, so that the guardian can re-issue its job's
+# short-lived TDS certificate (services/security/tls.py `renewal_due`). Popped too.
+JOB_TLS_DIR_ENV = "RHIZOME_JOB_TLS_DIR"
 
 
 HOW_TO_AUTHENTICATE = (

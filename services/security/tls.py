@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,6 +230,24 @@ def ensure_certificates_in(directory: Path) -> TlsFiles:
 
 # -- mutual TLS on the internal port ------------------------------------------------------
 CLIENT_DAYS = 397
+# A job's certificate: short, since a learner runs the user's code and could leak it; the
+# guardian re-issues it at half-life (`renewal_due`) into each learner's `tds-tls.json`,
+# which the log collector re-reads (docs/security.md).
+JOB_CERT_VALID = datetime.timedelta(hours=24)
+CLOCK_SKEW = datetime.timedelta(minutes=5)  # a client certificate is valid from this long ago
+JOB_CERT_VALID_ENV = "RHIZOME_JOB_CERT_VALID_S"  # another validity, in seconds (tests)
+
+
+def job_cert_valid() -> datetime.timedelta:
+    """How long a job certificate is valid: `$RHIZOME_JOB_CERT_VALID_S`, else 24 h."""
+    raw = os.environ.get(JOB_CERT_VALID_ENV, "")
+    try:
+        seconds = float(raw) if raw else JOB_CERT_VALID.total_seconds()
+    except ValueError:
+        raise TlsError(f"${JOB_CERT_VALID_ENV} is {raw!r}; give seconds, e.g. 86400") from None
+    if seconds < 10:
+        raise TlsError(f"${JOB_CERT_VALID_ENV} is {raw!r}; give at least 10 seconds")
+    return datetime.timedelta(seconds=seconds)
 
 
 def _client_name_ok(name: str) -> bool:
@@ -287,7 +307,7 @@ def _issue_client(
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(min(now + valid, ca.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
@@ -356,19 +376,33 @@ class InternalTls:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return internal_channel_credentials(ensure_client_certificate_in(self.directory, self.name))
 
-    def job_credentials(self, job_id: str) -> dict[str, str]:
+    def job_credentials(
+        self, job_id: str, valid: datetime.timedelta | None = None
+    ) -> dict[str, str]:
         """`{ca, cert, key}` (PEM text) for `job_id`'s learners: a certificate named
-        `job-<id>`, never written to the CA directory (the learner spec carries it).
-        Valid as long as a daemon's (CLIENT_DAYS), not shorter: the collector reads its
-        spec once, and nothing hands a running learner a renewed certificate; the job
-        token, required on top, is what confines it to its own job."""
+        `job-<id>`, valid `valid` (24 h), never written to the CA directory (the learner
+        spec carries it; the guardian renews it, `renewal_due`). The job token, required
+        on top, is what confines it to its own job."""
         ca, ca_key = _ca_for_clients(self.directory)
         name = f"job-{job_id}"[:64]
         if not _client_name_ok(name):
             raise TlsError(f"job id {job_id!r} cannot name a client certificate")
-        cert, key = _issue_client(ca, ca_key, name, datetime.timedelta(days=CLIENT_DAYS))
+        cert, key = _issue_client(ca, ca_key, name, valid or job_cert_valid())
         return {
             "ca": (self.directory / CA_FILE).read_text(),
             "cert": cert.decode(),
             "key": key.decode(),
         }
+
+
+def renewal_due(tls: Mapping[str, str], now: datetime.datetime | None = None) -> bool:
+    """Whether the job certificate in `tls` (`{ca, cert, key}`) is past half its validity
+    from issue (its start is back-dated by CLOCK_SKEW), or unreadable: time for the
+    guardian to issue the next one."""
+    try:
+        cert = x509.load_pem_x509_certificate(tls["cert"].encode())
+    except (KeyError, ValueError):
+        return True
+    end = cert.not_valid_after_utc
+    lifetime = end - cert.not_valid_before_utc - CLOCK_SKEW
+    return (now or _now()) >= end - lifetime / 2

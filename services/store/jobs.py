@@ -29,6 +29,7 @@ from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
 from services.store.group_commit import InsertBatcher
 from services.store.job_index import JobIndex
+from services.store.job_secrets import SECRETS_IN_FILE, JobSecrets
 from services.store.retry import with_retries
 
 MAX_PAGE_SIZE = 500
@@ -123,6 +124,10 @@ class JobRecord:
     # the list out) still tell the scheduler how much work a preemption would lose.
     last_checkpoint: dict[str, Any] = field(default_factory=dict)
     version: int = 0
+    # Where the data-store credentials of `manifest` are, when the record keeps only their
+    # names (services/store/job_secrets.py): "file" (the daemon's data directory); "":
+    # inline (a record of an older version, or a repository without a secret store).
+    secrets: str = ""
 
     @classmethod
     def for_manifest(cls, job_id: str, owner: str, manifest: Manifest, **fields: Any) -> JobRecord:
@@ -177,8 +182,12 @@ class Page:
 class JobsRepository:
     """Jobs in MongoDB. Every query below is served by one of the indexes in `ensure_indexes`."""
 
-    def __init__(self, db: Database[Any], group_commit: bool = True) -> None:
+    def __init__(
+        self, db: Database[Any], group_commit: bool = True, secrets: JobSecrets | None = None
+    ) -> None:
         self._col = db["jobs"]
+        # Where a new job's data-store credentials go instead of its record; None: inline.
+        self._secrets = secrets
         # Concurrent submits share one insert_many (services/store/group_commit.py); off,
         # each is its own insert_one (the floor benchmarks/api_submit.py compares with).
         self._batcher = InsertBatcher(self._col) if group_commit else None
@@ -204,8 +213,13 @@ class JobsRepository:
         record.status = states.QUEUED
         record.created_at = record.updated_at = now
         record.history = [StatusEntry(states.QUEUED, now, "submitted")]
-        record.manifest_digest = manifest_digest(record.manifest)
+        record.manifest_digest = manifest_digest(record.manifest)  # of the values as given
         record.version = 1
+        if self._secrets is not None:
+            kept = self._secrets.extract(record.job_id, record.manifest)
+            if kept is not None:
+                record.manifest, record.secrets = kept, SECRETS_IN_FILE
+                record.__dict__.pop("spec", None)  # the cached typed manifest had the values
         try:
             self._insert(record.to_doc())
         except pymongo.errors.DuplicateKeyError:
@@ -220,6 +234,8 @@ class JobsRepository:
             if existing is None:  # the first writer deleted it in between: store ours
                 self._insert(record.to_doc())
                 return record, False
+            if self._secrets is not None:  # ours was not stored: neither are its credentials
+                self._secrets.remove(record.job_id)
             if existing.manifest_digest != record.manifest_digest:
                 raise IdempotencyConflict(record.idempotency_key, existing.job_id) from None
             return existing, True

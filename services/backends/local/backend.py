@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -39,6 +40,7 @@ from typing import Any
 import contract
 from contract import env as learner_vars
 from contract import procs
+from contract.credentials import TDS_TLS_FILE
 from contract.env import LearnerConfigError, LearnerEnv, Role
 from contract.learner_spec import LearnerSpec
 from services.backends.api import Backend, BackendError, JobSpec, register_backend
@@ -167,6 +169,7 @@ def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
         tds_address=job.tds_address,
         tds_token=job.tds_token,
         tds_tls=job.tds_tls,
+        etcd_credentials=job.etcd_credentials,
         metric_sources=job.manifest.evaluation_metrics,
         grace_s=job.grace_s,
     )
@@ -501,6 +504,9 @@ class LocalBackend(Backend):
             as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "umask": 0o077}
         try:
             isolation.write_file(root, parts, "spec.json", spec.to_json().encode(), 0o600, owner)
+            if spec.tds_tls:  # the newest certificate, over one an earlier guardian renewed
+                tls = json.dumps(spec.tds_tls).encode()
+                isolation.write_file(root, parts, TDS_TLS_FILE, tls, 0o600, owner)
             log_fd = isolation.open_append(root, parts, "controller.log", owner)
         except OSError as exc:
             raise BackendError(f"cannot write learner {rank}'s files: {exc}") from exc
@@ -530,6 +536,21 @@ class LocalBackend(Backend):
         if job.memory_mb:
             self._limit_memory(job.job_id, rank, proc.pid, job.memory_mb)
         return proc.pid
+
+    def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
+        user = self.learner_user(job)
+        for rank in range(job.learners):
+            try:  # in a directory the learner owns: never through a link it planted
+                isolation.write_file(
+                    Path(job.job_dir),
+                    ["learners", str(rank)],
+                    TDS_TLS_FILE,
+                    json.dumps(tls).encode(),
+                    0o600,
+                    user.owner if user.switches else None,
+                )
+            except OSError as exc:
+                raise BackendError(f"cannot renew learner {rank}'s certificate: {exc}") from exc
 
     def start_helper(self, job: JobSpec) -> None:
         """Locally each controller ships its own logs (the collector runs inside it), so
