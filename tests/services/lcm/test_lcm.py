@@ -60,11 +60,16 @@ def test_halt_then_resume_runs_again_from_the_checkpoint_directory(
     script = (
         'if [ -f "$RHIZOME_CHECKPOINT_DIR/step" ]; then echo "resumed from $(cat $RHIZOME_CHECKPOINT_DIR/step)"; exit 0; fi\n'
         "trap 'echo 42 > $RHIZOME_CHECKPOINT_DIR/step; exit 143' TERM\n"
+        "echo trap set\n"
         "while true; do sleep 0.1; done\n"
     )
     lcm = make_lcm()
     job = submit(stores["repo"], tmp_path, "sh run.sh", files={"run.sh": script}, place=False)
     wait_for("PROCESSING", lambda: status_is(stores, job.job_id, states.PROCESSING))
+    # PROCESSING comes before the script ran its `trap`: a halt sent earlier finds no
+    # trap, no checkpoint is written and the resumed run never ends (seen under load)
+    stdout = tmp_path / "jobs" / job.job_id / "learners" / "0" / "stdout.log"
+    wait_for("the script's trap", lambda: stdout.exists() and "trap set" in stdout.read_text())
     lcm.request(job.job_id, "halt", "user halt")
     wait_for("HALTED", lambda: status_is(stores, job.job_id, states.HALTED))
     assert procs.labelled(job.job_id) == []
@@ -74,8 +79,7 @@ def test_halt_then_resume_runs_again_from_the_checkpoint_directory(
     states.check_history(statuses)
     # A resume goes back through the queue and is placed again, like a new job.
     assert statuses[statuses.index("HALTED") :][:3] == ["HALTED", "QUEUED", "PENDING"]
-    out = (tmp_path / "jobs" / job.job_id / "learners" / "0" / "stdout.log").read_text()
-    assert "resumed from 42" in out
+    assert "resumed from 42" in stdout.read_text()
 
 
 def test_delete_of_a_running_job_stops_everything(
