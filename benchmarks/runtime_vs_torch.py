@@ -55,12 +55,12 @@ RZ_MODES = {
     "rz-lazy-frc-lazy-brc": "lazy-frc-lazy-brc",
     "rz-eager-frc-lazy-brc": "eager-frc-lazy-brc",
 }
-# Not run by default: eager FRC placed as before the FRC plan (schedule.frc_plan) existed,
-# by the bubble predictor alone (plus the last stage's pipeline-fill floor) and with the
-# sync phase's leftover FRC before the replica's update is posted; the plan's before/after
-# measured interleaved in one run, since the machine is too noisy for two runs to compare.
-PREDICTOR_ONLY = "rz-eager-predictor-only"
-EXTRA_MODES = {PREDICTOR_ONLY: "eager-frc-lazy-brc"}
+# Not run by default: eager FRC with every planned wait of schedule.frc_plan filled with
+# exactly its planned FRC (Interpreter.cap_to_plan), against the default (the bubble
+# predictor, the last stage's fill floor from the plan), measured interleaved in one run:
+# the machine is too noisy for two runs to compare.
+PLAN_CAPPED = "rz-eager-plan-capped"
+EXTRA_MODES = {PLAN_CAPPED: "eager-frc-lazy-brc"}
 RZ_MODES_ALL = {**RZ_MODES, **EXTRA_MODES}
 ALL_MODES = [*TORCH_MODES, *RZ_MODES]
 WARM = 3  # steps dropped at the start of every run (allocator, bubble history)
@@ -154,30 +154,8 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     return {"times": times, "ends": ends, "cpu": cpu, "losses": losses, "frc": None}
 
 
-def _predictor_only(worker: Any) -> None:
-    """``PREDICTOR_ONLY``: the placement before the FRC plan, on this worker's interpreter."""
-    from learner.runtime.schedule import Op, pipeline_part
-
-    interp = worker.interpreter
-
-    def fill_floor_only(b: int) -> dict[int, int]:
-        program = worker._program(b)
-        return {
-            i: b
-            for i, ins in enumerate(pipeline_part(program))
-            if ins.op is Op.RECV_ACT and ins.microbatch == 0 and b > 0
-        }
-
-    def leftover_first(step: int, awaited: Any = None) -> None:
-        # the leftover ran before the update's receive was posted: all on the critical path
-        type(interp).leftover_frc(interp, step, None)
-
-    interp._plan = fill_floor_only
-    interp.leftover_frc = leftover_first
-
-
 def run_rhizome(
-    job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any, predictor_only: bool = False
+    job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any, cap_to_plan: bool = False
 ) -> dict[str, Any]:
     from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC, OVERRUN
     from learner.runtime.cluster_state import EtcdClusterStateStore
@@ -186,8 +164,7 @@ def run_rhizome(
     cluster = EtcdClusterStateStore(etcd, job_id)
     try:
         worker = Worker(job, opts, cluster, store)
-        if predictor_only:
-            _predictor_only(worker)
+        worker.interpreter.cap_to_plan = cap_to_plan
         worker.run()
     finally:
         cluster.close()
@@ -256,7 +233,7 @@ def worker_main(args: argparse.Namespace) -> None:
                         env.etcd,
                         f"{env.job_id}-{i}",
                         dist.PrefixStore(f"run{i}", store),
-                        predictor_only=mode == PREDICTOR_ONLY,
+                        cap_to_plan=mode == PLAN_CAPPED,
                     )
             except Exception as exc:
                 print(f"ERROR in {mode}: {exc!r}", file=sys.stderr, flush=True)
@@ -585,7 +562,7 @@ def main() -> None:
     p.add_argument(
         "--modes",
         default=",".join(ALL_MODES),
-        help=f"comma-separated modes; also {PREDICTOR_ONLY} (eager FRC without the FRC plan)",
+        help=f"comma-separated modes; also {PLAN_CAPPED} (eager FRC filled exactly as planned)",
     )
     p.add_argument(
         "--model",

@@ -7,9 +7,9 @@ construction of the order (warm-up, cool-down, pipeline fill) and how many FRC f
 each holds. ``BubblePredictor`` remembers how long each receive (named by its place in
 the block's instruction list) took from post to arrival, and the cost of one FRC
 forward; the interpreter runs a pending FRC while a receive is in flight only if it is
-predicted to end before the message arrives, taking a planned wait as at least its
-planned FRC forwards long (a stage that arrived late last step measured its bubble
-short). What does not fit anywhere runs in the sync phase, while the worker waits for
+predicted to end before the message arrives; the last stage takes its pipeline-fill
+wait as at least its planned FRC forwards long (a stage that arrived late last step
+measured its bubble short). What does not fit anywhere runs in the sync phase, while the worker waits for
 its replica's update (free on the last stage, whose cool-down bubble is at the end of
 the step). The first step has no FRC cost measured and fills nothing.
 

@@ -8,9 +8,9 @@ accumulator under the worker lock with an epoch check, so a thread abandoned by 
 failover (still blocked in gloo, see ``comm``) can never touch the step that replaced it.
 
 Redundant computation: the block whose successor this worker shadows runs the replica's
-forward (eager FRC) as filler while a receive is in flight: in the waits the schedule's
-FRC plan (``schedule.frc_plan``: the warm-up and cool-down bubbles of the order) gives
-it, and where ``BubblePredictor`` says more fits; what is left runs in the sync phase
+forward (eager FRC) as filler while a receive is in flight, where ``BubblePredictor``
+says it fits (the last stage takes its pipeline-fill wait as at least as long as the
+schedule's FRC plan, ``schedule.frc_plan``, says); what is left runs in the sync phase
 while the replica's update is awaited. Eager BRC runs the replica's backward where the
 schedule puts ``Op.BRC``. ``frc_profile`` records where each FRC ran: FRC time before
 the awaited message arrived counts as in a bubble, time past it as an overrun.
@@ -47,6 +47,10 @@ class Interpreter:
         # a leftover FRC is free only on the last stage (see bubbles)
         self._bubbles = BubblePredictor(overrun=0.1 if state.me % state.P == state.P - 1 else 0.5)
         self.frc_profile = FrcProfile()
+        # Fill every planned wait with exactly its planned FRC (the plan as floor and cap)
+        # instead of as the predictor says. Off: on the loaded 2-core machine it measured
+        # slower than the predictor alone (benchmarks/RESULTS.md, rz-eager-plan-capped).
+        self.cap_to_plan = False
         # FRC plans by (block, stages, microbatches): computed once, not every step
         self._plans: dict[tuple[int, int, int], dict[int, int]] = {}
 
@@ -194,18 +198,19 @@ class Interpreter:
         receive: Callable[[], torch.Tensor],
     ) -> torch.Tensor:
         """``receive()``, running pending eager FRC while it is in flight, each only if it
-        is predicted to end in time, and in a planned wait (``schedule.frc_plan``) no more
-        than ``planned``: a wait measured longer than the plan's bubble is the machine's
-        noise (the other stage starved), and an FRC that overruns it delays every stage.
-        The last stage takes its planned pipeline-fill wait as at least that long
-        whatever it measured: arriving late one step would else stop it filling it again.
+        is predicted to end in time. The last stage takes its planned pipeline-fill wait
+        (``planned`` FRC forwards, ``schedule.frc_plan``) as at least that long whatever it
+        measured: arriving late one step would else stop it filling it again. With
+        ``cap_to_plan`` every planned wait is taken as at least ``planned`` long and gets
+        no more than that.
 
         Filling stops once the message is there; what an FRC ran past its arrival is
         recorded as ``OVERRUN``.
         """
         bubbles = self._bubbles
         st = self.state
-        floor = planned if st.me % st.P == st.P - 1 else 0
+        floor = planned if (self.cap_to_plan or st.me % st.P == st.P - 1) else 0
+        cap = planned if self.cap_to_plan else 0
         t0 = time.monotonic()
         if not (filling and bubbles.fits(key, 0.0, floor) and self._next_frc(step) is not None):
             got = receive()
@@ -215,7 +220,7 @@ class Interpreter:
         spans: list[tuple[float, float]] = []
         while not call.done.is_set():
             m = self._next_frc(step)
-            if m is None or (planned and len(spans) >= planned):
+            if m is None or (cap and len(spans) >= cap):
                 break
             if not bubbles.fits(key, time.monotonic() - t0, floor):
                 break

@@ -121,9 +121,9 @@ def frc_plan(
     wait gets as many FRC forwards as fit in it and are available by then: a stage that
     shadows its successor runs FRC(m) on its own output of ``m`` (so only after its
     forward of ``m``), the last stage, which shadows block 0, on the input batches (any
-    time). What fits nowhere is left to the sync phase. The interpreter takes each planned
-    wait as at least that many measured FRC forwards long (``BubblePredictor.fits``'s
-    floor) and stops filling once the message is there.
+    time). What fits nowhere is left to the sync phase. The interpreter uses it as the
+    last stage's pipeline-fill floor (``BubblePredictor.fits``), and with
+    ``Interpreter.cap_to_plan`` as every planned wait's floor and cap.
     """
     if stages < 2:
         return [{}]
