@@ -12,7 +12,7 @@ What the two sides need from etcd, and nothing more:
 - `create` (put if absent) and `cas` (put if unchanged since `mod_revision`; 0: absent);
 - leases (`grant`; `Lease.keep_alive` in a background thread for the platform and the
   controller, `Lease.refresh` from the pipeline runtime's own loop, so a hung worker
-  loses its lease; `revoke`);
+  loses its lease; both send over one kept keep-alive stream per lease; `revoke`);
 - watches of one key or a prefix that call back on every change (`watch`, `watch_prefix`);
   `PrefixWatch` delivers the changes themselves, in order, across disconnects (resumed
   from the last revision it delivered; a compacted revision gives one full re-read).
@@ -224,9 +224,10 @@ class Lease:
 
     def revoke(self) -> None:
         self._stop.set()
-        with self._stream_lock:
-            if self._stream is not None:
-                self._stream.close()
+        # not under the stream lock: a refresh waiting for a stalled etcd holds it
+        stream = self._stream
+        if stream is not None:
+            stream.close()
         with contextlib.suppress(Exception):
             self.client.raw.revoke_lease(self.id)
 
