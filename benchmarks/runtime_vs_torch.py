@@ -55,6 +55,13 @@ RZ_MODES = {
     "rz-lazy-frc-lazy-brc": "lazy-frc-lazy-brc",
     "rz-eager-frc-lazy-brc": "eager-frc-lazy-brc",
 }
+# Not run by default: eager FRC with every planned wait of schedule.frc_plan filled with
+# exactly its planned FRC (Interpreter.cap_to_plan), against the default (the bubble
+# predictor, the last stage's fill floor from the plan), measured interleaved in one run:
+# the machine is too noisy for two runs to compare.
+PLAN_CAPPED = "rz-eager-plan-capped"
+EXTRA_MODES = {PLAN_CAPPED: "eager-frc-lazy-brc"}
+RZ_MODES_ALL = {**RZ_MODES, **EXTRA_MODES}
 ALL_MODES = [*TORCH_MODES, *RZ_MODES]
 WARM = 3  # steps dropped at the start of every run (allocator, bubble history)
 LOSS_TOL = 1e-4
@@ -147,14 +154,17 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     return {"times": times, "ends": ends, "cpu": cpu, "losses": losses, "frc": None}
 
 
-def run_rhizome(job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any) -> dict[str, Any]:
-    from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC
+def run_rhizome(
+    job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any, cap_to_plan: bool = False
+) -> dict[str, Any]:
+    from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC, OVERRUN
     from learner.runtime.cluster_state import EtcdClusterStateStore
     from learner.runtime.engine import Worker
 
     cluster = EtcdClusterStateStore(etcd, job_id)
     try:
         worker = Worker(job, opts, cluster, store)
+        worker.interpreter.cap_to_plan = cap_to_plan
         worker.run()
     finally:
         cluster.close()
@@ -167,11 +177,13 @@ def run_rhizome(job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any)
         "frc": {
             "bubble_s": totals[IN_BUBBLE],
             "sync_s": totals[IN_SYNC],
+            "overrun_s": totals[OVERRUN],
             "brc_s": totals[FOR_BRC],
         },
-        # per step: seconds of FRC in bubbles / in the sync phase / before an eager BRC
+        # per step: seconds of FRC in bubbles / in the sync phase / before an eager BRC /
+        # past the arrival of the message whose wait it filled
         "frc_steps": {
-            str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC]]
+            str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC], row[OVERRUN]]
             for step, row in sorted(worker.interpreter.frc_profile.per_step.items())
         },
     }
@@ -188,6 +200,10 @@ def worker_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     env = RuntimeEnv.from_environ(os.environ)
+    if args.pin:
+        # one core per worker: the scheduler then cannot move a stage onto the core where
+        # the other stage runs (other processes of the machine still share both)
+        os.sched_setaffinity(0, {env.worker % (os.cpu_count() or 1)})
     opts = options_from_env(env)
     opts.verbose = False
     host, _, port = env.store.rpartition(":")
@@ -210,13 +226,14 @@ def worker_main(args: argparse.Namespace) -> None:
                     job = MODELS[args.model](args.steps, "none")
                     out = run_torch(job, TORCH_MODES[mode], env.worker, env.stages, None)
                 else:
-                    job = MODELS[args.model](args.steps, RZ_MODES[mode])
+                    job = MODELS[args.model](args.steps, RZ_MODES_ALL[mode])
                     out = run_rhizome(
                         job,
                         opts,
                         env.etcd,
                         f"{env.job_id}-{i}",
                         dist.PrefixStore(f"run{i}", store),
+                        cap_to_plan=mode == PLAN_CAPPED,
                     )
             except Exception as exc:
                 print(f"ERROR in {mode}: {exc!r}", file=sys.stderr, flush=True)
@@ -305,6 +322,7 @@ def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
         args.model,
         "--results",
         str(results),
+        *(["--pin"] if args.pin else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not args.json:
@@ -352,7 +370,9 @@ def summarize(
         row["etcd_cpu_cores"] = etcd_s / etcd_wall if etcd_wall else 0.0
         row["losses"] = lasts[0]["losses"] if lasts else []
         frc = [r["frc"] for r in runs if r["frc"] is not None]
-        spent = {k: sum(f[k] for f in frc) for k in ("bubble_s", "sync_s", "brc_s")}
+        spent = {
+            k: sum(f.get(k, 0.0) for f in frc) for k in ("bubble_s", "sync_s", "overrun_s", "brc_s")
+        }
         total = sum(spent.values())
         row["frc_bubble_share"] = spent["bubble_s"] / total if total else None
         # per worker that ran FRC and per measured step
@@ -381,7 +401,8 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
     modes = summary["modes"]
     print(
         f"# runtime_vs_torch: {args.stages} stages, gloo/CPU, 1 torch thread per process, "
-        f"{os.cpu_count()} cores (shared); model {args.model}, 4 microbatches; "
+        f"{os.cpu_count()} cores (shared){', workers pinned' if args.pin else ''}; "
+        f"model {args.model}, 4 microbatches; "
         f"{args.steps} steps per run (first {WARM} dropped), {args.reps} interleaved repetitions"
     )
     print(
@@ -407,7 +428,9 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
             f = row["frc_ms_per_step"]
             print(
                 f"# {mode}: FRC per step per worker: {f['bubble']:.1f} ms in bubbles, "
-                f"{f['sync']:.1f} ms in the sync phase, {f['brc']:.1f} ms before an eager BRC"
+                f"{f['sync']:.1f} ms in the sync phase with nothing awaited, "
+                f"{f['overrun']:.1f} ms past a message's arrival (overrun), "
+                f"{f['brc']:.1f} ms before an eager BRC"
             )
     print(f"losses match torch 1F1B within {LOSS_TOL:g}: {summary['losses_match']}")
     for mode, (base, goal) in GOALS.items():
@@ -430,7 +453,10 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
 def profile(recs: list[dict[str, Any]], stages: int) -> None:
     """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
-        print(f"\n# --profile {mode}: FRC ms per step, in bubbles / in the sync phase")
+        print(
+            f"\n# --profile {mode}: FRC ms per step, in bubbles / on the critical path "
+            "(sync phase with nothing awaited + overruns)"
+        )
         runs = [r for r in recs if r["mode"] == mode and r.get("frc_steps")]
         steps = sorted({int(k) for r in runs for k in r["frc_steps"]})
         print("| worker (stage) | rep | " + " | ".join(f"step {k}" for k in steps) + " |")
@@ -438,8 +464,8 @@ def profile(recs: list[dict[str, Any]], stages: int) -> None:
         for r in sorted(runs, key=lambda r: (r["worker"], r["rep"])):
             cells = []
             for k in steps:
-                bubble, sync, _ = r["frc_steps"].get(str(k), [0.0, 0.0, 0.0])
-                cells.append(f"{bubble * 1000:.0f} / {sync * 1000:.0f}")
+                bubble, sync, _, over = r["frc_steps"].get(str(k), [0.0, 0.0, 0.0, 0.0])
+                cells.append(f"{bubble * 1000:.0f} / {(sync + over) * 1000:.0f}")
             print(
                 f"| {r['worker']} ({r['worker'] % stages}) | {r['rep']} | "
                 + " | ".join(cells)
@@ -447,9 +473,62 @@ def profile(recs: list[dict[str, Any]], stages: int) -> None:
             )
 
 
+def lease_refresh_cost(refreshes: int, as_json: bool) -> None:
+    """``--lease-refreshes N``: etcd's CPU per lease refresh, a new LeaseKeepAlive stream per
+    refresh (the client library's ``refresh_lease``, what the runtime did before) against
+    one kept stream (``contract.etcd.Lease.refresh``), in blocks of 50 alternating, in one
+    run against one private etcd; and what that costs at the runtime's rate (every worker
+    refreshes every TTL/4: 2 workers at TTL 2 s are 4 refreshes a second)."""
+    from contract.etcd import EtcdClient
+    from learner.runtime.launch import private_etcd_process
+
+    block = 50
+    kept, fresh = "one kept stream", "new stream per refresh"
+    spent = {fresh: 0, kept: 0}
+    blocks = max(1, refreshes // block)
+    with private_etcd_process() as (url, pid):
+        client = EtcdClient(url)
+        lease = client.grant(10)
+        try:
+            lease.refresh()  # opens the kept stream outside the measured blocks
+            for i in range(blocks):
+                for way in (fresh, kept) if i % 2 == 0 else (kept, fresh):
+                    c0 = _cpu_ns(pid)
+                    for _ in range(block):
+                        if way == kept:
+                            lease.refresh()
+                        else:
+                            list(client.raw.refresh_lease(lease.id))
+                    spent[way] += _cpu_ns(pid) - c0
+        finally:
+            lease.revoke()
+            client.close()
+    n = blocks * block
+    per = {way: ns / n / 1000 for way, ns in spent.items()}  # microseconds per refresh
+    rate = 2 * 4  # refreshes per second: 2 workers, TTL 2 s, every TTL/4
+    out = {
+        "refreshes_each": n,
+        "etcd_cpu_us_per_refresh": per,
+        "kept_vs_new": per[kept] / per[fresh],
+        "core_share_at_runtime_rate": {way: us * rate / 1e6 for way, us in per.items()},
+    }
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"# lease refresh cost in etcd, {n} refreshes each way, blocks of {block} alternating")
+    print("| way | etcd CPU per refresh (us) | at 2 workers x 4 refreshes/s (% of a core) |")
+    print("| --- | ---: | ---: |")
+    for way, us in per.items():
+        print(f"| {way} | {us:.1f} | {us * rate / 1e4:.3f} % |")
+    print(f"one kept stream / new stream per refresh: {out['kept_vs_new']:.2f}")
+
+
 def driver(args: argparse.Namespace) -> None:
+    if args.lease_refreshes:
+        lease_refresh_cost(args.lease_refreshes, args.json)
+        return
     modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in ALL_MODES]
+    unknown = [m for m in modes if m not in ALL_MODES and m not in EXTRA_MODES]
     if unknown:
         raise SystemExit(f"--modes: unknown {unknown}; use some of {','.join(ALL_MODES)}")
     if not 2 <= args.stages <= 4:
@@ -480,7 +559,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12, help="steps per run (first 3 dropped)")
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of every mode")
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (2-4)")
-    p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated modes")
+    p.add_argument(
+        "--modes",
+        default=",".join(ALL_MODES),
+        help=f"comma-separated modes; also {PLAN_CAPPED} (eager FRC filled exactly as planned)",
+    )
     p.add_argument(
         "--model",
         default="gpt",
@@ -493,6 +576,14 @@ def main() -> None:
         action="store_true",
         help="also print, per stage and step, ms of eager FRC in bubbles and in the sync phase",
     )
+    p.add_argument(
+        "--lease-refreshes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: etcd's CPU per lease refresh, new stream each vs one kept stream",
+    )
+    p.add_argument("--pin", action="store_true", help="pin worker w to core w mod the core count")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -12,7 +12,7 @@ What the two sides need from etcd, and nothing more:
 - `create` (put if absent) and `cas` (put if unchanged since `mod_revision`; 0: absent);
 - leases (`grant`; `Lease.keep_alive` in a background thread for the platform and the
   controller, `Lease.refresh` from the pipeline runtime's own loop, so a hung worker
-  loses its lease; `revoke`);
+  loses its lease; both send over one kept keep-alive stream per lease; `revoke`);
 - watches of one key or a prefix that call back on every change (`watch`, `watch_prefix`);
   `PrefixWatch` delivers the changes themselves, in order, across disconnects (resumed
   from the last revision it delivered; a compacted revision gives one full re-read).
@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import stat
 import threading
 import urllib.request
@@ -114,9 +115,76 @@ def tls_ca_file(url: str) -> str:
     )
 
 
+class _KeepAliveStream:
+    """One long-lived `LeaseKeepAlive` stream of one lease: a refresh is one request and
+    its answer on it, not a new streaming call each time.
+
+    etcd's LeaseKeepAlive is a bidirectional stream meant to stay open; the client
+    library opens a new one per refresh (`refresh_lease`), and setting up and tearing
+    down a gRPC stream (HTTP/2 stream, authentication, a goroutine in etcd) costs etcd
+    several times what one keep-alive message on an open stream does. The answers are
+    read by a thread of this stream, so a refresh waits for its answer at most
+    `timeout_s` (a stalled etcd must not hang the caller's loop).
+    """
+
+    def __init__(self, client: EtcdClient, lease_id: int) -> None:
+        raw = client.raw
+        self._request = pyetcd.etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.broken = False
+        # no deadline: the stream lives as long as the lease is kept
+        self._call = raw.leasestub.LeaseKeepAlive(
+            iter(self._requests.get, None),
+            credentials=raw.call_credentials,
+            metadata=raw.metadata,
+        )
+        self._reader = threading.Thread(
+            target=self._read, name=f"lease-stream-{lease_id:x}", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for answer in self._call:
+                self._answers.put(answer)
+            self._answers.put(
+                pyetcd.exceptions.ConnectionFailedError("the keep-alive stream ended")
+            )
+        except grpc.RpcError as exc:
+            self._answers.put(exc)
+
+    def refresh(self, timeout_s: float) -> int:
+        """Send one keep-alive and return the TTL etcd answered (<= 0: the lease is gone).
+
+        Raises what broke the stream (`grpc.RpcError`, `ConnectionFailedError`), or
+        `ConnectionTimeoutError` when etcd did not answer in time; the stream is then
+        closed and the next refresh opens a new one.
+        """
+        self._requests.put(self._request)
+        try:
+            answer = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            self.close()
+            raise pyetcd.exceptions.ConnectionTimeoutError(
+                f"no keep-alive answer within {timeout_s:g} s"
+            ) from None
+        if isinstance(answer, BaseException):
+            self.close()
+            raise answer
+        return int(answer.TTL)
+
+    def close(self) -> None:
+        self.broken = True
+        self._requests.put(None)  # ends the request iterator
+        with contextlib.suppress(Exception):
+            self._call.cancel()
+
+
 class Lease:
     """An etcd lease; `keep_alive` refreshes it from a daemon thread until `revoke` (or
-    the process dies), `refresh` once from the caller's own loop."""
+    the process dies), `refresh` once from the caller's own loop. Refreshes go over one
+    kept keep-alive stream (`_KeepAliveStream`), reopened when it breaks."""
 
     def __init__(self, client: EtcdClient, lease_id: int, ttl: int) -> None:
         self.client = client
@@ -125,12 +193,18 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
+        self._stream: _KeepAliveStream | None = None
+        self._stream_lock = threading.Lock()
+        self.streams_opened = 0  # keep-alive streams opened so far (tests, logs)
 
     def refresh(self) -> bool:
         """Refresh once; False when the lease had already expired (the holder must stop)."""
-        with self.client._errors(f"lease {self.id:x} refresh"):
-            responses = list(self.client.raw.refresh_lease(self.id))
-        if responses and responses[-1].TTL <= 0:
+        with self._stream_lock, self.client._errors(f"lease {self.id:x} refresh"):
+            if self._stream is None or self._stream.broken:
+                self._stream = _KeepAliveStream(self.client, self.id)
+                self.streams_opened += 1
+            ttl = self._stream.refresh(self.client.timeout_s)
+        if ttl <= 0:
             self.lost.set()
             return False
         return True
@@ -152,6 +226,10 @@ class Lease:
 
     def revoke(self) -> None:
         self._stop.set()
+        # not under the stream lock: a refresh waiting for a stalled etcd holds it
+        stream = self._stream
+        if stream is not None:
+            stream.close()
         with contextlib.suppress(Exception):
             self.client.raw.revoke_lease(self.id)
 
@@ -286,6 +364,7 @@ class EtcdClient:
         if credentials is None and not anonymous:
             credentials = credentials_from_env()
         self.url = url
+        self.timeout_s = timeout_s
         self._credentials = credentials
         self.reauthentications = 0  # times an expired auth token was replaced
         host, port = parse_url(url)

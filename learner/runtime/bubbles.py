@@ -2,12 +2,16 @@
 
 A stage's schedule repeats every step, and so do its waits: the receive that waited
 40 ms for the successor's first gradient last step will wait about as long this step.
-``BubblePredictor`` remembers how long each receive (named by its place in the block's
-instruction list) took from post to arrival, and the cost of one FRC forward; the
-interpreter runs a pending FRC while a receive is in flight only if it is predicted to
-end before the message arrives. What does not fit anywhere runs in the sync phase,
-while the worker waits for its replica's update (free on the last stage, whose bubble
-is at the end of the step). The first step has no history and fills nothing.
+The schedule's FRC plan (``schedule.frc_plan``) names the waits that are bubbles by
+construction of the order (warm-up, cool-down, pipeline fill) and how many FRC forwards
+each holds. ``BubblePredictor`` remembers how long each receive (named by its place in
+the block's instruction list) took from post to arrival, and the cost of one FRC
+forward; the interpreter runs a pending FRC while a receive is in flight only if it is
+predicted to end before the message arrives; the last stage takes its pipeline-fill
+wait as at least its planned FRC forwards long (a stage that arrived late last step
+measured its bubble short). What does not fit anywhere runs in the sync phase, while the worker waits for
+its replica's update (free on the last stage, whose cool-down bubble is at the end of
+the step). The first step has no FRC cost measured and fills nothing.
 
 Measured waits do not depend on the filler: the receive runs in its own thread and its
 arrival time is taken there, so the prediction does not shrink as the bubble fills.
@@ -70,28 +74,32 @@ class BubblePredictor:
         return max(self.predicted_wait(key), floor_frcs * cost)
 
 
-# where an eager FRC ran: filling a receive wait, in the sync phase (no bubble found), or
-# on demand before an eager BRC that needed its graph
-IN_BUBBLE, IN_SYNC, FOR_BRC = "bubble", "sync", "brc"
+# where an eager FRC ran: while a message was awaited (a bubble: the pipeline's waits, or
+# the sync phase's wait for the replica's update), in the sync phase with nothing awaited
+# (on the critical path), past the arrival of the message whose wait it filled (an
+# overrun, on the critical path too), or on demand before an eager BRC that needed its graph
+IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC = "bubble", "sync", "overrun", "brc"
+PLACES = (IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC)
 
 
 class FrcProfile:
-    """Seconds of eager FRC per step and per place it ran (``IN_BUBBLE``, ``IN_SYNC``, ``FOR_BRC``).
+    """Seconds of eager FRC per step and per place it ran (``PLACES``).
 
     The claim "the redundant forward runs in the bubbles" is this record: the share of FRC
-    time that ran while a receive was in flight, against what landed in the sync phase.
+    time that ran while a message was awaited, against what landed on the critical path
+    (the sync phase with nothing awaited, or past a message's arrival).
     """
 
     def __init__(self) -> None:
         self.per_step: dict[int, dict[str, float]] = {}
 
     def record(self, step: int, where: str, seconds: float) -> None:
-        row = self.per_step.setdefault(step, {IN_BUBBLE: 0.0, IN_SYNC: 0.0, FOR_BRC: 0.0})
+        row = self.per_step.setdefault(step, dict.fromkeys(PLACES, 0.0))
         row[where] += seconds
 
     def totals(self, first_step: int = 0) -> dict[str, float]:
         """Seconds per place over the steps from ``first_step`` on."""
-        out = {IN_BUBBLE: 0.0, IN_SYNC: 0.0, FOR_BRC: 0.0}
+        out = dict.fromkeys(PLACES, 0.0)
         for step, row in self.per_step.items():
             if step >= first_step:
                 for where, seconds in row.items():

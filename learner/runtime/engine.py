@@ -446,17 +446,25 @@ class Worker:
             if holder is not None:
                 sends.append(tr.send(holder, tag(SYNC, b, step, 0), reduced[:n]))
         if st.replica is not None:
-            if st.mode.eager_frc:
-                # before the replica's update: FRC belongs to this step's version
-                self.interpreter.leftover_frc(step)
             rep = st.replica
             src = st.topo.owner(st.pipe, rep.index)
             shape = torch.Size([rep.numel()])
-            reduced = interruptible(
+            # posted first: the FRC left over runs while the update is on its way (on the
+            # last stage that is its cool-down bubble: the update comes after its
+            # predecessors' last backwards)
+            update = BackgroundCall(
                 lambda: tr.recv(src, tag(SYNC, rep.index, step, 0), shape, self.job.dtype),
-                st.changed,
-                f"replica update of block {rep.index}",
+                f"wait-replica-update-{rep.index}",
             )
+            if st.mode.eager_frc:
+                # before the replica's update is applied: FRC belongs to this step's version
+                self.interpreter.leftover_frc(step, update)
+            wait_any([update], st.changed)
+            if not update.done.is_set():
+                raise Interrupted(
+                    f"configuration changed while waiting for replica update of block {rep.index}"
+                )
+            reduced = update.result()
             # applied when the replica is next used (its FRC, in a bubble) or a failover
             # reads it: the optimizer step is off the critical path of the step's end
             st.apply_replica_update()  # the previous one, where no FRC applied it

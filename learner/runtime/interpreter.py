@@ -9,7 +9,11 @@ failover (still blocked in gloo, see ``comm``) can never touch the step that rep
 
 Redundant computation: the block whose successor this worker shadows runs the replica's
 forward (eager FRC) as filler while a receive is in flight, where ``BubblePredictor``
-says it fits; eager BRC runs the replica's backward where the schedule puts ``Op.BRC``.
+says it fits (the last stage takes its pipeline-fill wait as at least as long as the
+schedule's FRC plan, ``schedule.frc_plan``, says); what is left runs in the sync phase
+while the replica's update is awaited. Eager BRC runs the replica's backward where the
+schedule puts ``Op.BRC``. ``frc_profile`` records where each FRC ran: FRC time before
+the awaited message arrived counts as in a bubble, time past it as an overrun.
 """
 
 from __future__ import annotations
@@ -22,9 +26,16 @@ from typing import Any
 import torch
 
 from learner.runtime.api import LinkError, RuntimeFailure
-from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC, BubblePredictor, FrcProfile
+from learner.runtime.bubbles import (
+    FOR_BRC,
+    IN_BUBBLE,
+    IN_SYNC,
+    OVERRUN,
+    BubblePredictor,
+    FrcProfile,
+)
 from learner.runtime.comm import ACT, BRC_GRAD, GRAD, BackgroundCall, tag
-from learner.runtime.schedule import Instr, Op
+from learner.runtime.schedule import Instr, Op, frc_plan
 from learner.runtime.worker_state import FrcRecord, WorkerState
 
 
@@ -36,6 +47,20 @@ class Interpreter:
         # a leftover FRC is free only on the last stage (see bubbles)
         self._bubbles = BubblePredictor(overrun=0.1 if state.me % state.P == state.P - 1 else 0.5)
         self.frc_profile = FrcProfile()
+        # Fill every planned wait with exactly its planned FRC (the plan as floor and cap)
+        # instead of as the predictor says. Off: on the loaded 2-core machine it measured
+        # slower than the predictor alone (benchmarks/RESULTS.md, rz-eager-plan-capped).
+        self.cap_to_plan = False
+        # FRC plans by (block, stages, microbatches): computed once, not every step
+        self._plans: dict[tuple[int, int, int], dict[int, int]] = {}
+
+    def _plan(self, b: int) -> dict[int, int]:
+        """{index of a receive in block ``b``'s pipeline part: FRC forwards planned there}."""
+        st = self.state
+        key = (b, st.P, st.M)
+        if key not in self._plans:
+            self._plans[key] = frc_plan(st.P, st.M, st.job.schedule, st.mode.eager_brc)[b]
+        return self._plans[key]
 
     def run_block(
         self, b: int, step: int, epoch: int, program: list[Instr], recovering: bool
@@ -56,6 +81,7 @@ class Interpreter:
         filling = (
             not recovering and st.mode.eager_frc and st.replica is not None and b == st.me % st.P
         )
+        plan = self._plan(b) if filling else {}
         for idx, ins in enumerate(program):
             st.check_kill(ins.op, ins.microbatch)
             st.guard(epoch)
@@ -69,7 +95,7 @@ class Interpreter:
                     filling,
                     step,
                     epoch,
-                    b if m == 0 else 0,  # the pipeline-fill bubble: b forwards upstream
+                    plan.get(idx, 0),
                     lambda src=src, m=m: tr.recv(  # type: ignore[misc]
                         src, tag(ACT, b - 1, step, m), st.act_shapes[b - 1], st.act_dtype
                     ),
@@ -96,7 +122,7 @@ class Interpreter:
                     filling,
                     step,
                     epoch,
-                    0,
+                    plan.get(idx, 0),
                     lambda src=src, m=m: tr.recv(  # type: ignore[misc]
                         src, tag(GRAD, b + 1, step, m), st.act_shapes[b], st.act_dtype
                     ),
@@ -145,11 +171,22 @@ class Interpreter:
                 except RuntimeError as exc:
                     raise LinkError(-1, str(exc).splitlines()[0].split(". ")[0]) from exc
 
-    def leftover_frc(self, step: int) -> None:
-        """Eager FRC that found no bubble in the pipeline part (run by the sync phase)."""
+    def leftover_frc(self, step: int, awaited: BackgroundCall[Any] | None = None) -> None:
+        """Eager FRC that found no bubble in the pipeline part (run by the sync phase).
+
+        ``awaited``: the receive of the replica's update, already posted. Until it arrives
+        the worker has nothing else to do (the last stage's cool-down bubble: it waits for
+        its predecessors' last backwards), so FRC time before its arrival counts as in a
+        bubble; FRC after it is on the critical path (``IN_SYNC``).
+        """
         epoch = self.state.epoch
         while (m := self._next_frc(step)) is not None:
-            self._ensure_frc(step, m, epoch, IN_SYNC)
+            if awaited is None or awaited.done.is_set():
+                self._ensure_frc(step, m, epoch, IN_SYNC)
+            else:
+                span = self._ensure_frc(step, m, epoch, None)
+                if span is not None:
+                    self._attribute(step, span, awaited, IN_SYNC)
 
     def _recv(
         self,
@@ -157,28 +194,58 @@ class Interpreter:
         filling: bool,
         step: int,
         epoch: int,
-        floor_frcs: int,
+        planned: int,
         receive: Callable[[], torch.Tensor],
     ) -> torch.Tensor:
-        """``receive()``, running pending eager FRC meanwhile where the wait is predicted long."""
+        """``receive()``, running pending eager FRC while it is in flight, each only if it
+        is predicted to end in time. The last stage takes its planned pipeline-fill wait
+        (``planned`` FRC forwards, ``schedule.frc_plan``) as at least that long whatever it
+        measured: arriving late one step would else stop it filling it again. With
+        ``cap_to_plan`` every planned wait is taken as at least ``planned`` long and gets
+        no more than that.
+
+        Filling stops once the message is there; what an FRC ran past its arrival is
+        recorded as ``OVERRUN``.
+        """
         bubbles = self._bubbles
+        st = self.state
+        floor = planned if (self.cap_to_plan or st.me % st.P == st.P - 1) else 0
+        cap = planned if self.cap_to_plan else 0
         t0 = time.monotonic()
-        if not (
-            filling and bubbles.fits(key, 0.0, floor_frcs) and self._next_frc(step) is not None
-        ):
+        if not (filling and bubbles.fits(key, 0.0, floor) and self._next_frc(step) is not None):
             got = receive()
             bubbles.record_wait(key, time.monotonic() - t0)
             return got
         call = BackgroundCall(receive, f"recv-{key}")
+        spans: list[tuple[float, float]] = []
         while not call.done.is_set():
             m = self._next_frc(step)
-            if m is None or not bubbles.fits(key, time.monotonic() - t0, floor_frcs):
+            if m is None or (cap and len(spans) >= cap):
                 break
-            self._ensure_frc(step, m, epoch, IN_BUBBLE)
+            if not bubbles.fits(key, time.monotonic() - t0, floor):
+                break
+            span = self._ensure_frc(step, m, epoch, None)
+            if span is not None:
+                spans.append(span)
         call.done.wait()
+        for span in spans:
+            self._attribute(step, span, call, OVERRUN)
         # arrival measured in the receiving thread: filling does not shrink the prediction
         bubbles.record_wait(key, call.finished_at - t0)
         return call.result()
+
+    def _attribute(
+        self, step: int, span: tuple[float, float], awaited: BackgroundCall[Any], late: str
+    ) -> None:
+        """Record an FRC that ran over ``span`` while ``awaited`` was in flight: in a bubble
+        up to the message's arrival, ``late`` for whatever ran past it. Never waits: a
+        message still not there arrives after the span."""
+        t0, t1 = span
+        arrived = awaited.finished_at if awaited.done.is_set() else t1
+        inside = max(0.0, min(t1, arrived) - t0)
+        self.frc_profile.record(step, IN_BUBBLE, inside)
+        if t1 - t0 > inside:
+            self.frc_profile.record(step, late, t1 - t0 - inside)
 
     def _next_frc(self, step: int) -> int | None:
         """The first microbatch whose eager FRC is still to run and can run now."""
@@ -203,8 +270,14 @@ class Interpreter:
             return torch.autograd.graph.save_on_cpu(pin_memory=True)
         return contextlib.nullcontext()
 
-    def _ensure_frc(self, step: int, m: int, epoch: int, where: str) -> None:
-        """The replica's forward of microbatch ``m`` (eager FRC), unless it already ran."""
+    def _ensure_frc(
+        self, step: int, m: int, epoch: int, where: str | None
+    ) -> tuple[float, float] | None:
+        """The replica's forward of microbatch ``m`` (eager FRC), unless it already ran.
+
+        Recorded in ``frc_profile`` under ``where``; with None the caller records it (from
+        the returned start and end), once it knows when the awaited message arrived.
+        """
         st = self.state
         rep = st.replica
         assert rep is not None
@@ -212,7 +285,7 @@ class Interpreter:
         with st.lock:
             rec = st.frc.get((k, m))
             if rec is not None and rec.step == step:
-                return
+                return None
         st.apply_replica_update()
         st.check_kill(Op.FRC, m)
         t0 = time.monotonic()
@@ -228,9 +301,11 @@ class Interpreter:
         with st.lock:
             st.guard(epoch)
             st.frc[(k, m)] = FrcRecord(step, rep.version, inp, out)
-        spent = time.monotonic() - t0
-        self._bubbles.record_frc(spent)
-        self.frc_profile.record(step, where, spent)
+        t1 = time.monotonic()
+        self._bubbles.record_frc(t1 - t0)
+        if where is not None:
+            self.frc_profile.record(step, where, t1 - t0)
+        return t0, t1
 
     def _brc_backward(self, step: int, m: int, epoch: int) -> None:
         st = self.state

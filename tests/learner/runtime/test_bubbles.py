@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from learner.runtime.bubbles import BubblePredictor
+import threading
+from dataclasses import dataclass, field
+
+from learner.runtime.bubbles import IN_BUBBLE, IN_SYNC, OVERRUN, BubblePredictor, FrcProfile
+from learner.runtime.interpreter import Interpreter
 
 
 def test_nothing_fits_before_an_frc_was_measured() -> None:
@@ -52,3 +56,39 @@ def test_the_pipeline_fill_floor_holds_when_the_stage_measured_itself_late() -> 
     assert not b.fits("first-recv", 0.0)
     assert b.fits("first-recv", 0.0, floor_frcs=2) and b.fits("first-recv", 0.010, floor_frcs=2)
     assert not b.fits("first-recv", 0.012, floor_frcs=2)
+
+
+@dataclass
+class _Arrived:
+    """What ``Interpreter._attribute`` reads of a receive: done, and when it finished."""
+
+    finished_at: float
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _attribute(span: tuple[float, float], arrived_at: float | None, late: str) -> dict[str, float]:
+    interp = Interpreter.__new__(Interpreter)  # only its profile is used
+    interp.frc_profile = FrcProfile()
+    call = _Arrived(arrived_at or 0.0)
+    if arrived_at is not None:
+        call.done.set()
+    interp._attribute(3, span, call, late)  # type: ignore[arg-type]
+    return interp.frc_profile.per_step[3]
+
+
+def test_frc_time_past_the_arrival_of_the_awaited_message_is_not_counted_in_the_bubble() -> None:
+    row = _attribute((10.0, 10.5), 10.3, OVERRUN)
+    assert abs(row[IN_BUBBLE] - 0.3) < 1e-9 and abs(row[OVERRUN] - 0.2) < 1e-9
+    row = _attribute((10.0, 10.5), 9.0, IN_SYNC)  # already there: all on the critical path
+    assert row[IN_BUBBLE] == 0.0 and abs(row[IN_SYNC] - 0.5) < 1e-9
+    row = _attribute((10.0, 10.5), None, IN_SYNC)  # still awaited when the FRC ended
+    assert abs(row[IN_BUBBLE] - 0.5) < 1e-9 and row[IN_SYNC] == 0.0
+
+
+def test_the_bubble_share_counts_only_frc_time_inside_bubbles() -> None:
+    profile = FrcProfile()
+    profile.record(5, IN_BUBBLE, 0.3)
+    profile.record(5, OVERRUN, 0.1)
+    profile.record(5, IN_SYNC, 0.2)
+    profile.record(1, IN_SYNC, 9.0)  # before first_step: not counted
+    assert profile.bubble_share(first_step=2) == 0.5

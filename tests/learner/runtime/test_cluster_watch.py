@@ -1,8 +1,10 @@
-"""The watcher's view of a job's runtime keys, fed by an etcd watch (issue #24).
+"""The watcher's view of a job's runtime keys, fed by an etcd watch, and the lease's
+keep-alive stream (issue #24).
 
 Against a real etcd; the forced disconnect is a real one: the watch's client reaches etcd
 through a TCP relay in this test, which the test cuts (every connection closed, new ones
-refused) and restores, while a second client writes straight to etcd.
+refused) or stalls (connections kept, no byte forwarded) and restores, while a second
+client writes straight to etcd.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from contract import etcd_keys
 from contract.etcd import Change, EtcdClient, PrefixWatch
+from learner.runtime.api import Batch, RedundancyMode
 from learner.runtime.cluster_state import (
     ClusterState,
     EtcdClusterStateStore,
     InMemoryClusterStateStore,
 )
 from learner.runtime.cluster_watch import ClusterView
+from learner.runtime.engine import Worker, WorkerOptions
+from learner.runtime.reference import reference_train
+from learner.runtime.toy import toy_batch, toy_job
 from services.embedded.process import ManagedServer
+from services.store.errors import StoreUnavailable
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +46,8 @@ class Relay:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.open = True
+        self.flowing = threading.Event()  # cleared by stall(): bytes are held, not lost
+        self.flowing.set()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -60,10 +71,10 @@ class Relay:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
+                self.flowing.wait()
                 dst.sendall(data)
         for s in (src, dst):
             with contextlib.suppress(OSError):
@@ -81,7 +92,15 @@ class Relay:
     def restore(self) -> None:
         self.open = True
 
+    def stall(self) -> None:
+        """etcd stops answering: connections stay up, nothing gets through."""
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
+
     def close(self) -> None:
+        self.resume()
         self.cut()
         self.listener.close()
 
@@ -240,3 +259,128 @@ def test_in_memory_store_delivers_the_same_changes() -> None:
     assert snap.members == {0} and snap.seen == {0, 1}
     assert snap.state is not None and snap.state.generation == 0
     assert snap.done == {0: frozenset({0})}
+
+
+def test_lease_refreshes_go_over_one_kept_keep_alive_stream(etcd_server: ManagedServer) -> None:
+    client = EtcdClient(etcd_server.url)
+    key = f"/t-{uuid.uuid4().hex[:8]}/held"
+    lease = client.grant(2)
+    try:
+        client.put(key, 1, lease)
+        for _ in range(12):  # 3 s in all: longer than the TTL, so the refreshes kept it
+            assert lease.refresh()
+            time.sleep(0.25)
+        assert client.get(key) is not None, "the lease expired although it was refreshed"
+        assert lease.streams_opened == 1, "a new keep-alive stream per refresh"
+    finally:
+        lease.revoke()
+        client.close()
+
+
+def test_a_cut_or_stalled_keep_alive_stream_fails_that_refresh_and_the_next_reopens_it(
+    etcd_server: ManagedServer, relay: Relay
+) -> None:
+    client = EtcdClient(f"http://127.0.0.1:{relay.port}", timeout_s=1)
+    direct = EtcdClient(etcd_server.url)
+    key = f"/t-{uuid.uuid4().hex[:8]}/held"
+    lease = client.grant(5)
+    try:
+        client.put(key, 1, lease)
+        assert lease.refresh()
+        relay.cut()
+        with pytest.raises(StoreUnavailable, match=r"lease \w+ refresh"):
+            lease.refresh()
+        relay.restore()
+        assert lease.refresh()
+        assert lease.streams_opened == 2
+        relay.stall()  # a stalled etcd: the refresh gives up after the client's timeout
+        with pytest.raises(StoreUnavailable, match=r"lease \w+ refresh"):
+            lease.refresh()
+        relay.resume()
+        assert lease.refresh()
+        assert lease.streams_opened == 3
+        assert direct.get(key) is not None, "the lease survived the disruptions"
+    finally:
+        relay.resume()
+        lease.revoke()
+        client.close()
+        direct.close()
+
+
+def test_training_goes_on_through_an_etcd_disconnect_and_stall(
+    etcd_server: ManagedServer, relay: Relay
+) -> None:
+    """Two in-process workers whose cluster state is in etcd behind the relay: mid-step
+    the relay is cut (a change made meanwhile must still reach both watchers), restored,
+    then stalled and resumed; training goes on in generation 0 and ends with the
+    reference's parameters."""
+    job_id = f"disrupt-{uuid.uuid4().hex[:8]}"
+    job = toy_job(steps=8, microbatches=4, redundancy=RedundancyMode.EAGER_FRC_LAZY_BRC)
+    direct = EtcdClient(etcd_server.url)
+    meanwhile = etcd_keys.runtime_prefix(job_id) + "done/77/5"  # no worker's business
+    disrupted = threading.Event()
+    workers: list[Worker] = []
+    errors: list[BaseException] = []  # the workers' and the disruption's
+
+    def disrupt() -> None:
+        try:
+            relay.cut()
+            direct.put(meanwhile, {"step": 0})  # made while both watches are cut off
+            time.sleep(0.5)  # shorter than the lease TTL: nobody may be declared dead
+            relay.restore()
+            wait_for(
+                lambda: all(77 in w._view.snapshot().done for w in workers),
+                "the change made during the cut reached every watcher",
+            )
+            relay.stall()
+            time.sleep(0.5)
+            relay.resume()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            disrupted.set()
+
+    started = threading.Lock()
+
+    def batch(step: int, pipeline: int, microbatch: int) -> Batch:
+        if step == 3 and microbatch == 1 and not disrupted.is_set():
+            # mid-step: the disruption happens while the pipeline is in flight
+            if started.acquire(blocking=False):
+                threading.Thread(target=disrupt, daemon=True).start()
+            disrupted.wait(30)
+        return toy_batch(step, pipeline, microbatch)
+
+    job.batch = batch
+    store = dist.HashStore()
+    stores = [EtcdClusterStateStore(f"http://127.0.0.1:{relay.port}", job_id) for _ in range(2)]
+    results: list[dict[str, torch.Tensor]] = [{}, {}]
+    for w in range(2):
+        opts = WorkerOptions(worker=w, stages=2, pipelines=1, lease_ttl_s=3, verbose=False)
+        workers.append(Worker(job, opts, stores[w], store))
+
+    def run(w: int) -> None:
+        try:
+            results[w] = workers[w].run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,), name=f"worker{w}") for w in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "training hung after the disruption"
+        assert not errors, errors
+        assert disrupted.is_set(), "the disruption never ran: it happened after training"
+        assert [w.generation for w in workers] == [0, 0], "a worker was declared dead"
+        ref = reference_train(toy_job(steps=8, microbatches=4), pipelines=1)
+        for params in results:
+            for key, value in params.items():
+                torch.testing.assert_close(value, ref[key], rtol=1e-9, atol=1e-11, msg=key)
+    finally:
+        relay.resume()
+        for s in stores:
+            s.delete_all()
+            s.close()
+        direct.close()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from learner.runtime.schedule import Instr, Op, build, order, pipeline_part
+from learner.runtime.schedule import Instr, Op, build, frc_plan, order, pipeline_part
 
 
 @pytest.mark.parametrize("stages,micro", [(2, 3), (3, 4), (4, 2), (4, 8)])
@@ -63,3 +63,47 @@ def test_first_stage_loads_and_never_receives_activations() -> None:
 def test_unknown_schedule_is_rejected() -> None:
     with pytest.raises(ValueError, match="'zigzag'"):
         order(0, 2, 2, "zigzag")
+
+
+def _planned(stages: int, micro: int, kind: str = "1f1b") -> list[list[tuple[str, int]]]:
+    """Per stage: (receive, FRC forwards planned in its wait), in program order."""
+    plans = frc_plan(stages, micro, kind)
+    out = []
+    for s in range(stages):
+        prog = pipeline_part(build(s, stages, micro, kind, replica=(s + 1) % stages))
+        out.append([(str(prog[i]), n) for i, n in sorted(plans[s].items())])
+    return out
+
+
+def test_frc_plan_fills_the_warm_up_and_cool_down_bubbles_of_two_stages() -> None:
+    # Bamboo §5 on 2 stages x 4 microbatches (forward 1, backward 2): stage 0 waits two
+    # units for the first gradient (its FRC of microbatches 0 and 1, whose outputs it has)
+    # and one unit for the last; the last stage one unit for the first activation
+    assert _planned(2, 4) == [
+        [("recv_grad(0)", 2), ("recv_grad(3)", 1)],
+        [("recv_act(0)", 1)],
+    ]
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("micro", [1, 2, 4, 7])
+def test_frc_plan_plans_only_receives_and_only_frc_that_can_run_there(
+    kind: str, stages: int, micro: int
+) -> None:
+    plans = frc_plan(stages, micro, kind)
+    for s, plan in enumerate(plans):
+        prog = pipeline_part(build(s, stages, micro, kind, replica=(s + 1) % stages))
+        assert sum(plan.values()) <= micro
+        planned = 0
+        for idx, ins in enumerate(prog):
+            planned += plan.get(idx, 0)
+            if idx in plan:
+                assert ins.op in (Op.RECV_ACT, Op.RECV_GRAD)
+                if s != stages - 1:  # FRC(m) runs on this stage's own output of m
+                    forwarded = sum(1 for i in prog[: idx + 1] if i.op is Op.FORWARD)
+                    assert planned <= forwarded
+
+
+def test_frc_plan_of_one_stage_is_empty() -> None:
+    assert frc_plan(1, 4) == [{}]
