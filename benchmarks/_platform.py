@@ -39,14 +39,18 @@ class BenchPlatform:
         self.start_daemon()
         return self
 
-    def start_daemon(self) -> None:
-        args = [
+    def daemon_argv_args(self) -> list[str]:
+        """The rhizomed flags of this platform's daemon (a standby takes the same)."""
+        return [
             f"--mongodb-uri={self.mongo.url}",
             f"--etcd={self.etcd.url}",
             f"--services={self.services}",
             f"--admin-token-file={self.data_dir / 'admin.token'}",
             *self.daemon_args,
         ]
+
+    def start_daemon(self) -> None:
+        args = self.daemon_argv_args()
         self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args)
         self.daemon.start_timeout_s = 60
         self.daemon.start()
