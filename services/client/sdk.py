@@ -133,7 +133,10 @@ def _platform_state(address: str, root: Path) -> dict[str, Any] | None:
     """The embedded platform's `platform.json` when `address` is its API, else None."""
     try:
         state = json.loads((root / "platform.json").read_text())
-        if not isinstance(state, dict) or state.get("urls", {}).get("api") != address:
+        if not isinstance(state, dict):
+            return None
+        urls = state.get("urls", {})
+        if address not in (urls.get("api"), urls.get("api-standby")):
             return None
         return state
     except (OSError, ValueError, AttributeError):
