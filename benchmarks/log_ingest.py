@@ -222,6 +222,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=20000, help="lines per learner (burst, 1 learner)")
     ap.add_argument("--quick", action="store_true", help="a smaller run (a smoke test)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="interleaved repetitions of raw bulk vs one learner (the machine is noisy: "
+        "each repetition's ratio is taken from runs seconds apart, then the median)",
+    )
     args = ap.parse_args()
     burst1 = 2000 if args.quick else args.lines
     burst8 = max(burst1 // 8, 250)
@@ -235,13 +242,29 @@ def main() -> int:
         store = ElasticsearchStore(es.url)
         results: dict[str, dict[str, float]] = {}
         try:
-            baseline = raw_bulk_baseline(store, burst1)
-            baseline2 = raw_bulk_baseline(store, burst1, in_flight=3)
             tds = f"127.0.0.1:{tds_port}"
-            results["burst, 1 learner, 1 batch in flight"] = run_case(
-                store, tds, work, 1, burst1, 0, in_flight=1
-            )
-            results["burst, 1 learner"] = run_case(store, tds, work, 1, burst1, 0)
+            ratios: dict[str, list[float]] = {"1": [], "3": [], "1 vs 3": [], "old": []}
+            raws, raws3 = [], []
+            for rep in range(args.reps):
+                baseline = raw_bulk_baseline(store, burst1)
+                baseline2 = raw_bulk_baseline(store, burst1, in_flight=3)
+                old = run_case(store, tds, work, 1, burst1, 0, in_flight=1)
+                new = run_case(store, tds, work, 1, burst1, 0)
+                raws.append(baseline)
+                raws3.append(baseline2)
+                ratios["1"].append(new["lines_per_s"] / baseline)
+                ratios["3"].append(new["lines_per_s"] / baseline2)
+                ratios["old"].append(old["lines_per_s"] / baseline)
+                print(
+                    f"rep {rep + 1}: raw {baseline:,.0f}/s, raw 3 in flight {baseline2:,.0f}/s, "
+                    f"1 learner {new['lines_per_s']:,.0f}/s "
+                    f"({ratios['1'][-1]:.2f}x, {ratios['3'][-1]:.2f}x), one batch in flight "
+                    f"{old['lines_per_s']:,.0f}/s ({ratios['old'][-1]:.2f}x)",
+                    flush=True,
+                )
+                results[f"burst, 1 learner, 1 batch in flight (rep {rep + 1})"] = old
+                results[f"burst, 1 learner (rep {rep + 1})"] = new
+            baseline, baseline2 = statistics.median(raws), statistics.median(raws3)
             results["burst, 8 learners"] = run_case(store, tds, work, 8, burst8, 0)
             results["paced 1k/s, 1 learner"] = run_case(store, tds, work, 1, paced_lines, 1000)
             results["paced 1k/s, 8 learners"] = run_case(
@@ -267,6 +290,15 @@ def main() -> int:
             f"{r['p50']:.2f} | {r['p99']:.2f} | {r['fairness']:.2f} |"
         )
     print()
+    print(
+        "burst, 1 learner, median of the repetitions' own ratios: "
+        f"{statistics.median(ratios['1']):.2f}x of raw bulk "
+        f"({', '.join(f'{r:.2f}' for r in ratios['1'])}), "
+        f"{statistics.median(ratios['3']):.2f}x of raw bulk with 3 in flight "
+        f"({', '.join(f'{r:.2f}' for r in ratios['3'])}); one batch in flight (before #18): "
+        f"{statistics.median(ratios['old']):.2f}x ({', '.join(f'{r:.2f}' for r in ratios['old'])})"
+    )
+    print("(the table's ratios for the other loads are against the medians of the baselines)")
     print("goal (issue #6): >= 20,000 lines/s per learner, p99 lag < 2 s")
     print("goal (issue #18): burst, 1 learner >= 0.9x of the raw bulk ceiling; p99 < 2 s paced")
     print(

@@ -39,6 +39,7 @@ from services.tds.api import (
     TrainingDataStore,
     time_us,
 )
+from services.tds.fair import FairGate
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", tds_pb2.LogLine, tds_pb2.MetricSample)
@@ -111,13 +112,16 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         sweep_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         job_scope: Callable[[grpc.ServicerContext], str] | None = None,
+        max_bulk_in_flight: int = 4,
     ) -> None:
         """`job_finished` is called about every `follow_poll_s` by each follow stream;
         None means follow streams end only when the client cancels. `retention_s` is how
         long DeleteJobData waits before deleting (0: at once). `job_scope(context)` names
         the one job a call's credential is confined to (a learner's job token), or ""
-        (services/security/internal.py)."""
+        (services/security/internal.py). `max_bulk_in_flight`: writes to the store at once,
+        waiting ones admitted round-robin by learner (services/tds/fair.py)."""
         self.store = store
+        self.write_gate = FairGate(max_bulk_in_flight)
         self.job_scope = job_scope
         self.job_finished = job_finished
         self.retention_s = retention_s
@@ -191,7 +195,9 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lines[{i}]: {problem}")
         self._confine(context, {ln.job_id for ln in lines}, "write the logs of")
-        n = self._write(context, self.store.write_logs, lines)
+        key = (lines[0].job_id, lines[0].learner) if lines else ("", 0)
+        with self.write_gate.slot(key):
+            n = self._write(context, self.store.write_logs, lines)
         metrics.TDS_DOCUMENTS.labels("log").inc(n)
         for job_id, recs in _by_job(lines).items():
             self.log_broker.publish(job_id, recs)
@@ -214,7 +220,9 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"samples[{i}]: {problem}")
         self._confine(context, {s.job_id for s in samples}, "write the metrics of")
-        n = self._write(context, self.store.write_metrics, samples)
+        key = (samples[0].job_id, samples[0].learner) if samples else ("", 0)
+        with self.write_gate.slot(key):
+            n = self._write(context, self.store.write_metrics, samples)
         metrics.TDS_DOCUMENTS.labels("metric").inc(n)
         for job_id, recs in _by_job(samples).items():
             self.metric_broker.publish(job_id, recs)
