@@ -255,8 +255,9 @@ class Daemon:
     def _take_over(self) -> None:
         started = time.monotonic()
         try:
-            self._adopt_internal_port()
             self._lead()
+            # After the services serve: binding the old port may wait for the dead leader.
+            self._adopt_internal_port()
         except Exception as exc:
             self.lead_failed = exc
             log.exception("taking the lead failed")
@@ -313,17 +314,30 @@ class Daemon:
             )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         credentials = self.internal_tls.server_credentials() if self.internal_tls else None
-        try:
-            at = f"{host}:{previous}"
-            bound = (
-                server.add_insecure_port(at)
-                if credentials is None
-                else server.add_secure_port(at, credentials)
-            )
-        except RuntimeError:
-            bound = 0
+        at = f"{host}:{previous}"
+        why = ""
+        # The dead leader's main thread shows as gone (a zombie) while its other threads
+        # are still exiting and its sockets still open: try for a moment.
+        deadline = time.monotonic() + 2.0
+        bound = 0
+        while not bound and time.monotonic() < deadline:
+            try:
+                bound = (
+                    server.add_insecure_port(at)
+                    if credentials is None
+                    else server.add_secure_port(at, credentials)
+                )
+            except RuntimeError as exc:
+                why = str(exc)
+            if not bound:
+                time.sleep(0.02)
         if not bound:
-            log.warning("could not serve the previous leader's internal port %d", previous)
+            log.warning(
+                "could not serve the previous leader's internal port %d (%s); its running "
+                "learners cannot ship logs until they are restarted",
+                previous,
+                why or "in use",
+            )
             return
         server.start()
         self.extra_servers.append(server)

@@ -10,17 +10,20 @@ import os
 import signal
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
-from rhizome.v1 import job_pb2
+from rhizome.v1 import job_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 from contract import etcd_keys, procs
+from contract.credentials import with_bearer
 from contract.etcd import EtcdClient
 from contract.procs import free_port
 from services.client.sdk import Client, ClientError
 from services.embedded.platform import DaemonServer
 from services.embedded.process import ManagedServer
 from services.embedded.standby import StandbyDaemonServer
+from services.security.internal import SharedSecretCredentials
 from services.store import states
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
@@ -83,6 +86,9 @@ def test_sigkill_of_the_active_daemon_the_standby_serves_and_no_job_is_lost(
         )
         assert rest.status_code == 503 and "standby" in rest.json()["message"]
 
+        # Learners were given the active daemon's internal port (remembered in the data
+        # directory); the standby took another.
+        old_internal = int((tmp_path / "internal.port").read_text())
         assert active.pid is not None and active.proc is not None
         os.kill(active.pid, signal.SIGKILL)
         active.proc.wait(timeout=10)
@@ -98,6 +104,15 @@ def test_sigkill_of_the_active_daemon_the_standby_serves_and_no_job_is_lost(
         assert _holder_pid(etcd, etcd_keys.learner_status(running, 0)) == learner
         statuses = [h.status for h in repo.get(running).history]
         assert statuses.count(states.DEPLOYING) == 1, statuses
+
+        # The new leader serves the dead one's internal port too: running learners keep
+        # the address they were given at deploy.
+        token = SharedSecretCredentials.from_file(tmp_path / "internal.secret").service_token()
+        with grpc.insecure_channel(f"127.0.0.1:{old_internal}") as raw:
+            view = scheduler_pb2_grpc.SchedulerStub(with_bearer(raw, token)).GetCluster(
+                scheduler_pb2.GetClusterRequest(), timeout=10
+            )
+        assert view.nodes
 
         # The new leader controls it: halting it goes through its guardian.
         rz.halt_job(running)
