@@ -77,6 +77,9 @@ from learner.controller.metric_sources.tail import LineTailer
 log = logging.getLogger(__name__)
 
 STREAMS = COMMAND_STREAMS  # the files the command writes (contract.logs)
+# While lines keep arriving, the store check waits for a quiet moment, at most this many
+# verify intervals (30 s by default): it stops the pipeline for a count on the server.
+BUSY_VERIFY_FACTOR = 6
 OFFSETS_FILE = "collector.offsets.json"
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -569,12 +572,18 @@ class Collector:
         write_json_atomically(self.offsets_path, self._snapshot())
         return True
 
-    def _verify_due(self) -> bool:
+    def _verify_due(self, idle: bool = True) -> bool:
+        """A check is due every `verify_interval_s`, at a moment the learner is quiet
+        (nothing new was read): a check stops the pipeline (everything in flight is
+        settled first) and the count itself is a refresh and a search on the server, so
+        under a burst it waits, for at most BUSY_VERIFY_FACTOR intervals."""
+        since = time.monotonic() - self._last_verify
         return (
             self.verify_interval_s > 0
             and not self.pending_lines
             and not self.pending_samples
-            and time.monotonic() - self._last_verify >= self.verify_interval_s
+            and since >= self.verify_interval_s
+            and (idle or since >= BUSY_VERIFY_FACTOR * self.verify_interval_s)
             and self._position() != self._verified
         )
 
@@ -596,7 +605,7 @@ class Collector:
                 if self._due():
                     self.send()
                 self._settle()
-                if self._verify_due():
+                if self._verify_due(idle=n == 0):
                     self._settle(everything=True)  # verify counts what is acknowledged
                     self.verify()
                 if n == 0:

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from rhizome.v1 import tds_pb2
 
-from learner.controller.collector import OFFSETS_FILE, Collector, learner_dir
+from learner.controller.collector import (
+    BUSY_VERIFY_FACTOR,
+    OFFSETS_FILE,
+    Collector,
+    learner_dir,
+)
 from services.tds.api import Query, StoreUnavailable
 from services.tds.memory_store import MemoryStore
 from tests.services.tds.helpers import tds_in_process
@@ -79,3 +84,23 @@ def test_later_batches_go_ahead_but_offsets_wait_for_the_lost_one(tmp_path: Path
     assert stored == [(i, f"line {i}") for i in range(30)]
     assert _committed_seq(tmp_path) == 30
     assert c.sent_lines == 30
+
+
+def test_the_store_check_waits_for_a_quiet_moment_but_not_for_ever(tmp_path: Path) -> None:
+    # A check settles the pipeline and costs the server a refresh and a count: under a
+    # burst it waits for a moment with nothing new to read, up to BUSY_VERIFY_FACTOR
+    # intervals.
+    d = learner_dir(tmp_path, 0)
+    d.mkdir(parents=True)
+    (d / "stdout.log").write_text("a\nb\n")
+    (d / "stderr.log").touch()
+    with tds_in_process(MemoryStore()) as (tds, _):
+        c = Collector("quiet", 0, tmp_path, tds, verify_interval_s=5.0)
+        c.collect()
+        c.flush()  # acknowledged, not yet verified
+        c._last_verify = time.monotonic() - 6.0
+        assert not c._verify_due(idle=False)
+        assert c._verify_due(idle=True)
+        c._last_verify = time.monotonic() - 5.0 * BUSY_VERIFY_FACTOR - 1.0
+        assert c._verify_due(idle=False)
+        c.stop(drain=False)
