@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -125,3 +127,31 @@ def test_sigkill_of_the_active_daemon_the_standby_serves_and_no_job_is_lost(
         active.stop(timeout_s=10)
         etcd.close()
         db.client.close()
+
+
+def test_a_standby_with_nothing_to_stand_by_for_refuses_to_start_saying_why(
+    etcd_server: ManagedServer, mongo_server: ManagedServer, tmp_path: Path
+) -> None:
+    # An API-only daemon has no leader-only service: a standby of it would wait for ever.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.daemon",
+            "--standby",
+            "--services=api",
+            f"--mongodb-uri={mongo_server.url.replace('/?', '/standby_refused?')}",
+            f"--etcd={etcd_server.url}",
+            f"--grpc-address=127.0.0.1:{free_port()}",
+            f"--rest-address=127.0.0.1:{free_port()}",
+            f"--data-dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "--standby needs etcd (--etcd URL) and a service only one daemon may run" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
