@@ -47,19 +47,32 @@ class BenchPlatform:
         self.start_daemon()
         return self
 
-    def start_daemon(self) -> None:
-        args = [
+    def daemon_argv_args(self) -> list[str]:
+        """The rhizomed flags of this platform's daemon (a standby takes the same)."""
+        return [
             f"--services={self.services}",
             f"--admin-token-file={self.data_dir / 'admin.token'}",
             *self.daemon_args,
         ]
+
+    def daemon_environ(self) -> dict[str, str]:
+        """The stores' URIs and etcd credential files, in the daemon's environment (not on
+        its command line), as `rhizome up` gives them; a standby takes the same."""
         assert self.etcd_auth is not None
-        environ = {
+        return {
             "RHIZOME_MONGODB_URI": self.mongo.url,
             "RHIZOME_ETCD": self.etcd.url,
             **self.etcd_auth.daemon_environ(),
         }
-        self.daemon = DaemonServer(self.data_dir, self.port, self.rest, args, environ=environ)
+
+    def start_daemon(self) -> None:
+        self.daemon = DaemonServer(
+            self.data_dir,
+            self.port,
+            self.rest,
+            self.daemon_argv_args(),
+            environ=self.daemon_environ(),
+        )
         self.daemon.start_timeout_s = 60
         self.daemon.start()
 

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from contract.registry import Registry
+from contract.status import ExitCode
 from services.config import ALL_SERVICES, PlatformConfig, split_address
-from services.hosting import PUBLIC_SERVICES, DaemonContext, Hosted, ServiceBuilder, SplitServer
+from services.hosting import (
+    LEADER_SERVICES,
+    PUBLIC_SERVICES,
+    DaemonContext,
+    Hosted,
+    ServiceBuilder,
+    SplitServer,
+)
+from services.leader.gate import StandbyGate
 from services.security.api import SecurityError
 
 log = logging.getLogger("rhizomed")
@@ -72,8 +82,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+# While a hot standby waits, its health answers SERVING for this name only (and
+# NOT_SERVING for ""), so a probe can tell a warm standby from a dead or an active daemon.
+STANDBY_HEALTH_NAME = "rhizome.Standby"
+
+
 class Daemon:
-    def __init__(self, config: PlatformConfig) -> None:
+    def __init__(self, config: PlatformConfig, standby: bool = False) -> None:
         unknown = [s for s in config.services if s not in ALL_SERVICES]
         if unknown:
             raise click.UsageError(
@@ -87,6 +102,14 @@ class Daemon:
                 f"available: {', '.join(have)}"
             )
         self.config = config
+        self.standby = standby
+        # start() replaces the configured address by the bound one; port 0 matters later.
+        self.internal_port_configured = split_address(config.internal_address)[1]
+        self.leadership: Any = None
+        self.extra_servers: list[grpc.Server] = []
+        self.lead_done = threading.Event()
+        self.lead_failed: Exception | None = None
+        leading = threading.Event()
         from services.metrics import GrpcMetricsInterceptor
         from services.rpc_guard import MalformedRequestInterceptor
         from services.security.internal import InternalAuthInterceptor, SharedSecretCredentials
@@ -100,7 +123,11 @@ class Daemon:
         # the service credential or a job token (docs/security.md).
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
-            interceptors=[GrpcMetricsInterceptor(), MalformedRequestInterceptor()],
+            interceptors=[
+                GrpcMetricsInterceptor(),
+                MalformedRequestInterceptor(),
+                StandbyGate(leading),
+            ],
             options=options,
         )
         self.credentials = SharedSecretCredentials.from_file(config.internal_secret_path)
@@ -109,13 +136,16 @@ class Daemon:
             from services.security.tls import InternalTls
 
             self.internal_tls = InternalTls.open(Path(config.internal_tls_dir))
+        self.internal_interceptors = [
+            GrpcMetricsInterceptor(),
+            InternalAuthInterceptor(self.credentials),
+            MalformedRequestInterceptor(),
+            StandbyGate(leading),
+        ]
+        self.grpc_options = options
         self.internal_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc-internal"),
-            interceptors=[
-                GrpcMetricsInterceptor(),
-                InternalAuthInterceptor(self.credentials),
-                MalformedRequestInterceptor(),
-            ],
+            interceptors=self.internal_interceptors,
             options=options,
         )
         self.ctx = DaemonContext(
@@ -123,6 +153,7 @@ class Daemon:
             SplitServer(self.server, self.internal_server),  # type: ignore[arg-type]
             credentials=self.credentials,
             internal_tls=self.internal_tls,
+            leading=leading,
         )
         self.hosted: list[Hosted] = []
         self.health = health.HealthServicer()
@@ -169,12 +200,148 @@ class Daemon:
         for hosted in self.hosted:
             if hosted.start:
                 hosted.start()
-        for name in names:
+        self.served_names = names
+        contested = sorted(s for s in self.config.services if s in LEADER_SERVICES)
+        if self.standby and not (contested and self.config.etcd_url):
+            raise click.UsageError(
+                "--standby needs etcd (--etcd URL) and a service only one daemon may run "
+                f"(one of {', '.join(LEADER_SERVICES)}): the standby waits on a leader key there"
+            )
+        if not contested or not self.config.etcd_url:
+            # Nothing to contend for, or no etcd to contend in (a scheduler without etcd):
+            # this daemon is the only one of its kind.
+            self._lead()
+            return
+        # Every service is built and serving-ready now (a hot standby is this far, warm);
+        # the leader's work starts when this daemon holds the role (services/leader).
+        from contract.etcd import EtcdClient
+        from services.leader.etcd import EtcdLeadership
+        from services.store.mongo import database_name
+
+        self.health.set(STANDBY_HEALTH_NAME, health_pb2.HealthCheckResponse.SERVING)
+        # One role per platform (its MongoDB database) and set of contested services, so
+        # daemons that split the services between them do not contend with each other.
+        role = f"daemon/{database_name(self.config.mongodb_uri)}/{'+'.join(contested)}"
+        self.leadership = EtcdLeadership(
+            EtcdClient.connect(self.config.etcd_url),
+            role,
+            info={
+                "grpc": self.config.grpc_address,
+                "rest": self.config.rest_address,
+                "internal": self.config.internal_address,
+            },
+        )
+        self.leadership.campaign(self._take_over, self._deposed)
+        if not self.standby:
+            # Normally the role is free (or its holder dead on this machine) and taken at
+            # once; a daemon that finds another leading waits on (main), as its standby.
+            self.lead_done.wait(self.leadership.ttl_s + 1.0)
+            if self.lead_failed is not None:
+                raise RuntimeError(f"taking the lead failed: {self.lead_failed}")
+
+    def _lead(self) -> None:
+        """Start the leader's work of every service, then serve everything."""
+        for hosted in self.hosted:
+            if hosted.lead:
+                hosted.lead()
+        self.ctx.leading.set()
+        for name in self.served_names:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         from services.health import start_health_monitor  # NOT_SERVING while a store is down
 
-        self.health_monitor = start_health_monitor(self.ctx, self.health, names)
+        self.health_monitor = start_health_monitor(self.ctx, self.health, self.served_names)
+
+    def _take_over(self) -> None:
+        started = time.monotonic()
+        try:
+            self._lead()
+            # After the services serve: binding the old port may wait for the dead leader.
+            self._adopt_internal_port()
+        except Exception as exc:
+            self.lead_failed = exc
+            log.exception("taking the lead failed")
+            if self.standby:
+                # Half-led is worse than not at all: exit, and the supervisor's restart
+                # (or another standby) takes the role.
+                os._exit(ExitCode.FAILED)
+            return
+        finally:
+            self.lead_done.set()
+        self.health.set(STANDBY_HEALTH_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        log.info(
+            "leading (term %d): serving %s, %.0f ms after winning the election",
+            self.leadership.token(),
+            ",".join(self.config.services),
+            (time.monotonic() - started) * 1000,
+        )
+
+    def _deposed(self) -> None:
+        """The role was lost (the lease expired while this daemon could not refresh it): a
+        contender may lead already, so this daemon must not act one moment longer. It
+        exits without stopping the guardians: the new leader re-adopts them."""
+        log.error("lost leadership; exiting so that only the new leader acts")
+        os._exit(ExitCode.EVICTED)
+
+    def _adopt_internal_port(self) -> None:
+        """Running learners ship logs to the internal address they were given at deploy,
+        the previous leader's: a standby on the same data directory serves that port too
+        once the previous leader is gone (port 0 remembers it in INTERNAL_PORT_FILE)."""
+        if self.internal_port_configured != 0:
+            return  # an explicit internal address: learners were given that one
+        remembered = self.config.data_dir / INTERNAL_PORT_FILE
+        try:
+            previous = int(remembered.read_text())
+        except (OSError, ValueError):
+            return
+        if previous in (0, self.internal_port):
+            return
+        host, _ = split_address(self.config.internal_address)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc-adopted"),
+            interceptors=self.internal_interceptors,
+            options=self.grpc_options,
+        )
+        recorded = getattr(self.ctx.server, "handlers", {})
+        by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+        for path, handler in recorded.items():
+            service, _, method = path.strip("/").partition("/")
+            if service not in PUBLIC_SERVICES:
+                by_service.setdefault(service, {})[method] = handler
+        for service, methods in by_service.items():
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(service, methods),)
+            )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        credentials = self.internal_tls.server_credentials() if self.internal_tls else None
+        at = f"{host}:{previous}"
+        why = ""
+        # The dead leader's main thread shows as gone (a zombie) while its other threads
+        # are still exiting and its sockets still open: try for a moment.
+        deadline = time.monotonic() + 2.0
+        bound = 0
+        while not bound and time.monotonic() < deadline:
+            try:
+                bound = (
+                    server.add_insecure_port(at)
+                    if credentials is None
+                    else server.add_secure_port(at, credentials)
+                )
+            except RuntimeError as exc:
+                why = str(exc)
+            if not bound:
+                time.sleep(0.02)
+        if not bound:
+            log.warning(
+                "could not serve the previous leader's internal port %d (%s); its running "
+                "learners cannot ship logs until they are restarted",
+                previous,
+                why or "in use",
+            )
+            return
+        server.start()
+        self.extra_servers.append(server)
+        log.info("serving the previous leader's internal port %d too", previous)
 
     def _bind_internal(self) -> int:
         """The internal port. Port 0 reuses the port of this data directory's previous
@@ -203,7 +370,8 @@ class Daemon:
                 bound = 0
         if not bound:
             raise RuntimeError(f"cannot listen on {address} (--internal-address; port in use?)")
-        if port == 0:
+        if port == 0 and not self.standby:
+            # A standby leaves the active daemon's port remembered: it adopts it at takeover.
             with contextlib.suppress(OSError):
                 remembered.write_text(f"{bound}\n")
         return int(bound)
@@ -226,7 +394,13 @@ class Daemon:
             if hosted.stop:
                 with contextlib.suppress(Exception):
                     hosted.stop()
-        stopped = [self.server.stop(grace=2), self.internal_server.stop(grace=2)]
+        if self.leadership is not None:
+            self.leadership.resign()  # after the services: a standby takes over at once
+        stopped = [
+            self.server.stop(grace=2),
+            self.internal_server.stop(grace=2),
+            *(server.stop(grace=2) for server in self.extra_servers),
+        ]
         for event in stopped:
             event.wait(5)
         if self.metrics_server is not None:
@@ -444,6 +618,16 @@ def _export_object_store(config: PlatformConfig) -> None:
     help="Seconds a job's object-store credentials last (S3: 900 to 43200).",
 )
 @click.option(
+    "--standby",
+    is_flag=True,
+    help="Run as a hot standby of the daemon that leads this platform: every service is "
+    "built and its ports bound, but the API refuses calls (UNAVAILABLE / 503) until the "
+    "active daemon dies; then this one takes over within the etcd lease (within "
+    "milliseconds on the same machine) and re-adopts the running jobs' guardians "
+    "(docs/high-availability.md). Without it, a daemon that finds another leading waits "
+    "to take over before it reports ready.",
+)
+@click.option(
     "--state-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -476,6 +660,7 @@ def main(
     object_store: str,
     object_store_endpoint: str,
     storage_grant_ttl: float,
+    standby: bool,
     state_file: Path | None,
 ) -> None:
     """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
@@ -530,7 +715,7 @@ def main(
     _export_object_store(config)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        daemon = Daemon(config)
+        daemon = Daemon(config, standby=standby)
     except SecurityError as exc:
         click.echo(f"rhizomed: cannot start: {exc}", err=True)
         sys.exit(1)
@@ -544,6 +729,19 @@ def main(
         click.echo(f"rhizomed: cannot start: {exc}", err=True)
         daemon.stop()
         sys.exit(1)
+    if not standby and not daemon.ctx.leading.is_set():
+        holder = daemon.leadership.holder() if daemon.leadership else None
+        log.info(
+            "another daemon leads this platform (%s); waiting to take over (pass --standby "
+            "to report ready as its hot standby)",
+            f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "unknown",
+        )
+        while not daemon.lead_done.wait(0.2) and not stop.is_set():
+            pass
+        if daemon.lead_failed is not None:
+            click.echo(f"rhizomed: cannot start: {daemon.lead_failed}", err=True)
+            daemon.stop()
+            sys.exit(1)
     if state_file:
         tmp = state_file.with_suffix(".tmp")
         tmp.write_text(
@@ -556,6 +754,7 @@ def main(
                     "tls": bool(config.tls_cert),
                     "metrics_port": daemon.metrics_server.port if daemon.metrics_server else 0,
                     "services": list(config.services),
+                    "standby": not daemon.ctx.leading.is_set(),
                 }
             )
         )

@@ -9,6 +9,7 @@ imports this module and the hosting modules; neither imports the daemon.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -61,6 +62,16 @@ class Hosted:
     service_names: list[str] = field(default_factory=list)
     start: Callable[[], None] | None = None
     stop: Callable[[], None] | None = None
+    # The work only the daemon holding leadership does (placing jobs, running guardians,
+    # delivering webhooks): called after `start`, at once on a daemon that leads from the
+    # start, at takeover on a hot standby (`rhizomed --standby`, docs/high-availability.md).
+    # It must re-read whatever the previous leader may have changed since `build`.
+    lead: Callable[[], None] | None = None
+
+
+# The services whose background work only one daemon may do at a time: a daemon hosting
+# any of them campaigns for leadership (services/leader) before it does that work.
+LEADER_SERVICES = ("scheduler", "lcm")
 
 
 @dataclass
@@ -76,6 +87,9 @@ class DaemonContext:
     # Mutual TLS on the internal ports (services/security/tls.py InternalTls): this
     # daemon's channels present its client certificate; None: plaintext.
     internal_tls: InternalTls | None = None
+    # Set while this daemon leads (always, for a daemon without leader services): a hot
+    # standby keeps it clear and its gated services refuse calls (services/leader/gate.py).
+    leading: threading.Event = field(default_factory=threading.Event)
 
     def _internal_channel(self, address: str) -> grpc.Channel:
         token = self.credentials.service_token() if self.credentials else ""

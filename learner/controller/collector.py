@@ -6,6 +6,15 @@ and the learner's metric sources (`evaluation_metrics`), and ships them to the t
 data service in batches, flushed when `batch_lines` lines wait or `flush_interval_s`
 has passed since the oldest one was read.
 
+Batches are pipelined: while one is on its way (the TDS building its bulk request, the
+search server indexing it), the collector reads and sends the next, up to
+`max_in_flight` unacknowledged batches (3). A search server indexes one bulk while the
+next is parsed, and is never idle waiting for a round trip (issue #18: one learner's
+lines at >= 0.9x of the server's raw bulk ceiling). Offsets are still committed in
+order: a batch's position only once it and every batch before it are acknowledged.
+Each learner's collector has at most `max_in_flight` requests at the TDS, which is what
+keeps many learners sharing it fairly.
+
 Exactly once, in order, across crashes of the collector, the TDS or Elasticsearch:
 - every line gets a per-(learner, stream) sequence number, every sample a per-source
   one; the TDS stores them under deterministic document ids, so a re-sent batch
@@ -42,6 +51,7 @@ services/).
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import logging
@@ -72,6 +82,9 @@ from learner.controller.metric_sources.tail import LineTailer
 log = logging.getLogger(__name__)
 
 STREAMS = COMMAND_STREAMS  # the files the command writes (contract.logs)
+# While lines keep arriving, the store check waits for a quiet moment, at most this many
+# verify intervals (30 s by default): it stops the pipeline for a count on the server.
+BUSY_VERIFY_FACTOR = 6
 OFFSETS_FILE = "collector.offsets.json"
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -212,15 +225,27 @@ class RenewingStub:
             log.info("TDS channel opened again with the renewed certificate")
             return self._stub
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return getattr(self._current(), name)(*args, **kwargs)
-
-        return call
+    def __getattr__(self, name: str) -> _RenewingMethod:
+        return _RenewingMethod(self, name)
 
     def close(self) -> None:
         with self._lock:
             self._channel.close()
+
+
+class _RenewingMethod:
+    """One RPC of a RenewingStub: called, or `.future(...)` (the collector keeps several
+    batches in flight), each on the channel of the newest certificate."""
+
+    def __init__(self, stub: RenewingStub, name: str) -> None:
+        self.stub = stub
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.stub._current(), self.name)(*args, **kwargs)
+
+    def future(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.stub._current(), self.name).future(*args, **kwargs)
 
 
 class Collector:
@@ -240,6 +265,7 @@ class Collector:
         drain_timeout_s: float = 60.0,
         verify_interval_s: float = 5.0,
         max_rewinds: int = 3,
+        max_in_flight: int = 3,
         token: str = "",
         tls: Mapping[str, str] | None = None,
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
@@ -262,6 +288,14 @@ class Collector:
         self.drain_timeout_s = drain_timeout_s
         self.verify_interval_s = verify_interval_s
         self.max_rewinds = max_rewinds
+        if max_in_flight < 1:
+            raise CollectorError(f"max_in_flight is {max_in_flight}; it must be >= 1")
+        self.max_in_flight = max_in_flight
+        # Sent, not yet acknowledged, oldest first: (calls, offsets snapshot, lines, samples);
+        # each call is (its future, how to send it again).
+        self._in_flight: collections.deque[
+            tuple[list[tuple[Any, Callable[[], Any]]], dict[str, Any], int, int]
+        ] = collections.deque()
         self.clock_us = clock_us
         # Which of the command's streams this collector ships: both, or none when another
         # process ships them (a container's streams, read by the platform's collector).
@@ -483,34 +517,66 @@ class Collector:
         return retrying(fn)
 
     def flush(self) -> None:
-        """Send the pending batch and, once acknowledged, commit the offsets."""
-        if not self.pending_lines and not self.pending_samples:
-            return
-        snapshot = self._snapshot()
-        lines, samples = self.pending_lines, self.pending_samples
-        try:
-            for i in range(0, len(lines), self.batch_lines):
-                chunk = lines[i : i + self.batch_lines]
-                req = tds_pb2.AddLogLinesRequest(lines=chunk)
-                self._call(
-                    functools.partial(self._stub.AddLogLines, req, timeout=self.rpc_timeout_s)
+        """Send the pending batch and wait until it and every batch before it are
+        acknowledged, committing the offsets."""
+        self.send()
+        self._settle(everything=True)
+
+    def send(self) -> None:
+        """Send the pending batch without waiting for it; then wait only while more than
+        `max_in_flight` batches are unacknowledged."""
+        if self.pending_lines or self.pending_samples:
+            snapshot = self._snapshot()
+            lines, samples = self.pending_lines, self.pending_samples
+            requests: list[tuple[Any, Any]] = [
+                (self._stub.AddLogLines, tds_pb2.AddLogLinesRequest(lines=lines[i : i + step]))
+                for step in (self.batch_lines,)
+                for i in range(0, len(lines), step)
+            ] + [
+                (self._stub.AddMetrics, tds_pb2.AddMetricsRequest(samples=samples[i : i + step]))
+                for step in (self.batch_lines,)
+                for i in range(0, len(samples), step)
+            ]
+            calls: list[tuple[Any, Callable[[], Any]]] = [
+                (
+                    method.future(req, timeout=self.rpc_timeout_s),
+                    functools.partial(method, req, timeout=self.rpc_timeout_s),
                 )
-            for i in range(0, len(samples), self.batch_lines):
-                mreq = tds_pb2.AddMetricsRequest(samples=samples[i : i + self.batch_lines])
-                self._call(
-                    functools.partial(self._stub.AddMetrics, mreq, timeout=self.rpc_timeout_s)
-                )
-        except grpc.RpcError as exc:
-            if _retryable(exc):
-                raise  # stopping or past the drain deadline: keep the old offsets
-            # The TDS refused the data itself; resending cannot help and must not stall
-            # the learner's logs behind it.
-            log.error("TDS refused a batch of %d lines, skipping it: %s", len(lines), exc)
+                for method, req in requests
+            ]
+            self._in_flight.append((calls, snapshot, len(lines), len(samples)))
+            self.pending_lines, self.pending_samples = [], []
+            self._oldest_pending = None
+        while len(self._in_flight) > self.max_in_flight:
+            self._settle_oldest()
+
+    def _settle(self, everything: bool = False) -> None:
+        """Commit the batches acknowledged so far, in order (all of them: wait for each)."""
+        while self._in_flight and (
+            everything or all(future.done() for future, _ in self._in_flight[0][0])
+        ):
+            self._settle_oldest()
+
+    def _settle_oldest(self) -> None:
+        calls, snapshot, n_lines, n_samples = self._in_flight[0]
+        for future, again in calls:
+            try:
+                try:
+                    future.result()
+                except grpc.RpcError as exc:
+                    if not _retryable(exc):
+                        raise
+                    self._call(again)  # sent again, with backoff, until acknowledged
+            except grpc.RpcError as exc:
+                if _retryable(exc):
+                    raise  # stopping or past the drain deadline: keep the old offsets
+                # The TDS refused the data itself; resending cannot help and must not stall
+                # the learner's logs behind it.
+                log.error("TDS refused a batch of %d lines, skipping it: %s", n_lines, exc)
         write_json_atomically(self.offsets_path, snapshot)
-        self.sent_lines += len(lines)
-        self.sent_samples += len(samples)
-        self.pending_lines, self.pending_samples = [], []
-        self._oldest_pending = None
+        self.sent_lines += n_lines
+        self.sent_samples += n_samples
+        self._in_flight.popleft()
 
     def verify(self) -> bool:
         """Check that the store holds every record acknowledged since the last check.
@@ -586,12 +652,18 @@ class Collector:
         write_json_atomically(self.offsets_path, self._snapshot())
         return True
 
-    def _verify_due(self) -> bool:
+    def _verify_due(self, idle: bool = True) -> bool:
+        """A check is due every `verify_interval_s`, at a moment the learner is quiet
+        (nothing new was read): a check stops the pipeline (everything in flight is
+        settled first) and the count itself is a refresh and a search on the server, so
+        under a burst it waits, for at most BUSY_VERIFY_FACTOR intervals."""
+        since = time.monotonic() - self._last_verify
         return (
             self.verify_interval_s > 0
             and not self.pending_lines
             and not self.pending_samples
-            and time.monotonic() - self._last_verify >= self.verify_interval_s
+            and since >= self.verify_interval_s
+            and (idle or since >= BUSY_VERIFY_FACTOR * self.verify_interval_s)
             and self._position() != self._verified
         )
 
@@ -611,8 +683,10 @@ class Collector:
             while not self._stop.is_set():
                 n = self.collect()
                 if self._due():
-                    self.flush()
-                if self._verify_due():
+                    self.send()
+                self._settle()
+                if self._verify_due(idle=n == 0):
+                    self._settle(everything=True)  # verify counts what is acknowledged
                     self.verify()
                 if n == 0:
                     self._stop.wait(self.poll_interval_s)
@@ -654,7 +728,15 @@ class Collector:
         if self._thread is not None:
             self._thread.join()
         self._stub.close()
-        return self.error is None and not self.pending_lines and not self.pending_samples
+        for calls, *_ in self._in_flight:  # not drained: what was never acknowledged
+            for future, _again in calls:
+                future.cancel()
+        return (
+            self.error is None
+            and not self.pending_lines
+            and not self.pending_samples
+            and not self._in_flight
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -677,6 +759,12 @@ def main(argv: list[str] | None = None) -> int:
         "(0: never, for a store known to keep every acknowledged write)",
     )
     p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=3,
+        help="batches sent and not yet acknowledged at most (1: one at a time)",
+    )
+    p.add_argument(
         "--once", action="store_true", help="ship everything there is now, then exit (a drain)"
     )
     args = p.parse_args(argv)
@@ -697,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
             flush_interval_s=args.flush_interval_s,
             drain_timeout_s=args.drain_timeout_s,
             verify_interval_s=args.verify_interval_s,
+            max_in_flight=args.max_in_flight,
             # The job token from the environment, never argv (any local user reads argv).
             token=os.environ.get(TOKEN_ENV, ""),
             tls=tls_from_environ(),

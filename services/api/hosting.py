@@ -246,6 +246,9 @@ def build(ctx: DaemonContext) -> Hosted:
             ctx.config.data_dir,
             ctx.config.quota_config,
         )
+        from services.leader.gate import rest_gate
+
+        app = rest_gate(app, ctx.leading)  # a hot standby answers 503 until it leads
         host, port = split_address(ctx.config.rest_address)
         tls: dict[str, Any] = {}
         if ctx.config.tls_cert:  # the same certificate as the public gRPC port
@@ -265,7 +268,6 @@ def build(ctx: DaemonContext) -> Hosted:
         if not server.started:
             raise RuntimeError(f"the REST gateway could not listen on {ctx.config.rest_address}")
         gauges.start()
-        dispatcher.start()
 
     def publish_job_gauges() -> None:
         from services.metrics import JOBS_BY_STATE, QUEUE_LENGTH
@@ -289,4 +291,11 @@ def build(ctx: DaemonContext) -> Hosted:
             rest["server"].should_exit = True
             rest["thread"].join(timeout=5)
 
-    return Hosted([trainer_pb2.DESCRIPTOR.services_by_name["Trainer"].full_name], start, stop)
+    # Webhooks are delivered by the leading daemon only: two dispatchers would race on
+    # the delivery cursors.
+    return Hosted(
+        [trainer_pb2.DESCRIPTOR.services_by_name["Trainer"].full_name],
+        start,
+        stop,
+        lead=dispatcher.start,
+    )

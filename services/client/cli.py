@@ -211,6 +211,12 @@ def cli(
     is_flag=True,
     help="Serve the API without TLS: tokens travel in clear text (FfDL-era clients).",
 )
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Also run a hot standby daemon: it takes over within milliseconds when the active "
+    "one dies, and the CLI and SDK fail over to it (docs/high-availability.md).",
+)
 @click.option("--foreground", is_flag=True, help="Stay in the foreground; Ctrl-C stops everything.")
 @click.pass_obj
 def up(
@@ -227,6 +233,7 @@ def up(
     tls_key: Path | None,
     up_tls_ca: Path | None,
     plaintext: bool,
+    standby: bool,
     foreground: bool,
 ) -> None:
     """Start the platform (with --embedded, its dependencies too). The API serves TLS with
@@ -251,6 +258,7 @@ def up(
             progress=lambda m: err.print(f"[dim]•[/dim] {m}"),
             backend=backend,
             tls=tls_choice(tls_cert, tls_key, up_tls_ca, plaintext),
+            standby=standby,
         )
     except DependencyError as exc:
         err.print(f"[red]error:[/red] {exc}")

@@ -93,7 +93,8 @@ GLOBAL_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
         {
             "envvar": "RHIZOME_API",
             "metavar": "HOST:PORT",
-            "help": "Trainer API address (default: the embedded platform's, else 127.0.0.1:50051).",
+            "help": "Trainer API address (default: the embedded platform's, else 127.0.0.1:50051); "
+            "a comma-separated list (ACTIVE,STANDBY) fails over to the next on UNAVAILABLE.",
         },
     ),
     (

@@ -14,6 +14,13 @@ TLS, in order: `tls=False` is plaintext; a CA file (`ca_file=`, $RHIZOME_TLS_CA)
 trusted and implies TLS; `tls=True` trusts the system's CAs; otherwise the embedded
 platform's own CA (`<data dir>/tls/ca.pem`) when `address` is that platform's, the same
 way as its admin token; otherwise plaintext.
+
+High availability: `address` may list several daemons, `"HOST:PORT,HOST:PORT"` (an
+active daemon and its hot standby, `rhizomed --standby`). A call that finds its daemon
+UNAVAILABLE (gone, or a standby that does not lead yet) is tried against the next
+address, round the list, for up to `failover_s` (default: longer than the leader
+lease, so a standby has taken over by then); later calls stay on the address that
+answered. Token and TLS discovery go by the first address.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import io
 import json
 import os
 import stat
+import time
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator
@@ -36,6 +44,9 @@ from services.config import DEFAULT_DATA_DIR
 USER_METADATA = "x-rhizome-user"
 TOKEN_ENV = "RHIZOME_TOKEN"
 TLS_CA_ENV = "RHIZOME_TLS_CA"
+# How long a call goes round an address list before it gives up: the leader lease
+# (services/leader/etcd.py, 2 s) plus the standby's takeover, with room to spare.
+FAILOVER_S = 10.0
 ADMIN_TOKEN_FILE = "admin.token"
 MAX_MESSAGE = 80 * 1024 * 1024
 # Code is uploaded in pieces of this size (CreateJobStream), never in one message.
@@ -122,7 +133,10 @@ def _platform_state(address: str, root: Path) -> dict[str, Any] | None:
     """The embedded platform's `platform.json` when `address` is its API, else None."""
     try:
         state = json.loads((root / "platform.json").read_text())
-        if not isinstance(state, dict) or state.get("urls", {}).get("api") != address:
+        if not isinstance(state, dict):
+            return None
+        urls = state.get("urls", {})
+        if address not in (urls.get("api"), urls.get("api-standby")):
             return None
         return state
     except (OSError, ValueError, AttributeError):
@@ -228,24 +242,19 @@ class Client:
         data_dir: Path | None = None,
         tls: bool | None = None,
         ca_file: str | Path | None = None,
+        failover_s: float = FAILOVER_S,
     ) -> None:
         """`token=None` looks for one (see `find_token`); `token=""` sends none.
-        `tls=None` decides by `find_tls`; `tls=False` is plaintext."""
-        self.address = address
+        `tls=None` decides by `find_tls`; `tls=False` is plaintext. `address` may be a
+        comma-separated list of daemons (see the module docstring)."""
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.address = self.addresses[0]
+        self.failover_s = failover_s
         self.user = user or os.environ.get("RHIZOME_USER") or os.environ.get("USER") or "anonymous"
-        self.token = find_token(address, token, data_dir)
+        self.token = find_token(self.address, token, data_dir)
         self.timeout_s = timeout_s
-        self.tls, ca = find_tls(address, tls, ca_file, data_dir)
-        options = [
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-        ]
-        if self.tls:
-            credentials = grpc.ssl_channel_credentials(root_certificates=ca)
-            self._channel = grpc.secure_channel(address, credentials, options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
-        self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
+        self.tls, self._ca = find_tls(self.address, tls, ca_file, data_dir)
+        self._connect(self.address)
         # A token says who the caller is; the bare user id is for FfDL-compatible daemons.
         self._md: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {self.token}"),)
@@ -262,13 +271,46 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
+    def _connect(self, address: str) -> None:
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ]
+        if self.tls:
+            credentials = grpc.ssl_channel_credentials(root_certificates=self._ca)
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
+        self.address = address
+
+    def _fail_over(self, exc: grpc.RpcError, deadline: float, tried: int) -> bool:
+        """After an UNAVAILABLE from one of several daemons: connect to the next one and
+        say whether to try again (False: one address only, another error, or time up)."""
+        code = exc.code() if hasattr(exc, "code") else None
+        if len(self.addresses) < 2 or code != grpc.StatusCode.UNAVAILABLE:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        if tried % len(self.addresses) == 0:
+            time.sleep(0.02)  # every daemon refused just now: a standby is taking over
+        following = self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
+        self._channel.close()
+        self._connect(following)
+        return True
+
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
-        try:
-            return getattr(self._stub, method)(
-                request, metadata=self._md, timeout=timeout or self.timeout_s
-            )
-        except grpc.RpcError as exc:
-            raise _translate(exc, self.address, self.tls) from None
+        deadline = time.monotonic() + self.failover_s
+        tried = 0
+        while True:
+            try:
+                return getattr(self._stub, method)(
+                    request, metadata=self._md, timeout=timeout or self.timeout_s
+                )
+            except grpc.RpcError as exc:
+                tried += 1
+                if not self._fail_over(exc, deadline, tried):
+                    raise _translate(exc, self.address, self.tls) from None
 
     # -- jobs ------------------------------------------------------------------------------
     def create_job(
@@ -299,16 +341,23 @@ class Client:
 
         # The deadline grows with the upload: a slow link still gets its archive through.
         timeout = self.timeout_s + len(code_zip) / (1024 * 1024)
-        try:
-            streamed = self._stub.CreateJobStream(pieces(), metadata=self._md, timeout=timeout)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and len(code_zip) <= MAX_UNARY_CODE:
-                # A daemon from before CreateJobStream: code that fits one message still goes.
-                header.model_definition = code_zip
-                resp = self._call("CreateJob", header, timeout=timeout)
-                assert isinstance(resp, trainer_pb2.CreateJobResponse)
-                return resp
-            raise _translate(exc, self.address, self.tls) from None
+        deadline, tried = time.monotonic() + self.failover_s, 0
+        while True:
+            try:
+                streamed = self._stub.CreateJobStream(pieces(), metadata=self._md, timeout=timeout)
+                break
+            except grpc.RpcError as exc:
+                tried += 1
+                # The idempotency key makes sending it again to the next daemon safe.
+                if self._fail_over(exc, deadline, tried):
+                    continue
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED and len(code_zip) <= MAX_UNARY_CODE:
+                    # A daemon from before CreateJobStream: code that fits one message goes.
+                    header.model_definition = code_zip
+                    resp = self._call("CreateJob", header, timeout=timeout)
+                    assert isinstance(resp, trainer_pb2.CreateJobResponse)
+                    return resp
+                raise _translate(exc, self.address, self.tls) from None
         assert isinstance(streamed, trainer_pb2.CreateJobResponse)
         return streamed
 

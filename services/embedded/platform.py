@@ -226,7 +226,10 @@ class PlatformState:
 
     @property
     def api_address(self) -> str:
-        return self.urls.get("api", "")
+        """The API's address; `ACTIVE,STANDBY` with a hot standby (`up --standby`), which
+        the SDK and CLI go round on UNAVAILABLE."""
+        addresses = [self.urls.get(k, "") for k in ("api", "api-standby")]
+        return ",".join(a for a in addresses if a)
 
     @property
     def rest_url(self) -> str:
@@ -312,6 +315,7 @@ def up(
     progress: Progress = lambda _: None,
     backend: str = "local",
     tls: TlsChoice | None = None,
+    standby: bool = False,
 ) -> PlatformState:
     """Start whatever of the platform is not running yet; return where everything is.
     `grpc_port`/`rest_port`: None reuses the ports of the last run (else 50051/8080, else
@@ -448,6 +452,21 @@ def up(
         state.urls["rest"] = f"{'https' if serving.enabled else 'http'}://127.0.0.1:{rport}"
         state.ports["metrics"] = mport
         state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
+        if standby:
+            from services.embedded.standby import StandbyDaemonServer
+
+            # The same platform and flags; its own ports (metrics: any free one).
+            standby_args = [a for a in args if not a.startswith("--metrics-address=")]
+            warm = StandbyDaemonServer(
+                data_dir,
+                _pick(state.ports.get("api-standby")),
+                _pick(state.ports.get("rest-standby")),
+                [*standby_args, "--metrics-address=127.0.0.1:0"],
+                serving,
+                environ,  # the same stores, from its environment as the active one's
+            )
+            state.urls["api-standby"] = launch("api-standby", warm, "hot standby rhizomed")
+            state.ports["rest-standby"] = warm.rest_port
     state.supervisor = (previous.supervisor if previous else {}) or {}
     ensure_supervisor(state, progress)
     return state
@@ -514,7 +533,8 @@ def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
     with state_lock(data_dir):  # a restart the supervisor had under way is written by now
         state = load_state(data_dir) or state
         state.supervisor = {}
-    order = ["api", "dockerd", "elasticsearch", "mongodb", "etcd"]
+    # The standby first: stopped after the active daemon, it would take over for a moment.
+    order = ["api-standby", "api", "dockerd", "elasticsearch", "mongodb", "etcd"]
     for name in sorted(state.processes, key=lambda n: order.index(n) if n in order else 0):
         pid = int(state.processes[name]["pid"])
         if name == "dockerd":

@@ -66,7 +66,9 @@ def build(ctx: DaemonContext) -> Hosted:
     ctx.shared["lcm"] = manager
     lcm_pb2_grpc.add_LifecycleManagerServicer_to_server(LifecycleServicer(manager), ctx.server)
     name = lcm_pb2.DESCRIPTOR.services_by_name["LifecycleManager"].full_name
-    return Hosted([name], manager.start, manager.stop)
+    # The rounds (and the guardians they run) are the leader's work: a hot standby starts
+    # them at takeover, when the guardians of the dead daemon are re-adopted.
+    return Hosted([name], None, manager.stop, lead=manager.start)
 
 
 def _job_certificates(internal_tls: InternalTls, backend: str) -> Callable[[str], dict[str, str]]:

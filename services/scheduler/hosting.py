@@ -520,7 +520,16 @@ def build(ctx: DaemonContext) -> Hosted:
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
     def stop() -> None:
-        loop.stop()
+        if loop.thread.is_alive():
+            loop.stop()
         source.close()
 
-    return Hosted([name], loop.start, stop)
+    def lead() -> None:
+        # Placements the previous leader made since `build` are in MongoDB: a hot standby
+        # re-reads them at takeover before its first pass, so nothing is double-booked.
+        fresh = GangScheduler(Cluster(source.nodes()), quotas=quotas, store=store)
+        with servicer._lock:
+            servicer.scheduler = loop.scheduler = fresh
+        loop.start()
+
+    return Hosted([name], None, stop, lead=lead)

@@ -39,6 +39,7 @@ from services.tds.api import (
     TrainingDataStore,
     time_us,
 )
+from services.tds.fair import FairGate
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", tds_pb2.LogLine, tds_pb2.MetricSample)
@@ -113,6 +114,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         job_scope: Callable[[grpc.ServicerContext], str] | None = None,
         on_metrics: Callable[[Sequence[tds_pb2.MetricSample]], None] | None = None,
         on_logs: Callable[[Sequence[tds_pb2.LogLine]], object] | None = None,
+        max_bulk_in_flight: int = 4,
     ) -> None:
         """`job_finished` is called about every `follow_poll_s` by each follow stream;
         None means follow streams end only when the client cancels. `retention_s` is how
@@ -120,8 +122,11 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         the one job a call's credential is confined to (a learner's job token), or ""
         (services/security/internal.py). `on_metrics(samples)` sees every batch the store
         accepted (the jobs' last values, services/tds/last_metrics.py); `on_logs(lines)` every
-        batch of log lines (checkpoint reports, services/tds/checkpoints.py)."""
+        batch of log lines (checkpoint reports, services/tds/checkpoints.py).
+        `max_bulk_in_flight`: writes to the store at once, waiting ones admitted
+        round-robin by learner (services/tds/fair.py)."""
         self.store = store
+        self.write_gate = FairGate(max_bulk_in_flight)
         self.on_metrics = on_metrics
         self.on_logs = on_logs
         self.job_scope = job_scope
@@ -197,7 +202,9 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lines[{i}]: {problem}")
         self._confine(context, {ln.job_id for ln in lines}, "write the logs of")
-        n = self._write(context, self.store.write_logs, lines)
+        key = (lines[0].job_id, lines[0].learner) if lines else ("", 0)
+        with self.write_gate.slot(key):
+            n = self._write(context, self.store.write_logs, lines)
         metrics.TDS_DOCUMENTS.labels("log").inc(n)
         for job_id, recs in _by_job(lines).items():
             self.log_broker.publish(job_id, recs)
@@ -222,7 +229,9 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"samples[{i}]: {problem}")
         self._confine(context, {s.job_id for s in samples}, "write the metrics of")
-        n = self._write(context, self.store.write_metrics, samples)
+        key = (samples[0].job_id, samples[0].learner) if samples else ("", 0)
+        with self.write_gate.slot(key):
+            n = self._write(context, self.store.write_metrics, samples)
         metrics.TDS_DOCUMENTS.labels("metric").inc(n)
         for job_id, recs in _by_job(samples).items():
             self.metric_broker.publish(job_id, recs)

@@ -109,3 +109,21 @@ def test_index_slug_is_valid_and_distinct() -> None:
     assert index_slug("job-1") == "job-1"
     assert index_slug("Job-1") != index_slug("job-1")
     assert index_slug("a/b") == index_slug("a/b") and "/" not in index_slug("a/b")
+
+
+def test_lines_with_quotes_escapes_and_unicode_are_stored_exactly(
+    store: ElasticsearchStore,
+) -> None:
+    # The bulk body is built from templates (only the text is encoded per line): what
+    # JSON must escape, and text beyond ASCII, must come back as it went in, under the
+    # same document ids as before.
+    job = _job()
+    texts = ['a "quoted" word', "back\\slash\ttab", "é ✓ 日本", '{"not": json}', ""]
+    lines = [log_line(job, r, s, i, t, T0 + i) for i, t in enumerate(texts)
+             for r, s in ((0, "stdout"), (1, "stderr"))]  # fmt: skip
+    store.write_logs(lines)
+    store.refresh(job)
+    got = sorted((g.learner, g.stream, g.seq, g.line) for g in store.query_logs(Query(job)))
+    assert got == sorted((ln.learner, ln.stream, ln.seq, ln.line) for ln in lines)
+    doc = store.es.get(index=store.logs_index(job), id=f"{job}-1-stderr-2")
+    assert doc["_source"]["line"] == "é ✓ 日本" and doc["_source"]["seq"] == 2

@@ -1,0 +1,82 @@
+"""The TDS's write gate: at most `slots` writes at once, waiting writers admitted
+round-robin by learner, so one learner's backlog does not crowd out another's batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from services.tds.fair import FairGate
+
+
+def _wait(cond: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.005)
+    assert cond(), "condition not reached"  # type: ignore[operator]
+
+
+def test_a_second_learner_goes_before_the_first_ones_backlog() -> None:
+    gate = FairGate(1)
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def write(key: str, name: str) -> None:
+        with gate.slot(key), lock:
+            order.append(name)
+
+    holding = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with gate.slot("a"):
+            holding.set()
+            release.wait(10)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    holding.wait(10)
+    # Learner a queues three batches, then learner b one.
+    for i in range(3):
+        t = threading.Thread(target=write, args=("a", f"a{i}"))
+        t.start()
+        threads.append(t)
+        _wait(lambda n=i + 1: gate.waiting() == n)
+    t = threading.Thread(target=write, args=("b", "b0"))
+    t.start()
+    threads.append(t)
+    _wait(lambda: gate.waiting() == 4)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert order == ["a0", "b0", "a1", "a2"]
+
+
+def test_no_more_than_the_slots_write_at_once() -> None:
+    gate = FairGate(2)
+    inside, most = 0, 0
+    lock = threading.Lock()
+
+    def write(key: int) -> None:
+        nonlocal inside, most
+        with gate.slot(key):
+            with lock:
+                inside += 1
+                most = max(most, inside)
+            time.sleep(0.01)
+            with lock:
+                inside -= 1
+
+    threads = [threading.Thread(target=write, args=(k % 3,)) for k in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert most <= 2 and inside == 0
+
+
+def test_zero_slots_is_refused_saying_why() -> None:
+    with pytest.raises(ValueError, match="slots is 0"):
+        FairGate(0)
