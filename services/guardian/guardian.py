@@ -51,6 +51,7 @@ from contract.status import (
 from services.backends.api import Backend, BackendError, JobSpec
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
+from services.guardian.replacement import ReplacementPlanner, SchedulerAccess
 from services.manifest import Manifest
 from services.store import states
 from services.store.errors import JobNotFound, StaleToken
@@ -121,6 +122,11 @@ class GuardianConfig:
     tds_address: str = ""
     tds_token: str = field(default="", repr=False)  # the job token (services/security)
     tds_tls: dict[str, str] = field(default_factory=dict, repr=False)  # the job's client cert
+    # The scheduler's internal port and the service credential for it: where a lost
+    # pipeline learner's replacement goes (ReplaceLearner; services/guardian/replacement.py).
+    # Empty: the platform places jobs itself, a replacement reuses the lost node.
+    scheduler_address: str = ""
+    scheduler_token: str = field(default="", repr=False)
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -184,6 +190,13 @@ class Guardian:
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
         self.pipeline = PipelineFailover(self)
+        # asks the scheduler where a lost pipeline learner's replacement runs; the mTLS
+        # client certificate is the job's (the same CA signs it; the token authorizes)
+        self.replacements = ReplacementPlanner(
+            SchedulerAccess(config.scheduler_address, config.scheduler_token, config.tds_tls)
+            if config.scheduler_address
+            else None
+        )
         self.elastic = ElasticScaler(self)  # scale requests of an elastic job
 
     # -- ownership ------------------------------------------------------------------------

@@ -23,6 +23,12 @@ def build(ctx: DaemonContext) -> Hosted:
     tds = config.internal_address if "tds" in config.services else config.peers.get("tds", "")
     tds = config.learner_tds_address or tds
     has_scheduler = "scheduler" in config.services or "scheduler" in config.peers
+    # Guardians ask the scheduler where a lost pipeline learner's replacement runs.
+    scheduler = (
+        config.internal_address
+        if "scheduler" in config.services
+        else config.peers.get("scheduler", "")
+    )
     manager = LifecycleManager(
         LcmConfig(
             data_dir=config.data_dir,
@@ -33,6 +39,8 @@ def build(ctx: DaemonContext) -> Hosted:
             backend=config.backend,
             job_token=ctx.credentials.job_token if ctx.credentials else None,
             job_tls=ctx.internal_tls.job_credentials if ctx.internal_tls else None,
+            scheduler_address=scheduler,
+            service_token=ctx.credentials.service_token if ctx.credentials else None,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

@@ -41,6 +41,7 @@ from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
+    GUARDIAN_SERVICE_TOKEN_ENV,
     JOB_TLS_ENV,
     JOB_TOKEN_ENV,
 )
@@ -72,6 +73,10 @@ class LcmConfig:
     # Issues a job's mutual-TLS client certificate (`{ca, cert, key}`) when the internal
     # port serves TLS (services/security/tls.py InternalTls); None on plaintext.
     job_tls: Callable[[str], dict[str, str]] | None = None
+    # The scheduler's internal address and the service credential, handed to guardians
+    # (a lost pipeline learner's replacement is placed by ReplaceLearner); "" / None: none.
+    scheduler_address: str = ""
+    service_token: Callable[[], str] | None = None
 
 
 @dataclass
@@ -237,6 +242,8 @@ class LifecycleManager:
         ]
         if self.config.tds_address:
             argv.append(f"--tds={self.config.tds_address}")
+        if self.config.scheduler_address:
+            argv.append(f"--scheduler={self.config.scheduler_address}")
         env = dict(os.environ, **self.config.guardian_env)
         # The store URIs and the job token go in the environment, not argv: any local user
         # (a learner uid included) can read a command line in /proc, and either URI may
@@ -245,6 +252,8 @@ class LifecycleManager:
         env[GUARDIAN_MONGODB_URI_ENV] = self.config.mongodb_uri
         if self.config.job_token is not None:
             env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
+        if self.config.scheduler_address and self.config.service_token is not None:
+            env[GUARDIAN_SERVICE_TOKEN_ENV] = self.config.service_token()
         if self.config.job_tls is not None:
             try:
                 env[JOB_TLS_ENV] = json.dumps(self.config.job_tls(job_id))
