@@ -161,7 +161,12 @@ def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> float:
             sys.exit(f"platform job did not end: {job}")
         time.sleep(1)
     if job["status"] != "COMPLETED":
-        sys.exit(f"platform job ended {job['status']}: {job['status_message']}")
+        tails = "\n".join(
+            f"learner {r.name}: " + " | ".join((r / "stderr.log").read_text().splitlines()[-4:])
+            for r in sorted((data_dir / "jobs" / job_id / "learners").iterdir())
+            if (r / "stderr.log").exists()
+        )
+        sys.exit(f"platform job ended {job['status']}: {job['status_message']}\n{tails}")
     out = (data_dir / "jobs" / job_id / "learners" / "1" / "stdout.log").read_text()
     return steady_throughput(out)[0]
 

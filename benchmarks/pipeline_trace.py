@@ -169,7 +169,11 @@ def platform_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         out, _ = injector.communicate(timeout=300)
         client.close()
     if record.status != "COMPLETED":
-        raise SystemExit(f"the job ended {record.status}: {record.status_message}")
+        lines = "\n".join(record.last_log_lines or [])
+        story = "\n".join(f"{h.status}: {h.message}" for h in record.history)
+        raise SystemExit(
+            f"the job ended {record.status}: {record.status_message}\n{lines}\n{story}"
+        )
     rows = [json.loads(line) for line in progress.read_text().splitlines()]
     history = [(h.time, h.status, h.message) for h in record.history]
     return {"rows": rows, "history": history, "injections": json.loads(out or "[]")}

@@ -165,6 +165,10 @@ class PipelineFailover:
                         statuses[rank] = LearnerStatus.COMPLETED
                         self.guardian.etcd.put(retired_key, sorted(retired))
                     continue
+                restarted = self.restart_unformed(job, spec, rank, code, statuses)
+                if restarted is not None:
+                    job = restarted
+                    continue
             if code == ExitCode.FATAL or state.get("fatal"):
                 return self.fatal(job, spec, state, rank, code)
             if code not in PIPELINE_LOSS_CODES:
@@ -331,6 +335,52 @@ class PipelineFailover:
         if changed:
             self.guardian.etcd.put(key, replaced)
         return job
+
+    def restart_unformed(
+        self,
+        job: JobRecord,
+        spec: JobSpec,
+        rank: int,
+        code: int,
+        statuses: dict[int, LearnerStatus],
+    ) -> JobRecord | None:
+        """A worker lost before the runtime formed its first generation (generation 0,
+        nothing in its rendezvous store yet: the workers are still registering, at deploy
+        or right after a restart from the checkpoint) has nobody to fail over to and no
+        slot to rejoin, and the others wait for it to register (120 s, then they fail
+        with exit 1, which failed the job). It is restarted in place as a new
+        incarnation, within the rank's replacement budget, saying so. None: not such a
+        loss (the pipeline formed, a standby, the budget spent): any other loss."""
+        pipe = spec.manifest.pipeline
+        if pipe is None or rank >= pipe.workers:
+            return None
+        state = self.runtime_state()
+        formed = int(state.get("generation") or 0) > 0 or bool(
+            self.guardian.etcd.get_prefix(etcd_keys.runtime_store_prefix(self.job_id))
+        )
+        if formed:
+            return None
+        key = etcd_keys.deploy_step(self.job_id, REPLACED)
+        entry = self.guardian.etcd.get(key)
+        replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        info = replaced.get(str(rank), {})
+        done, limit = int(info.get("count", 0)), spec.manifest.max_learner_restarts
+        if done >= limit:
+            return None
+        self.guardian.record_preemption(spec, rank, code, time.monotonic())
+        self.guardian.etcd.delete(etcd_keys.learner_status(self.job_id, rank))
+        incarnation = int(info.get("incarnation", done)) + 1
+        self.guardian.handles[rank] = self.start_learner(spec, rank, incarnation)
+        self.guardian.started_at[rank] = time.monotonic()
+        statuses[rank] = LearnerStatus.STARTING
+        replaced[str(rank)] = {**info, "count": done + 1, "incarnation": incarnation}
+        self.guardian.etcd.put(key, replaced)
+        log.info("job %s: pipeline learner %d lost before the pipeline formed", self.job_id, rank)
+        return self.guardian.jobs.note(
+            self.job_id,
+            f"learner {rank} lost before the pipeline formed (exit {code}); restarted in "
+            f"place, the others wait for it to register (restart {done + 1} of at most {limit})",
+        )
 
     def slot_of(self, rank: int) -> tuple[int, int]:
         """The runtime worker (slot) learner `rank` serves and the generation it was
