@@ -1,9 +1,10 @@
 """Pipeline jobs on the platform vs the bare launcher, failover and reconfiguration pauses.
 
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
+        [--rounds 5] [--no-pin] [--throughput-only]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
-pipeline, 4 microbatches):
+pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
 
 1. **bare**: `python -m learner.runtime.launch` (a private etcd, the launcher's TCPStore);
 2. **platform**: `rhizome up --embedded` + `rhizome train` (each learner one worker, the
@@ -11,7 +12,16 @@ pipeline, 4 microbatches):
 
 throughput = steps per second over the steady steps (the last stage's `step ... time T`
 lines, the first 5 steps left out: start-up is not throughput), and the ratio
-platform / bare (goal ≥ 0.97).
+platform / bare (goal ≥ 0.97). The two are interleaved over `--rounds` rounds, the order
+alternating (bare first in even rounds, platform first in odd ones), so that a change in
+the machine's load hits both alike; the embedded platform is started once, before the
+first round, and stays up (idle) during the bare runs too, so what the ratio shows is
+what running a job through it costs, not its servers' idle load. Each round's ratio
+pairs that round's two runs; printed: every round, the median ratio, its range, and how
+far the bare runs alone spread (max / min). With pinning (the default) every worker —
+bare or on the platform — pins itself to core `worker % cores` before it imports
+anything (`pin.py`, a shim in front of train.py), so both runs put the stages on the
+same cores.
 
 3. **failover and reconfiguration** (launcher, `--replace`, a private etcd): worker 1 is
    SIGKILLed from outside at step 30; a replacement starts and joins. From the step
@@ -22,7 +32,7 @@ platform / bare (goal ≥ 0.97).
    replacement's "joined generation ... (reconfiguration)": it includes the
    replacement's process start, torch import and model build).
 
-The simulator comparison under the p3 trace asked for in issue #16 is not measured here.
+The simulator comparison under the p3 trace (issue #16) is benchmarks/pipeline_trace.py.
 """
 
 from __future__ import annotations
@@ -64,24 +74,54 @@ def script_args(a: argparse.Namespace) -> list[str]:
     return ["--steps", str(a.steps), "--layers", str(a.layers), "--dim", str(a.dim)]
 
 
+# In front of the training script: the worker pins itself to one core (its worker number
+# modulo the cores it may use), then runs the script as `python train.py ...` would.
+PIN = """
+import os, runpy, sys
+cores = sorted(os.sched_getaffinity(0))
+worker = int(os.environ.get("RHIZOME_RUNTIME_WORKER", "0"))
+os.sched_setaffinity(0, {cores[worker % len(cores)]})
+script = os.path.abspath(sys.argv[1])
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(script))
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def entry(a: argparse.Namespace, code: Path) -> list[str]:
+    """The script and its arguments, behind the pinning shim when pinning."""
+    if not a.pin:
+        return [str(code / "train.py"), *script_args(a)]
+    (code / "pin.py").write_text(PIN)
+    return [str(code / "pin.py"), str(code / "train.py"), *script_args(a)]
+
+
 def bare(a: argparse.Namespace) -> float:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "learner.runtime.launch",
-            "--stages",
-            "2",
-            "--etcd",
-            "auto",
-            str(GPT / "train.py"),
-            *script_args(a),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    with tempfile.TemporaryDirectory(prefix="rhizome-bench-bare-") as tmp:
+        code = Path(tmp) / "code"
+        shutil.copytree(GPT, code)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "learner.runtime.launch",
+                "--stages",
+                "2",
+                "--etcd",
+                "auto",
+                # the platform's default: a block checkpoint every 10 steps (a fresh
+                # directory: a run finding checkpoints would start from them)
+                "--checkpoint-dir",
+                str(Path(tmp) / "checkpoints"),
+                "--checkpoint-every",
+                "10",
+                *entry(a, code),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     if proc.returncode != 0:
         sys.exit(f"bare run failed:\n{proc.stderr[-3000:]}")
     return steady_throughput(proc.stdout)[0]
@@ -102,35 +142,58 @@ def rz(data_dir: Path, *args: str) -> str:
     return proc.stdout
 
 
-def platform(a: argparse.Namespace) -> float:
-    data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-pipe-"))
-    code = data_dir / "code"
+def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> float:
+    """One job through the running embedded platform in `data_dir`; its throughput."""
+    code = data_dir / f"code-{n}"
     shutil.copytree(GPT, code)
+    # the command runs in the learner's code directory: the script's relative names
+    args = [Path(x).name if x.startswith(str(code)) else x for x in entry(a, code)]
     manifest = (code / "manifest.yaml").read_text()
-    manifest = re.sub(
-        r"command: python train.py.*",
-        f"command: python train.py {' '.join(script_args(a))}",
-        manifest,
-    )
+    manifest = re.sub(r"command: python train.py.*", f"command: python {' '.join(args)}", manifest)
     (code / "manifest.yaml").write_text(manifest)
+    job_id = json.loads(rz(data_dir, "train", str(code / "manifest.yaml"), "--json"))["job_id"]
+    deadline = time.monotonic() + 900
+    while True:
+        job = json.loads(rz(data_dir, "show", job_id, "--json"))
+        if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
+            break
+        if time.monotonic() > deadline:
+            sys.exit(f"platform job did not end: {job}")
+        time.sleep(1)
+    if job["status"] != "COMPLETED":
+        tails = "\n".join(
+            f"learner {r.name}: " + " | ".join((r / "stderr.log").read_text().splitlines()[-4:])
+            for r in sorted((data_dir / "jobs" / job_id / "learners").iterdir())
+            if (r / "stderr.log").exists()
+        )
+        sys.exit(f"platform job ended {job['status']}: {job['status_message']}\n{tails}")
+    out = (data_dir / "jobs" / job_id / "learners" / "1" / "stdout.log").read_text()
+    return steady_throughput(out)[0]
+
+
+def interleaved(a: argparse.Namespace) -> list[tuple[float, float]]:
+    """(bare, platform) steps/s per round, the order alternating; the platform up
+    throughout."""
+    data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-pipe-"))
     rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    rounds = []
     try:
-        job_id = json.loads(rz(data_dir, "train", str(code / "manifest.yaml"), "--json"))["job_id"]
-        deadline = time.monotonic() + 900
-        while True:
-            job = json.loads(rz(data_dir, "show", job_id, "--json"))
-            if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
-                break
-            if time.monotonic() > deadline:
-                sys.exit(f"platform job did not end: {job}")
-            time.sleep(1)
-        if job["status"] != "COMPLETED":
-            sys.exit(f"platform job ended {job['status']}: {job['status_message']}")
-        out = (data_dir / "jobs" / job_id / "learners" / "1" / "stdout.log").read_text()
-        return steady_throughput(out)[0]
+        for n in range(a.rounds):
+            if n % 2 == 0:
+                b = bare(a)
+                p = platform_job(a, data_dir, n)
+            else:
+                p = platform_job(a, data_dir, n)
+                b = bare(a)
+            print(
+                f"round {n + 1}: bare {b:.2f} steps/s, platform {p:.2f} steps/s, ratio {p / b:.3f}",
+                file=sys.stderr,
+            )
+            rounds.append((b, p))
     finally:
         rz(data_dir, "down")
         shutil.rmtree(data_dir, ignore_errors=True)
+    return rounds
 
 
 def failover_and_reconfiguration(
@@ -228,7 +291,19 @@ def main() -> None:
         help="only kill -> redundancy restored, with a replacement (cold start) and with a "
         "standby (pipeline.standbys: warm, waiting) in the same run",
     )
+    p.add_argument("--rounds", type=int, default=5, help="interleaved bare/platform rounds")
+    p.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="do not pin each worker to core (worker %% cores)",
+    )
+    p.add_argument(
+        "--throughput-only", action="store_true", help="skip the failover/reconfiguration run"
+    )
     a = p.parse_args()
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
     if a.standby_compare:
         cold = failover_and_reconfiguration(a, "--replace")["kill_to_redundancy_restored_s"]
         warm = failover_and_reconfiguration(a, "--standbys=1")["kill_to_redundancy_restored_s"]
@@ -236,11 +311,20 @@ def main() -> None:
         print(f"kill -> redundancy restored, standby waiting: {warm:.2f} s")
         print(f"ratio replacement/standby: {cold / warm:.1f}x")
         return
-    bare_tp = bare(a)
-    platform_tp = platform(a)
-    print(f"bare launcher:   {bare_tp:.2f} steps/s (steady steps, 2 stages x 1 pipeline)")
-    print(f"through platform: {platform_tp:.2f} steps/s")
-    print(f"ratio platform/bare: {platform_tp / bare_tp:.3f} (goal >= 0.97)")
+    rounds = interleaved(a)
+    ratios = [p_ / b for b, p_ in rounds]
+    bares = [b for b, _ in rounds]
+    pin = "each worker pinned to one core" if a.pin else "not pinned"
+    print(f"{a.rounds} interleaved rounds, 2 stages x 1 pipeline, {pin}:")
+    for n, ((b, p_), r) in enumerate(zip(rounds, ratios, strict=True), 1):
+        print(f"  round {n}: bare {b:.2f} steps/s, platform {p_:.2f} steps/s, ratio {r:.3f}")
+    print(
+        f"ratio platform/bare: median {statistics.median(ratios):.3f}, range "
+        f"{min(ratios):.3f}-{max(ratios):.3f} (goal >= 0.97); bare runs alone spread "
+        f"{max(bares) / min(bares):.2f}x"
+    )
+    if a.throughput_only:
+        return
     fr = failover_and_reconfiguration(a)
     print(f"median step: {fr['median_step_s'] * 1000:.1f} ms")
     print(

@@ -23,6 +23,7 @@ from services.guardian.guardian import Guardian, GuardianConfig
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
+    GUARDIAN_SERVICE_TOKEN_ENV,
     JOB_ETCD_CREDENTIALS_ENV,
     JOB_TLS_DIR_ENV,
     JOB_TLS_ENV,
@@ -64,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--backend", default="local")
     parser.add_argument("--tds", default="", help="TDS address for the learners' log collectors")
+    parser.add_argument(
+        "--scheduler",
+        default="",
+        help="the scheduler's internal address (HOST:PORT): where a lost pipeline learner's "
+        f"replacement runs (ReplaceLearner, with the credential in ${GUARDIAN_SERVICE_TOKEN_ENV}); "
+        "none: the replacement reuses the lost learner's node",
+    )
     args = parser.parse_args(argv)
     # Popped whatever the flags say, so that nothing this guardian starts inherits them.
     etcd_url = args.etcd or os.environ.pop(GUARDIAN_ETCD_URL_ENV, "")
@@ -94,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             # The job's etcd user for its learners, popped for the same reason.
             etcd_credentials=os.environ.pop(JOB_ETCD_CREDENTIALS_ENV, ""),
             tds_tls_dir=os.environ.pop(JOB_TLS_DIR_ENV, ""),
+            scheduler_address=args.scheduler,
+            # popped like the job token: nothing this guardian starts inherits it
+            scheduler_token=os.environ.pop(GUARDIAN_SERVICE_TOKEN_ENV, ""),
         )
         etcd = EtcdClient.connect(config.etcd_url)
         db = connect(config.mongodb_uri)

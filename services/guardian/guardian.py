@@ -51,6 +51,7 @@ from contract.status import (
 from services.backends.api import Backend, BackendError, JobSpec
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
+from services.guardian.replacement import ReplacementPlanner, SchedulerAccess
 from services.manifest import Manifest
 from services.security.api import TlsError
 from services.security.tls import InternalTls, renewal_due
@@ -130,6 +131,11 @@ class GuardianConfig:
     # The internal port's CA directory: the guardian re-issues the job's short-lived TDS
     # certificate from it (`renew_job_certificate`). Empty: no renewal (plaintext).
     tds_tls_dir: str = ""
+    # The scheduler's internal port and the service credential for it: where a lost
+    # pipeline learner's replacement goes (ReplaceLearner; services/guardian/replacement.py).
+    # Empty: the platform places jobs itself, a replacement reuses the lost node.
+    scheduler_address: str = ""
+    scheduler_token: str = field(default="", repr=False)
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
     learner_grace_s: float = 10.0
@@ -194,6 +200,13 @@ class Guardian:
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
         self.pipeline = PipelineFailover(self)
+        # asks the scheduler where a lost pipeline learner's replacement runs; the mTLS
+        # client certificate is the job's (the same CA signs it; the token authorizes)
+        self.replacements = ReplacementPlanner(
+            SchedulerAccess(config.scheduler_address, config.scheduler_token, config.tds_tls)
+            if config.scheduler_address
+            else None
+        )
         self.elastic = ElasticScaler(self)  # scale requests of an elastic job
 
     # -- ownership ------------------------------------------------------------------------

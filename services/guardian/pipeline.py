@@ -165,18 +165,24 @@ class PipelineFailover:
                         statuses[rank] = LearnerStatus.COMPLETED
                         self.guardian.etcd.put(retired_key, sorted(retired))
                     continue
+                restarted = self.restart_unformed(job, spec, rank, code, statuses)
+                if restarted is not None:
+                    job = restarted
+                    continue
             if code == ExitCode.FATAL or state.get("fatal"):
                 return self.fatal(job, spec, state, rank, code)
             if code not in PIPELINE_LOSS_CODES:
                 return self.guardian.fail_learner(rank, code, 0)
             self.guardian.record_preemption(spec, rank, code, now)
-            # `since`: the slot's last admission this guardian knows of (-1: none, the
-            # first incarnation); a newer one means a standby took the slot, perhaps
-            # before this guardian saw the rank among the dead (see below)
-            got = self.guardian.etcd.get(etcd_keys.deploy_step(self.job_id, REPLACED))
-            joins = dict(got.value) if got is not None else {}
-            since = int(joins.get(str(rank), {}).get("joined", -1))
-            lost[str(rank)] = {"code": code, "reported": False, "since": since}
+            # `slot`: the runtime worker the learner served — its own rank, or the slot a
+            # standby (or a replacement queued as one) took; `since`: the generation
+            # it was admitted into that slot at (-1: a first incarnation). Read now,
+            # before a new ticket for the rank replaces its used one. A later admission
+            # into the slot means a standby took it, perhaps before this guardian saw
+            # the slot among the dead (see below). (Not the admission the history last
+            # showed: the standby's may be shown before this loss is seen.)
+            slot, since = self.slot_of(rank)
+            lost[str(rank)] = {"code": code, "reported": False, "since": since, "slot": slot}
             changed = True
             log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
         if state.get("fatal"):
@@ -185,15 +191,21 @@ class PipelineFailover:
         for rank_s, info in sorted(lost.items()):
             if info.get("reported"):
                 continue
-            if int(rank_s) in (state.get("dead") or []):
+            slot_s = str(info.get("slot", rank_s))
+            if int(slot_s) in (state.get("dead") or []):
                 generation = int(state.get("generation") or 0)
-            elif joined_at.get(rank_s, -1) > int(info.get("since", 1 << 62)):
+            elif joined_at.get(slot_s, -1) > int(info.get("since", 1 << 62)):
                 # a waiting standby took the slot already: the failover was the
                 # generation before its admission
-                generation = joined_at[rank_s] - 1
+                generation = joined_at[slot_s] - 1
             else:
                 continue
-            message = self.failover_message(int(rank_s), {**state, "generation": generation})
+            message = self.failover_message(
+                int(rank_s),
+                {**state, "generation": generation},
+                slot=int(slot_s),
+                serving=self.serving(),
+            )
             job = self.guardian.jobs.note(self.job_id, message)
             info["reported"] = True
             changed = True
@@ -212,7 +224,10 @@ class PipelineFailover:
     ) -> JobRecord:
         """Reconfiguration (docs/lifecycle.md): a lost learner whose failover the history
         shows gets a replacement, at most `max_learner_restarts` times per rank. The
-        replacement is a new incarnation of the rank on the lost learner's allocation; it
+        replacement is a new incarnation of the rank on the node the scheduler chose for
+        a gang of one (ReplaceLearner, asked through `Guardian.replacements`; the lost
+        learner's node when the scheduler cannot answer after its retries, or when the
+        platform has no scheduler: services/guardian/replacement.py); it
         carries a fresh admission ticket (`runtime/tickets/<rank>`, its token in the
         learner's environment), joins the runtime as a standby and takes its stage back
         at the next step boundary. Its admission (`joined_at` in the runtime's state) is
@@ -254,19 +269,32 @@ class PipelineFailover:
             changed = True
         for rank_s, info in sorted(lost.items()):
             rank = int(rank_s)
+            slot_s = str(info.get("slot", rank_s))
             done = int(replaced.get(rank_s, {}).get("count", 0))
             if not info.get("reported") or done >= spec.manifest.max_learner_restarts:
                 continue
-            if rank in (state.get("dead") or []) and self.queued_standbys():
+            if int(slot_s) in (state.get("dead") or []) and self.queued_standbys():
                 # a waiting standby takes the slot first (in milliseconds); the replacement
                 # is then issued at the new generation and queues as the next standby
                 # (issued before that admission, the runtime would refuse it as stale)
                 continue
             fresh = self.runtime_state().get("joined_at") or {}
-            if int(fresh.get(rank_s, -1)) > int(replaced.get(rank_s, {}).get("joined", -1)):
+            if int(fresh.get(slot_s, -1)) > int(replaced.get(slot_s, {}).get("joined", -1)):
                 # a standby was admitted into the slot since `state` was read: the history
                 # names it first (next round), then the replacement queues behind it
                 continue
+            # where it runs: the scheduler's choice of another node (ReplaceLearner), or,
+            # once asking has failed, the lost node (services/guardian/replacement.py)
+            current = self.guardian.jobs.get(self.job_id)
+            where = self.guardian.replacements.decide(
+                self.job_id, rank, dict(current.placement or {})
+            )
+            if where is None:
+                continue  # the scheduler is asked again in a later round
+            if where.chosen_by_scheduler:
+                job = self.guardian.jobs.update_fields(self.job_id, placement=where.placement)
+            if where.note:
+                job = self.guardian.jobs.note(self.job_id, where.note)
             status_key = etcd_keys.learner_status(self.job_id, rank)
             final = self.guardian.etcd.get(status_key)  # the lost incarnation's FAILED status
             self.guardian.etcd.delete(status_key)  # the new controller creates its own
@@ -274,7 +302,9 @@ class PipelineFailover:
             # also starts new incarnations)
             incarnation = int(replaced.get(rank_s, {}).get("incarnation", done)) + 1
             try:
-                self.guardian.handles[rank] = self.start_joiner(spec, rank, incarnation)
+                self.guardian.handles[rank] = self.start_joiner(
+                    dataclasses.replace(spec, placement=where.placement), rank, incarnation
+                )
             except BackendError as exc:
                 # the job goes on without redundancy there; the history says why
                 if final is not None:
@@ -306,15 +336,98 @@ class PipelineFailover:
             self.guardian.etcd.put(key, replaced)
         return job
 
+    def restart_unformed(
+        self,
+        job: JobRecord,
+        spec: JobSpec,
+        rank: int,
+        code: int,
+        statuses: dict[int, LearnerStatus],
+    ) -> JobRecord | None:
+        """A worker lost before the runtime formed its first generation (generation 0,
+        nothing in its rendezvous store yet: the workers are still registering, at deploy
+        or right after a restart from the checkpoint) has nobody to fail over to and no
+        slot to rejoin, and the others wait for it to register (120 s, then they fail
+        with exit 1, which failed the job). It is restarted in place as a new
+        incarnation, within the rank's replacement budget, saying so. None: not such a
+        loss (the pipeline formed, a standby, the budget spent): any other loss."""
+        pipe = spec.manifest.pipeline
+        if pipe is None or rank >= pipe.workers:
+            return None
+        state = self.runtime_state()
+        formed = int(state.get("generation") or 0) > 0 or bool(
+            self.guardian.etcd.get_prefix(etcd_keys.runtime_store_prefix(self.job_id))
+        )
+        if formed:
+            return None
+        key = etcd_keys.deploy_step(self.job_id, REPLACED)
+        entry = self.guardian.etcd.get(key)
+        replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        info = replaced.get(str(rank), {})
+        done, limit = int(info.get("count", 0)), spec.manifest.max_learner_restarts
+        if done >= limit:
+            return None
+        self.guardian.record_preemption(spec, rank, code, time.monotonic())
+        self.guardian.etcd.delete(etcd_keys.learner_status(self.job_id, rank))
+        incarnation = int(info.get("incarnation", done)) + 1
+        self.guardian.handles[rank] = self.start_learner(spec, rank, incarnation)
+        self.guardian.started_at[rank] = time.monotonic()
+        statuses[rank] = LearnerStatus.STARTING
+        replaced[str(rank)] = {**info, "count": done + 1, "incarnation": incarnation}
+        self.guardian.etcd.put(key, replaced)
+        log.info("job %s: pipeline learner %d lost before the pipeline formed", self.job_id, rank)
+        return self.guardian.jobs.note(
+            self.job_id,
+            f"learner {rank} lost before the pipeline formed (exit {code}); restarted in "
+            f"place, the others wait for it to register (restart {done + 1} of at most {limit})",
+        )
+
+    def slot_of(self, rank: int) -> tuple[int, int]:
+        """The runtime worker (slot) learner `rank` serves and the generation it was
+        admitted at: the slot its used admission ticket names (a standby, or a
+        replacement that queued and took a slot), else its own rank since the start
+        (-1)."""
+        ticket = self.tickets().get(rank) or {}
+        if ticket.get("used_at") is not None:
+            return int(ticket.get("slot", rank)), int(ticket["used_at"])
+        return rank, -1
+
+    def serving(self) -> dict[int, int]:
+        """slot -> the learner serving it, where that is not the slot's own rank (the
+        latest admission into the slot by a used ticket)."""
+        latest: dict[int, tuple[int, int]] = {}
+        for rank, ticket in self.tickets().items():
+            if ticket.get("used_at") is None or ticket.get("slot") is None:
+                continue
+            slot, used = int(ticket["slot"]), int(ticket["used_at"])
+            if slot not in latest or used > latest[slot][0]:
+                latest[slot] = (used, rank)
+        return {slot: rank for slot, (_, rank) in latest.items()}
+
     @staticmethod
-    def failover_message(rank: int, state: dict[str, Any]) -> str:
+    def failover_message(
+        rank: int,
+        state: dict[str, Any],
+        slot: int | None = None,
+        serving: dict[int, int] | None = None,
+    ) -> str:
         """`learner 1 preempted; stage 1 now served by learner 0 (generation 1)`: the shadow
-        (the previous stage of the same pipeline, which held the replica) took it over."""
+        (the previous stage of the same pipeline, which held the replica) took it over.
+        A learner that served another slot (a standby that had taken it) says which:
+        `learner 2 preempted (it served stage 1 of pipeline 0, learner 1's slot); ...`;
+        the shadow is named by the learner serving its slot (`serving`)."""
         stages = int(state.get("stages") or 1)
-        stage, pipeline = rank % stages, rank // stages
-        shadow = pipeline * stages + (stage - 1) % stages
+        slot = rank if slot is None else slot
+        stage, pipeline = slot % stages, slot // stages
+        shadow_slot = pipeline * stages + (stage - 1) % stages
+        shadow = (serving or {}).get(shadow_slot, shadow_slot)
+        served = (
+            ""
+            if slot == rank
+            else f" (it served stage {stage} of pipeline {pipeline}, learner {slot}'s slot)"
+        )
         return (
-            f"learner {rank} preempted; stage {stage} now served by learner {shadow} "
+            f"learner {rank} preempted{served}; stage {stage} now served by learner {shadow} "
             f"(generation {state.get('generation')})"
         )
 

@@ -45,6 +45,12 @@ def build(ctx: DaemonContext) -> Hosted:
     # Read once and dropped: the guardians and everything they start inherit our
     # environment, and none of them may act as etcd's root.
     os.environ.pop(ETCD_ROOT_CREDENTIALS_FILE, None)
+    # Guardians ask the scheduler where a lost pipeline learner's replacement runs.
+    scheduler = (
+        config.internal_address
+        if "scheduler" in config.services
+        else config.peers.get("scheduler", "")
+    )
     manager = LifecycleManager(
         LcmConfig(
             data_dir=config.data_dir,
@@ -59,6 +65,8 @@ def build(ctx: DaemonContext) -> Hosted:
             else None,
             etcd_root=etcd_root,
             job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
+            scheduler_address=scheduler,
+            service_token=ctx.credentials.service_token if ctx.credentials else None,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

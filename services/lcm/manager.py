@@ -48,6 +48,7 @@ from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
+    GUARDIAN_SERVICE_TOKEN_ENV,
     JOB_ETCD_CREDENTIALS_ENV,
     JOB_TLS_DIR_ENV,
     JOB_TLS_ENV,
@@ -88,6 +89,10 @@ class LcmConfig:
     # The internal port's CA directory (with job_tls): guardians renew their job's
     # certificate from it.
     job_tls_dir: Path | None = None
+    # The scheduler's internal address and the service credential, handed to guardians
+    # (a lost pipeline learner's replacement is placed by ReplaceLearner); "" / None: none.
+    scheduler_address: str = ""
+    service_token: Callable[[], str] | None = None
 
 
 @dataclass
@@ -253,6 +258,8 @@ class LifecycleManager:
         ]
         if self.config.tds_address:
             argv.append(f"--tds={self.config.tds_address}")
+        if self.config.scheduler_address:
+            argv.append(f"--scheduler={self.config.scheduler_address}")
         env = dict(os.environ, **self.config.guardian_env)
         # The store URIs and the job token go in the environment, not argv: any local user
         # (a learner uid included) can read a command line in /proc, and either URI may
@@ -273,6 +280,8 @@ class LifecycleManager:
                 )
                 return
             env[JOB_ETCD_CREDENTIALS_ENV] = user.line()
+        if self.config.scheduler_address and self.config.service_token is not None:
+            env[GUARDIAN_SERVICE_TOKEN_ENV] = self.config.service_token()
         if self.config.job_tls is not None:
             try:
                 env[JOB_TLS_ENV] = json.dumps(self.config.job_tls(job_id))

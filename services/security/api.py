@@ -24,6 +24,9 @@ JOB_TOKEN_ENV = "RHIZOME_JOB_TOKEN"
 # local user, learner uids included, while /proc/PID/environ is not. Popped by the guardian.
 GUARDIAN_ETCD_URL_ENV = "RHIZOME_GUARDIAN_ETCD_URL"
 GUARDIAN_MONGODB_URI_ENV = "RHIZOME_GUARDIAN_MONGODB_URI"
+# The service credential, for the guardian's calls to the scheduler's internal port
+# (ReplaceLearner for a lost pipeline learner); same way, popped by the guardian.
+GUARDIAN_SERVICE_TOKEN_ENV = "RHIZOME_GUARDIAN_SERVICE_TOKEN"
 # The job's mutual-TLS client certificate for the TDS (JSON `{ca, cert, key}`), the same
 # way: the key is a secret. Unset on a plaintext platform.
 JOB_TLS_ENV = "RHIZOME_JOB_TLS"

@@ -18,7 +18,11 @@ from contract.procs import free_port
 from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
-from services.security.api import GUARDIAN_ETCD_URL_ENV, GUARDIAN_MONGODB_URI_ENV
+from services.security.api import (
+    GUARDIAN_ETCD_URL_ENV,
+    GUARDIAN_MONGODB_URI_ENV,
+    GUARDIAN_SERVICE_TOKEN_ENV,
+)
 from tests.integration.conftest import token_client
 
 pytestmark = pytest.mark.integration
@@ -120,6 +124,12 @@ def test_a_guardians_command_line_holds_no_store_uri_and_its_learners_inherit_no
         assert PASSWORD not in argv
         assert "--etcd" not in argv and "--mongodb-uri" not in argv
         assert daemon.config.mongodb_uri not in argv
+        # The scheduler's address (a lost pipeline learner's replacement is placed there)
+        # is on it; the service credential for it is not.
+        assert f"--scheduler={daemon.config.internal_address}" in argv, argv
+        assert daemon.credentials is not None
+        service_token = daemon.credentials.service_token()
+        assert service_token not in argv
         # What the guardian starts (the learner's controller and command) does not inherit
         # them either: the guardian pops them from its environment.
         learners = _wait_for(f"job {job_id}'s learner processes", lambda: _descendants(pid))
@@ -132,4 +142,6 @@ def test_a_guardians_command_line_holds_no_store_uri_and_its_learners_inherit_no
             assert PASSWORD.encode() not in environ + child_cmd, child
             assert GUARDIAN_ETCD_URL_ENV.encode() not in environ, child
             assert GUARDIAN_MONGODB_URI_ENV.encode() not in environ, child
+            assert GUARDIAN_SERVICE_TOKEN_ENV.encode() not in environ, child
+            assert service_token.encode() not in environ + child_cmd, child
         rz.delete_job(job_id)
