@@ -181,7 +181,7 @@ def test_the_daemon_guardian_and_collector_killed_together_lose_or_repeat_no_lin
     daemon = int(status["components"]["api"]["pid"])
     collector = collector_of(platform, job_id)
     assert collector is not None, "the job's log collector does not run"
-    guardian = guardian_of(str(status["urls"]["etcd"]), job_id)
+    guardian = guardian_of(platform, str(status["urls"]["etcd"]), job_id)
     for pid in (daemon, guardian.pid, collector.pid):
         os.kill(pid, signal.SIGKILL)
     # `up`'s supervisor restarts the daemon; its LCM a guardian; the guardian the collector.
@@ -194,12 +194,14 @@ def test_the_daemon_guardian_and_collector_killed_together_lose_or_repeat_no_lin
     assert_exactly_once(platform, job_id)
 
 
-def guardian_of(etcd_url: str, job_id: str) -> procs.ProcRef:
-    """The job's guardian, from the lease key it holds in etcd (pid and start time)."""
+def guardian_of(data_dir: Path, etcd_url: str, job_id: str) -> procs.ProcRef:
+    """The job's guardian, from the lease key it holds in etcd (pid and start time); read
+    as the platform's etcd user, since `up` turns etcd's authentication on."""
     from contract import etcd_keys
     from contract.etcd import EtcdClient
+    from services.security.etcd_auth import platform_credentials
 
-    etcd = EtcdClient(etcd_url)
+    etcd = EtcdClient(etcd_url, credentials=platform_credentials(data_dir))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         held = etcd.get(etcd_keys.guardian_lease(job_id))
