@@ -237,7 +237,7 @@ def interruptible(fn: Callable[[], T], stop: threading.Event, what: str) -> T:
 ACT, GRAD, BRC_GRAD, SYNC = 1, 2, 3, 4
 
 
-def _short(exc: BaseException) -> str:
+def first_sentence(exc: BaseException) -> str:
     """gloo's messages run to several sentences; the first one says what happened."""
     first = str(exc).splitlines()[0] if str(exc) else repr(exc)
     return first.split(". ")[0]
@@ -290,7 +290,7 @@ class Transport:
                 f"link to worker {peer} of generation {self.generation}",
             )
         except RuntimeError as exc:
-            raise LinkError(peer, _short(exc)) from exc
+            raise LinkError(peer, first_sentence(exc)) from exc
 
     def _peer_rank(self, peer: int) -> int:
         return 0 if peer < self.me else 1
@@ -308,7 +308,7 @@ class Transport:
                 peer, f"no link to worker {peer} in generation {self.generation}"
             ) from None
         except RuntimeError as exc:
-            raise LinkError(peer, _short(exc)) from exc
+            raise LinkError(peer, first_sentence(exc)) from exc
 
     def recv(self, peer: int, tag_: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         if peer == self.me:
@@ -326,7 +326,7 @@ class Transport:
                 peer, f"no link to worker {peer} in generation {self.generation}"
             ) from None
         except RuntimeError as exc:
-            raise LinkError(peer, _short(exc)) from exc
+            raise LinkError(peer, first_sentence(exc)) from exc
         return buf
 
     def close(self) -> None:
@@ -375,7 +375,9 @@ class Groups:
                     f"all-reduce group of block {block}",
                 )
             except RuntimeError as exc:
-                raise LinkError(-1, f"all-reduce group of block {block}: {_short(exc)}") from exc
+                raise LinkError(
+                    -1, f"all-reduce group of block {block}: {first_sentence(exc)}"
+                ) from exc
         group = self.groups[block]
         work_buf = flat.clone()
 
@@ -387,4 +389,4 @@ class Groups:
             return interruptible(run, stop, f"all-reduce of block {block}")
         except RuntimeError as exc:
             # which member failed is not known here; its neighbours or its lease will say
-            raise LinkError(-1, f"all-reduce of block {block}: {_short(exc)}") from exc
+            raise LinkError(-1, f"all-reduce of block {block}: {first_sentence(exc)}") from exc

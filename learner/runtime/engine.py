@@ -46,6 +46,7 @@ from learner.runtime.comm import (
     BackgroundCall,
     Groups,
     Transport,
+    first_sentence,
     interruptible,
     tag,
     wait_any,
@@ -410,7 +411,7 @@ class Worker:
         st = self.state
         tr, groups = st.transport, st.groups
         assert tr is not None and groups is not None
-        sends: list[Any] = []
+        sends: list[tuple[int, Any]] = []  # (the replica's holder, the send's work)
         loss: float | None = None
         for b in sorted(st.owned):
             blk = st.owned[b]
@@ -444,7 +445,7 @@ class Worker:
                 loss = float(reduced[n].item())
             holder = st.topo.replica_holder(st.pipe, b)
             if holder is not None:
-                sends.append(tr.send(holder, tag(SYNC, b, step, 0), reduced[:n]))
+                sends.append((holder, tr.send(holder, tag(SYNC, b, step, 0), reduced[:n])))
         if st.replica is not None:
             rep = st.replica
             src = st.topo.owner(st.pipe, rep.index)
@@ -470,9 +471,15 @@ class Worker:
             st.apply_replica_update()  # the previous one, where no FRC applied it
             with st.lock:
                 st.replica_update = (reduced, step)
-        for work in sends:
-            if work is not None:
+        for holder, work in sends:
+            if work is None:
+                continue
+            try:
                 interruptible(work.wait, st.changed, "replica update send")
+            except RuntimeError as exc:
+                # gloo's "Connection closed by peer" when the holder died mid-send: a lost
+                # peer (failover), like every other send and receive, not a crash
+                raise LinkError(holder, first_sentence(exc)) from exc
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
         self.step_ends.append(now)

@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from learner.runtime.api import RuntimeFailure
+from learner.runtime.api import LinkError, RuntimeFailure
 from learner.runtime.cluster_state import ClusterStateStore
-from learner.runtime.comm import Transport, interruptible, tag
+from learner.runtime.comm import Transport, first_sentence, interruptible, tag
 from learner.runtime.topology import Topology
 from learner.runtime.worker_state import BlockState, StepProgress, WorkerState
 
@@ -281,5 +281,9 @@ def transfer(
                     f"{target.version} from worker {keeper}"
                 )
     for work in sends:
-        if work is not None:
+        if work is None:
+            continue
+        try:
             interruptible(work.wait, st.changed, "hand-over send")
+        except RuntimeError as exc:  # the joiner died mid-hand-over: a lost peer, not a crash
+            raise LinkError(-1, f"hand-over send: {first_sentence(exc)}") from exc
