@@ -9,9 +9,6 @@ C concurrent clients per configuration (one SDK client or HTTP client each, kept
 real clients do) submit N jobs each way; the configurations alternate round by round, so
 a noisy neighbour hits both alike. Printed: submits/s and p50/p99 latency per
 configuration and protocol, and secure / plain ratios (goal: at most 10 % slower).
-With `--event-loops uvloop,asyncio` (the default) both pairs run in the same rounds: the
-REST gateway on uvloop + httptools (the daemon's default, `--rest-event-loop`) and on
-asyncio + h11, so what the event loop changes is measured too.
 
 Wall-clock throughput on a shared, overloaded machine swings by more than the effect, so
 the run also measures CPU time per submit — the daemon's (from /proc/PID/stat) and the
@@ -19,7 +16,6 @@ clients' (this process) — which contention disturbs far less: on a saturated s
 throughput goes as one over the CPU a request costs.
 
     .venv/bin/python benchmarks/security_overhead.py [--jobs 300] [--clients 4] [--rounds 3]
-        [--event-loops uvloop,asyncio]
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ from services.store.mongo import connect  # noqa: E402
 from services.store.tokens import TokensRepository  # noqa: E402
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
-KINDS = ("plain", "secure")
+CONFIGS = ("plain", "secure")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -62,22 +58,16 @@ class Deployment:
     """One daemon of one configuration, and its clients."""
 
     def __init__(self, name: str, mongo: MongoServer, data_dir: Path, clients: int) -> None:
-        self.name = name  # KIND@LOOP
-        kind, loop = name.split("@")
-        self.secure = kind == "secure"
-        uri = mongo.url.replace("/?", f"/bench_{kind}_{loop}?")
-        args = [
-            f"--mongodb-uri={uri}",
-            "--services=api,scheduler",
-            "--metrics-address=",
-            f"--rest-event-loop={loop}",
-        ]
+        self.name = name
+        self.secure = name == "secure"
+        uri = mongo.url.replace("/?", f"/bench_{name}?")
+        args = [f"--mongodb-uri={uri}", "--services=api,scheduler", "--metrics-address="]
         tls = TlsChoice(plaintext=not self.secure).prepare(data_dir)
         if not self.secure:
             args.append("--insecure-trust-user-header")
         self.daemon = DaemonServer(data_dir, free_port(), free_port(), args, tls)
         self.daemon.start()
-        users = [f"bench-{kind}-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
+        users = [f"bench-{name}-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
         tokens = TokensRepository(connect(uri))
         if self.secure:
             secrets = [tokens.create(u, created_by="benchmark").secret for u in users]
@@ -131,15 +121,8 @@ def main() -> int:
     )
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    parser.add_argument(
-        "--event-loops",
-        default="uvloop,asyncio",
-        help="the REST gateway's event loops to measure (rhizomed --rest-event-loop)",
-    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
-    loops = [x.strip() for x in args.event_loops.split(",") if x.strip()]
-    configs = tuple(f"{kind}@{loop}" for loop in loops for kind in KINDS)
     per_client = max(1, args.jobs // args.clients)
     total = per_client * args.clients
     # (config, protocol) -> per-round throughputs, and all latencies; per protocol, each
@@ -157,7 +140,7 @@ def main() -> int:
         mongo.start()
         deployments: dict[str, Deployment] = {}
         try:
-            for name in configs:
+            for name in CONFIGS:
                 deployments[name] = Deployment(name, mongo, root / name, args.clients)
             # A warm-up round per configuration (connections, handshakes, caches), unmeasured.
             for d in deployments.values():
@@ -165,7 +148,7 @@ def main() -> int:
                 run_clients(args.clients, 5, d.rest_submit)
                 d.submitted += 10 * args.clients
             for rnd in range(args.rounds):
-                order = configs if rnd % 2 == 0 else tuple(reversed(configs))
+                order = CONFIGS if rnd % 2 == 0 else tuple(reversed(CONFIGS))
                 for name in order:
                     d = deployments[name]
                     for protocol, fn in (("gRPC", d.grpc_submit), ("REST", d.rest_submit)):
@@ -183,12 +166,8 @@ def main() -> int:
                         lats.setdefault((name, protocol), []).extend(lat)
                         d.submitted += total
                 for protocol in ("gRPC", "REST"):
-                    for loop in loops:
-                        pair = (
-                            rates[(f"secure@{loop}", protocol)][-1]
-                            / rates[(f"plain@{loop}", protocol)][-1]
-                        )
-                        paired.setdefault(f"{protocol}@{loop}", []).append(pair)
+                    pair = rates[("secure", protocol)][-1] / rates[("plain", protocol)][-1]
+                    paired.setdefault(protocol, []).append(pair)
                 print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr)
             for d in deployments.values():
                 assert d.stored() == d.submitted, f"{d.name}: {d.stored()} of {d.submitted} stored"
@@ -203,46 +182,41 @@ def main() -> int:
         f"{os.cpu_count()} cores shared by clients, daemons and the database"
     )
     print(
-        f"{'configuration':<44}{'submits/s':>11}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'configuration':<34}{'submits/s':>11}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'daemon CPU ms':>15}{'client CPU ms':>15}"
     )
     for protocol in ("gRPC", "REST"):
-        for loop in loops:
-            for kind in KINDS:
-                key = (f"{kind}@{loop}", protocol)
-                what = "TLS + token" if kind == "secure" else "plaintext, no auth"
-                label = f"{protocol} {what} ({loop})"
-                row = {
-                    "submits_per_s": statistics.median(rates[key]),
-                    "p50_ms": 1000 * percentile(lats[key], 0.5),
-                    "p99_ms": 1000 * percentile(lats[key], 0.99),
-                    "daemon_cpu_ms": statistics.median(daemon_cpu[key]),
-                    "client_cpu_ms": statistics.median(client_cpu[key]),
-                }
-                results[f"{protocol} {kind}@{loop}"] = row
-                print(
-                    f"{label:<44}{row['submits_per_s']:>11.0f}{row['p50_ms']:>9.1f}"
-                    f"{row['p99_ms']:>9.1f}{row['daemon_cpu_ms']:>15.2f}"
-                    f"{row['client_cpu_ms']:>15.2f}"
-                )
-        for loop in loops:
-            secure = results[f"{protocol} secure@{loop}"]
-            plain = results[f"{protocol} plain@{loop}"]
-            slower = 1 - statistics.median(paired[f"{protocol}@{loop}"])
-            p99 = secure["p99_ms"] / plain["p99_ms"]
-            cpu = secure["daemon_cpu_ms"] / plain["daemon_cpu_ms"]
-            results[f"{protocol} ratio@{loop}"] = {
-                "throughput_slower": slower,
-                "p99_ratio": p99,
-                "daemon_cpu_ratio": cpu,
+        for name in CONFIGS:
+            key = (name, protocol)
+            label = f"{protocol} {'TLS + token' if name == 'secure' else 'plaintext, no auth'}"
+            row = {
+                "submits_per_s": statistics.median(rates[key]),
+                "p50_ms": 1000 * percentile(lats[key], 0.5),
+                "p99_ms": 1000 * percentile(lats[key], 0.99),
+                "daemon_cpu_ms": statistics.median(daemon_cpu[key]),
+                "client_cpu_ms": statistics.median(client_cpu[key]),
             }
-            rounds = ", ".join(f"{100 * (1 - r):+.0f}" for r in paired[f"{protocol}@{loop}"])
+            results[f"{protocol} {name}"] = row
             print(
-                f"  {protocol} ({loop}): TLS + token costs {100 * slower:+.1f} % of plain's "
-                f"throughput (median of the rounds' paired ratios: {rounds} %; goal <= 10 %), "
-                f"p99 x{p99:.2f}, daemon CPU per submit x{cpu:.2f} "
-                f"({100 * (1 - 1 / cpu):+.1f} % of a saturated daemon's throughput)"
+                f"{label:<34}{row['submits_per_s']:>11.0f}{row['p50_ms']:>9.1f}"
+                f"{row['p99_ms']:>9.1f}{row['daemon_cpu_ms']:>15.2f}{row['client_cpu_ms']:>15.2f}"
             )
+        secure, plain = results[f"{protocol} secure"], results[f"{protocol} plain"]
+        slower = 1 - statistics.median(paired[protocol])
+        p99 = secure["p99_ms"] / plain["p99_ms"]
+        cpu = secure["daemon_cpu_ms"] / plain["daemon_cpu_ms"]
+        results[f"{protocol} ratio"] = {
+            "throughput_slower": slower,
+            "p99_ratio": p99,
+            "daemon_cpu_ratio": cpu,
+        }
+        rounds = ", ".join(f"{100 * (1 - r):+.0f}" for r in paired[protocol])
+        print(
+            f"  {protocol}: TLS + token costs {100 * slower:+.1f} % of plain's throughput "
+            f"(median of the rounds' paired ratios: {rounds} %; goal <= 10 %), p99 x{p99:.2f}, "
+            f"daemon CPU per submit x{cpu:.2f} ({100 * (1 - 1 / cpu):+.1f} % of a saturated "
+            "daemon's throughput)"
+        )
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

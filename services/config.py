@@ -21,9 +21,6 @@ class PlatformConfig:
     services: tuple[str, ...] = ALL_SERVICES
     grpc_address: str = DEFAULT_API_ADDRESS
     rest_address: str = "127.0.0.1:8080"
-    # The REST gateway's event loop: "uvloop" (libuv, and its TLS in C: asyncio's Python
-    # TLS layer was most of what HTTPS cost a submit) or "asyncio" (the standard library's).
-    rest_event_loop: str = "uvloop"
     metrics_address: str = ""
     # The internal services' own port (LifecycleManager, TrainingData, Scheduler): loopback,
     # any free port, unless peers on other machines must reach it (docs/security.md).

@@ -458,15 +458,6 @@ def _export_object_store(config: PlatformConfig) -> None:
     help="Where the REST gateway listens (with the api).",
 )
 @click.option(
-    "--rest-event-loop",
-    type=click.Choice(["uvloop", "asyncio"]),
-    default="uvloop",
-    show_default=True,
-    envvar="RHIZOME_REST_EVENT_LOOP",
-    help="The REST gateway's event loop and HTTP parser: uvloop with httptools (their TLS "
-    "and parsing in C), or asyncio with h11 (pure Python).",
-)
-@click.option(
     "--metrics-address",
     default="127.0.0.1:0",
     show_default=True,
@@ -646,7 +637,6 @@ def main(
     services: str,
     grpc_address: str,
     rest_address: str,
-    rest_event_loop: str,
     metrics_address: str,
     internal_address: str,
     learner_tds_address: str,
@@ -692,7 +682,6 @@ def main(
         or tuple(available_services()),
         grpc_address=grpc_address,
         rest_address=rest_address,
-        rest_event_loop=rest_event_loop,
         metrics_address=metrics_address,
         internal_address=internal_address,
         learner_tds_address=learner_tds_address,

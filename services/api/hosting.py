@@ -253,18 +253,8 @@ def build(ctx: DaemonContext) -> Hosted:
         tls: dict[str, Any] = {}
         if ctx.config.tls_cert:  # the same certificate as the public gRPC port
             tls = {"ssl_certfile": ctx.config.tls_cert, "ssl_keyfile": ctx.config.tls_key}
-        # uvloop + httptools by default (chosen explicitly: uvicorn's "auto" would fall back
-        # silently); asyncio + h11 stays selectable, for benchmarks/security_overhead.py.
-        fast = ctx.config.rest_event_loop == "uvloop"
         config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level="warning",
-            access_log=False,
-            loop="uvloop" if fast else "asyncio",
-            http="httptools" if fast else "h11",
-            **tls,
+            app, host=host, port=port, log_level="warning", access_log=False, **tls
         )
         server = uvicorn.Server(config)
         # The daemon owns signal handling; uvicorn must not replace its handlers.

@@ -162,38 +162,3 @@ def test_learners_are_told_the_learner_tds_address_when_one_is_given(
         "rz-internal.rhizome.svc:50052"
     )
     assert tds_address() == "10.0.0.5:50052"  # default: where the TDS listens
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
-def test_the_rest_gateway_serves_https_on_either_event_loop(
-    tmp_path: Path, mongo_server: ManagedServer, loop: str
-) -> None:
-    """`--rest-event-loop`: uvloop + httptools (the default) or asyncio + h11; either
-    serves the REST gateway over TLS (benchmarks/security_overhead.py compares them)."""
-    import ssl
-
-    import httpx
-
-    from services.embedded.platform import DaemonServer, TlsChoice
-
-    tls = TlsChoice().prepare(tmp_path / "tls")
-    args = [f"--mongodb-uri={mongo_server.url}", "--services=api", f"--rest-event-loop={loop}"]
-    daemon = DaemonServer(tmp_path, free_port(), free_port(), args, tls)
-    daemon.start()
-    try:
-        trust = ssl.create_default_context(cafile=str(tls.ca))
-        answer = httpx.get(f"https://127.0.0.1:{daemon.rest_port}/healthz", verify=trust)
-        assert answer.status_code == 200, answer.text
-    finally:
-        daemon.stop()
-
-
-def test_an_unknown_rest_event_loop_is_a_clear_usage_error(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [*DAEMON, "--rest-event-loop", "trio", "--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2 and "'trio' is not one of 'uvloop', 'asyncio'" in proc.stderr
