@@ -114,7 +114,9 @@ def run(data_dir: Path, backend: str) -> int:
         # 30 epochs instead of 10 (about 1 s each): long enough that the halt lands
         # while it trains, and the resume has epochs left to continue with.
         manifest = (EXAMPLE / "manifest.yml").read_text()
-        manifest = manifest.replace("--epochs 10", f"--epochs {DEMO_EPOCHS}")
+        # and batches of 8 (an epoch of ~0.1 s becomes ~1 s on a fast machine): the halt
+        # must land while it trains, not after the last epoch
+        manifest = manifest.replace("--epochs 10", f"--epochs {DEMO_EPOCHS} --batch-size 8")
         assert f"--epochs {DEMO_EPOCHS}" in manifest, "examples/mnist/manifest.yml changed"
         code = zip_directory(EXAMPLE)
         resp = client.create_job(manifest, code)

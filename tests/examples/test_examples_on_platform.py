@@ -75,7 +75,8 @@ def test_mnist_halted_and_resumed_continues_from_its_checkpoint(
     manifest = example / "manifest.yml"
     text = manifest.read_text()
     assert "--epochs 10" in text, "examples/mnist/manifest.yml changed its command"
-    manifest.write_text(text.replace("--epochs 10", f"--epochs {MNIST_EPOCHS}"))
+    # batches of 8 too: an epoch of ~0.1 s becomes ~1 s, so the halt lands while it trains
+    manifest.write_text(text.replace("--epochs 10", f"--epochs {MNIST_EPOCHS} --batch-size 8"))
     job_id = json.loads(rz(platform, "train", str(manifest), "--json").stdout)["job_id"]
     deadline = time.monotonic() + 240
     second = re.compile(rf"^epoch ([2-9]|[1-9]\d)/{MNIST_EPOCHS}", re.MULTILINE)
