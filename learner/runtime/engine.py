@@ -53,7 +53,7 @@ from learner.runtime.comm import (
 )
 from learner.runtime.failover import Failover
 from learner.runtime.interpreter import Interpreter
-from learner.runtime.options import KillPoint, WorkerOptions
+from learner.runtime.options import LINK_KILL_POINT, KillPoint, WorkerOptions
 from learner.runtime.partition import balanced_boundaries, param_costs, profile_costs
 from learner.runtime.schedule import Instr, Op
 from learner.runtime.topology import Topology
@@ -213,6 +213,7 @@ class Worker:
         st.transport = Transport(
             st.me, 0, self.opts.backend, self.store, st.timeout, st.device, self.opts.address
         )
+        st.check_kill(LINK_KILL_POINT)
         st.transport.connect(st.topo.peers(st.me), st.changed)
         st.groups = Groups(
             st.me, 0, self.opts.backend, self.store, st.group_timeout, self.opts.address
@@ -309,9 +310,15 @@ class Worker:
         """Train ``job.steps`` steps; returns the parameters of the blocks this worker owns."""
         st = self.state
         try:
-            step = self._start()
             # None: a fresh step; else what a failover left of the step, per owned block
             rest: dict[int, list[Instr]] | None = None
+            try:
+                step = self._start()
+            except (Interrupted, LinkError) as exc:
+                # a worker lost after every worker registered, while generation 0's links
+                # formed: the same failover as a loss within a step (the blocks are the
+                # seed's, so the shadow's replica is already current)
+                step, rest = self._fail_over(f"forming generation 0: {exc}", exc)
             while True:
                 st.step = step
                 try:
@@ -324,10 +331,7 @@ class Worker:
                     rest = None
                     self._save_checkpoint(step)
                 except (Interrupted, LinkError) as exc:
-                    st.log(f"step {step}: {exc}")
-                    if isinstance(exc, LinkError):
-                        self.failover.on_link_error(exc)
-                    step, rest = self.failover.recover()
+                    step, rest = self._fail_over(f"step {step}: {exc}", exc)
         except FatalFailure as exc:
             if self.job.on_fatal is not None:
                 self.job.on_fatal(exc)
@@ -340,6 +344,16 @@ class Worker:
                 self._cancel_watch()
             if st.transport is not None:
                 st.transport.close()
+
+    def _fail_over(
+        self, what: str, exc: Interrupted | LinkError
+    ) -> tuple[int, dict[int, list[Instr]] | None]:
+        """Join the generation a loss made; returns the step to resume and what is left of
+        it (failover.py `recover`)."""
+        self.state.log(what)
+        if isinstance(exc, LinkError):
+            self.failover.on_link_error(exc)
+        return self.failover.recover()
 
     def params(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from learner.runtime.api import ConfigError
 from learner.runtime.schedule import Op
 
+# Not an instruction of a step: the moment a worker of generation 0 has registered and is
+# about to build its links (engine.py `_start`), where a loss must fail over like any other.
+LINK_KILL_POINT = "link"
+
 
 @dataclass(frozen=True)
 class KillPoint:
@@ -26,10 +30,10 @@ class KillPoint:
                 raise ConfigError(
                     f"kill point {part!r}: expected worker:step:op[:microbatch], e.g. 1:2:forward:0"
                 )
-            if fields[2] not in {o.value for o in Op}:
+            ops = [o.value for o in Op] + [LINK_KILL_POINT]
+            if fields[2] not in ops:
                 raise ConfigError(
-                    f"kill point {part!r}: op {fields[2]!r} is unknown; use one of "
-                    f"{', '.join(o.value for o in Op)}"
+                    f"kill point {part!r}: op {fields[2]!r} is unknown; use one of {', '.join(ops)}"
                 )
             m = int(fields[3]) if len(fields) == 4 else -1
             out.append(cls(int(fields[0]), int(fields[1]), fields[2], m))

@@ -150,6 +150,23 @@ def test_a_stage_lost_at_the_all_reduce_replays_only_its_backwards(
     assert_equals_reference(tmp_path / "params", pipelines=2, steps=3)
 
 
+@pytest.mark.parametrize("victim", [0, 1], ids=["first-stage", "last-stage"])
+def test_a_worker_lost_while_generation_0_links_fails_over(
+    etcd_server: ManagedServer, tmp_path: Path, victim: int
+) -> None:
+    """Every worker registered, then one dies before its links are built: its peer, waiting
+    for that link, fails over to its shadow as within a step (it used to exit with
+    'configuration changed while waiting for link to worker 1 of generation 0')."""
+    proc = launch(etcd_server, tmp_path, 2, 1, steps=3, kill=f"{victim}:0:link")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"worker {victim} killed by signal 9" in proc.stderr
+    survivor = 1 - victim
+    assert f"[worker {survivor}] forming generation 0:" in proc.stderr, proc.stderr[-3000:]
+    assert f"[worker {survivor}] promoted replica of block {victim}" in proc.stderr
+    assert "generation 1" in proc.stdout.splitlines()[-1]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=3)
+
+
 def test_sigkill_from_outside_at_any_instant(etcd_server: ManagedServer, tmp_path: Path) -> None:
     steps = 25
     argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps)

@@ -88,14 +88,37 @@ def start_guardian(
     )
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 60.0) -> T:
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout_s: float = 60.0,
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """``probe()`` until it is truthy; on time-out the failure says what was awaited and,
+    with ``explain``, what the job looked like then (a CI failure must explain itself)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = probe()
         if value:
             return value
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    detail = f"\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}{detail}")
+
+
+def job_report(repo: JobsRepository, job_id: str, data_dir: Path, tail: int = 15) -> str:
+    """The job's status and history, and the last lines of each learner's stderr and of
+    its guardian's log: what a failed wait prints."""
+    record = repo.get(job_id)
+    lines = [f"job {job_id}: {record.status} ({record.status_message})", "history:"]
+    lines += [f"  {h.status}: {h.message}" for h in record.history]
+    learners = data_dir / "jobs" / job_id / "learners"
+    logs = sorted(learners.glob("*/stderr.log")) + sorted(data_dir.glob(f"guardian-{job_id}-*"))
+    for log in logs:
+        text = log.read_text(errors="replace").splitlines()[-tail:]
+        lines += [f"{log.relative_to(data_dir)} (last {len(text)} lines):"]
+        lines += [f"  {line}" for line in text]
+    return "\n".join(lines)
 
 
 def history(repo: JobsRepository, job_id: str) -> list[str]:

@@ -19,17 +19,21 @@ import pytest
 from services.store import states
 from tests.integration.test_pipeline_jobs import worker_pids
 from tests.learner.runtime.test_failover import assert_equals_reference
-from tests.services.guardian.helpers import start_guardian, submit, wait_for
+from tests.services.guardian.helpers import job_report, start_guardian, submit, wait_for
 
 pytestmark = pytest.mark.integration
 
 SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
 
 
+@pytest.mark.timeout(900)  # the waits below end first, saying what the job looked like
 def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
     stores: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Learner 1 dies at step 2 → a waiting standby (W) takes slot 1 (generation 2) while
+    """Learner 1 is SIGKILLed once the pipeline formed and both standbys are queued (on a
+    loaded machine a standby could otherwise still be starting, and learner 1's own
+    replacement would take its slot back first) → a waiting standby (W) takes slot 1
+    (generation 2) while
     learner 1 restarts, cold, as the next standby → W is SIGKILLed at step 20, the same
     block lost again before that restart has joined → the runtime fails over to learner 0
     (the shadow) and the other queued standby takes slot 1 (generation 4): every block
@@ -37,13 +41,14 @@ def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
     the history names the slot W served, its replacement, and who took over. COMPLETED,
     with the parameters of the uninterrupted run. The toy's gates order the events: step
     15 waits for W's admission, step 20 for the second failover (so W dies with the
-    others waiting at step 20), step 40 for the second admission."""
+    others waiting at step 20), step 40 for the second admission. Every wait that times out
+    prints the job's history and its learners' and guardian's last lines."""
     repo = stores["repo"]
     steps = 60
     job = submit(
         repo,
         tmp_path,
-        f"python train.py --steps {steps} --die 1:2 --gate 15:2,20:3,40:4",
+        f"python train.py --steps {steps} --gate 15:2,20:3,40:4",
         learners=2,  # the workers; the record holds 4 (the standbys too)
         files={"train.py": SCRIPT},
         pipeline={"stages": 2, "pipelines": 1, "standbys": 2},
@@ -55,15 +60,37 @@ def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
         r"standby learner (\d) took over stage 1 of pipeline 0 \(learner 1's slot\) without a "
         r"cold start, every block has a replica \(generation 2\)"
     )
+
+    def explain() -> str:
+        return job_report(repo, job.job_id, tmp_path)
+
+    def logged(rank: int, text: str) -> bool:
+        log = learners / str(rank) / "stderr.log"
+        return log.exists() and text in log.read_text()
+
     try:
-        first = wait_for(
-            "a standby's admission into slot 1 in the history",
-            lambda: next(
-                (m for h in repo.get(job.job_id).history if (m := took.fullmatch(h.message))),
-                None,
+        # formed (a loss before would restart learner 1 in place, no failover) and both
+        # standbys waiting; the gate holds the workers at step 15 meanwhile
+        wait_for(
+            "the pipeline formed and both standbys queued",
+            lambda: (
+                all(logged(r, f"[worker {r}] started:") for r in (0, 1))
+                and all(logged(r, f"standby {r}: queued") for r in (2, 3))
             ),
-            timeout_s=300,
+            240,
+            explain,
         )
+        first_victims = worker_pids(job.job_id, 1)
+        assert first_victims, "learner 1's worker is not running\n" + explain()
+        for pid in first_victims:
+            os.kill(pid, signal.SIGKILL)
+
+        def admitted() -> re.Match[str] | None:
+            record = repo.get(job.job_id)
+            assert record.status not in states.TERMINAL_STATES, "ended early\n" + explain()
+            return next((m for h in record.history if (m := took.fullmatch(h.message))), None)
+
+        first = wait_for("a standby's admission into slot 1 in the history", admitted, 240, explain)
         holder = int(first.group(1))
         # W has finished re-forming (it holds block 1), the others wait at step 20
         wait_for(
@@ -72,6 +99,7 @@ def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
                 "[worker 1] joined generation 2"
                 in (learners / str(holder) / "stderr.log").read_text()
             ),
+            explain=explain,
         )
         victims = worker_pids(job.job_id, holder)
         assert victims, f"learner {holder}'s worker is not running"
@@ -80,7 +108,8 @@ def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
         record = wait_for(
             "the job's end",
             lambda: (r := repo.get(job.job_id)).status in states.TERMINAL_STATES and r,
-            timeout_s=400,
+            400,
+            explain,
         )
         assert guardian.wait(timeout=60) == 0
     finally:
