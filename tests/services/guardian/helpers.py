@@ -119,8 +119,29 @@ def job_report(repo: JobsRepository, job_id: str, data_dir: Path, tail: int = 15
     """The job's status and history, and the last lines of each learner's stderr and of
     its guardian's log: what a failed wait prints."""
     record = repo.get(job_id)
-    lines = [f"job {job_id}: {record.status} ({record.status_message})", "history:"]
-    lines += [f"  {h.status}: {h.message}" for h in record.history]
+    return describe_job(
+        job_id,
+        record.status,
+        record.status_message,
+        [(h.status, h.message) for h in record.history],
+        data_dir,
+        tail,
+    )
+
+
+def describe_job(
+    job_id: str,
+    status: str,
+    message: str,
+    entries: Sequence[tuple[str, str]],
+    data_dir: Path,
+    tail: int = 15,
+) -> str:
+    """`job_report` from what was read of the job (the record, or `rhizome show --json`
+    where the test has a whole platform): status, history (status, message) and the last
+    lines of each learner's stderr and of the guardian's log under `data_dir`."""
+    lines = [f"job {job_id}: {status} ({message})", "history:"]
+    lines += [f"  {st}: {m}" for st, m in entries]
     learners = data_dir / "jobs" / job_id / "learners"
     logs = sorted(learners.glob("*/stderr.log")) + sorted(data_dir.glob(f"guardian-{job_id}-*"))
     for log in logs:
@@ -198,11 +219,12 @@ def pipeline_job(
     max_learner_restarts: int = 2,
     place: Callable[[JobRecord], None] | None = None,
     guardian_args: Sequence[str] = (),
-    guardian_env: dict[str, str] | None = None,
+    guardian_env: Callable[[JobRecord], dict[str, str]] | None = None,
 ) -> Iterator[PipelineRun]:
     """Submit a pipeline job of the toy (`train.py`; `pipeline` defaults to two stages,
     one pipeline) and start its guardian; the guardian is killed on the way out if it is
-    still running. `place`: the test places the job itself (else a local placement)."""
+    still running. `place`: the test places the job itself (else a local placement);
+    `guardian_args`, `guardian_env` (given the job): as the LCM would start the guardian."""
     repo: JobsRepository = stores["repo"]
     pipe = pipeline or {"stages": 2, "pipelines": 1}
     job = submit(
@@ -223,7 +245,7 @@ def pipeline_job(
         stores["mongo_url"],
         data_dir,
         guardian_args,
-        **(guardian_env or {}),
+        **(guardian_env(job) if guardian_env is not None else {}),
     )
     try:
         yield PipelineRun(repo, job, data_dir, guardian)
