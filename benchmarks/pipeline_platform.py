@@ -1,7 +1,7 @@
 """Pipeline jobs on the platform vs the bare launcher, failover and reconfiguration pauses.
 
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
-        [--rounds 5] [--no-pin] [--throughput-only]
+        [--rounds 5] [--no-pin] [--throughput-only] [--poll-show]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
 pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
@@ -22,6 +22,16 @@ far the bare runs alone spread (max / min). With pinning (the default) every wor
 bare or on the platform — pins itself to core `worker % cores` before it imports
 anything (`pin.py`, a shim in front of train.py), so both runs put the stages on the
 same cores.
+
+Where the time goes: each run is profiled (`CpuProfile`: CPU seconds, user + system, of
+every process of the run by kind, from /proc every 0.2 s: the launcher's process tree for
+the bare run; everything whose command line or working directory is under the
+platform's data directory for the platform job: workers, controllers, guardian, daemon,
+etcd, MongoDB-wire, Elasticsearch-API, the `rhizome` CLI), printed under each round.
+While the platform job trains it is watched through its learners' files (a `rhizome
+show` every 10 s for a job that fails early); `--poll-show` starts a `rhizome show`
+every second as this benchmark did before (a CLI process a second that the bare run,
+watched by nobody, did not pay).
 
 3. **failover and reconfiguration** (launcher, `--replace`, a private etcd): worker 1 is
    SIGKILLed from outside at step 30; a replacement starts and joins. From the step
@@ -71,14 +81,15 @@ def steady_throughput(stdout: str, skip: int = 5) -> tuple[float, list[float]]:
     return len(steady) / sum(steady), ordered
 
 
-# What a process is, from its command line (the first match names it).
+# What a process is, from its command line (the first match names it: the launcher's
+# and the CLI's name the training script too).
 KINDS = (
-    ("train.py", "workers"),
+    ("learner.runtime.launch", "launcher"),
+    ("services.client.cli", "rhizome CLI"),
     ("learner.controller", "controllers"),
     ("services.guardian", "guardian"),
     ("services.daemon", "daemon"),
-    ("services.client.cli", "rhizome CLI"),
-    ("learner.runtime.launch", "launcher"),
+    ("train.py", "workers"),
     ("secantus", "mongo-wire"),
     ("etcd", "etcd"),
     ("elastic", "elasticsearch-api"),
