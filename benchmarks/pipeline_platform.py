@@ -1,7 +1,7 @@
 """Pipeline jobs on the platform vs the bare launcher, failover and reconfiguration pauses.
 
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
-        [--rounds 5] [--no-pin] [--throughput-only]
+        [--rounds 5] [--no-pin] [--throughput-only] [--poll-show]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
 pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
@@ -22,6 +22,16 @@ far the bare runs alone spread (max / min). With pinning (the default) every wor
 bare or on the platform — pins itself to core `worker % cores` before it imports
 anything (`pin.py`, a shim in front of train.py), so both runs put the stages on the
 same cores.
+
+Where the time goes: each run is profiled (`CpuProfile`: CPU seconds, user + system, of
+every process of the run by kind, from /proc every 0.2 s: the launcher's process tree for
+the bare run; everything whose command line or working directory is under the
+platform's data directory for the platform job: workers, controllers, guardian, daemon,
+etcd, MongoDB-wire, Elasticsearch-API, the `rhizome` CLI), printed under each round.
+While the platform job trains it is watched through its learners' files (a `rhizome
+show` every 10 s for a job that fails early); `--poll-show` starts a `rhizome show`
+every second as this benchmark did before (a CLI process a second that the bare run,
+watched by nobody, did not pay).
 
 3. **failover and reconfiguration** (launcher, `--replace`, a private etcd): worker 1 is
    SIGKILLed from outside at step 30; a replacement starts and joins. From the step
@@ -51,6 +61,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "examples" / "pipeline-gpt"
@@ -68,6 +79,97 @@ def steady_throughput(stdout: str, skip: int = 5) -> tuple[float, list[float]]:
     ordered = [times[s] for s in sorted(times)]
     steady = ordered[skip:]
     return len(steady) / sum(steady), ordered
+
+
+# What a process is, from its command line (the first match names it: the launcher's
+# and the CLI's name the training script too).
+KINDS = (
+    ("learner.runtime.launch", "launcher"),
+    ("services.client.cli", "rhizome CLI"),
+    ("learner.controller", "controllers"),
+    ("services.guardian", "guardian"),
+    ("services.daemon", "daemon"),
+    ("train.py", "workers"),
+    ("secantus", "mongo-wire"),
+    ("etcd", "etcd"),
+    ("elastic", "elasticsearch-api"),
+)
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def kind_of(argv: str) -> str:
+    return next((k for pattern, k in KINDS if pattern in argv), argv.split(" ")[0][-30:])
+
+
+class CpuProfile:
+    """CPU seconds (user + system) per kind of process while a run goes on: a process
+    counts if its command line or working directory holds `marker` (the platform's data
+    directory) or it descends from `root` (the bare launcher). Sampled every 0.2 s from
+    /proc, each process's last reading kept (workers end before the run does)."""
+
+    def __init__(self, marker: str = "", root: int = 0) -> None:
+        self.marker, self.root = marker, root
+        self.first: dict[tuple[int, int], float] = {}
+        self.last: dict[tuple[int, int], tuple[str, float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuProfile:
+        self._sample(first=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            self._sample()
+
+    def _sample(self, first: bool = False) -> None:
+        parents: dict[int, int] = {}
+        seen: dict[int, tuple[int, str, float]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            parents[pid] = int(fields[1])
+            cpu = (int(fields[11]) + int(fields[12])) * TICK_S
+            seen[pid] = (int(fields[19]), argv, cpu)
+        for pid, (start, argv, cpu) in seen.items():
+            mine = bool(self.marker) and (self.marker in argv or self.marker in cwd_of(pid))
+            up, hops = pid, 0
+            while not mine and self.root and up > 1 and hops < 64:
+                mine, up, hops = up == self.root, parents.get(up, 0), hops + 1
+            if not mine:
+                continue
+            key = (pid, start)
+            if first:
+                self.first[key] = cpu
+            # an exited process not yet reaped has no command line: keep what it was
+            kind = self.last[key][0] if key in self.last and not argv.strip() else kind_of(argv)
+            self.last[key] = (kind, cpu)
+
+    def seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, (kind, cpu) in self.last.items():
+            out[kind] = out.get(kind, 0.0) + cpu - self.first.get(key, 0.0)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def cwd_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
 
 
 def script_args(a: argparse.Namespace) -> list[str]:
@@ -96,11 +198,11 @@ def entry(a: argparse.Namespace, code: Path) -> list[str]:
     return [str(code / "pin.py"), str(code / "train.py"), *script_args(a)]
 
 
-def bare(a: argparse.Namespace) -> float:
+def bare(a: argparse.Namespace) -> tuple[float, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="rhizome-bench-bare-") as tmp:
         code = Path(tmp) / "code"
         shutil.copytree(GPT, code)
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -118,13 +220,15 @@ def bare(a: argparse.Namespace) -> float:
                 *entry(a, code),
             ],
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=900,
         )
+        with CpuProfile(root=proc.pid) as profile:
+            out, err = proc.communicate(timeout=900)
     if proc.returncode != 0:
-        sys.exit(f"bare run failed:\n{proc.stderr[-3000:]}")
-    return steady_throughput(proc.stdout)[0]
+        sys.exit(f"bare run failed:\n{err[-3000:]}")
+    return steady_throughput(out)[0], profile.seconds()
 
 
 def rz(data_dir: Path, *args: str) -> str:
@@ -142,8 +246,9 @@ def rz(data_dir: Path, *args: str) -> str:
     return proc.stdout
 
 
-def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> float:
-    """One job through the running embedded platform in `data_dir`; its throughput."""
+def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> tuple[float, dict[str, float]]:
+    """One job through the running embedded platform in `data_dir`; its throughput and
+    the CPU seconds of the platform's processes while it ran (CpuProfile)."""
     code = data_dir / f"code-{n}"
     shutil.copytree(GPT, code)
     # the command runs in the learner's code directory: the script's relative names
@@ -151,15 +256,9 @@ def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> float:
     manifest = (code / "manifest.yaml").read_text()
     manifest = re.sub(r"command: python train.py.*", f"command: python {' '.join(args)}", manifest)
     (code / "manifest.yaml").write_text(manifest)
-    job_id = json.loads(rz(data_dir, "train", str(code / "manifest.yaml"), "--json"))["job_id"]
-    deadline = time.monotonic() + 900
-    while True:
-        job = json.loads(rz(data_dir, "show", job_id, "--json"))
-        if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
-            break
-        if time.monotonic() > deadline:
-            sys.exit(f"platform job did not end: {job}")
-        time.sleep(1)
+    with CpuProfile(marker=str(data_dir)) as profile:
+        job_id = json.loads(rz(data_dir, "train", str(code / "manifest.yaml"), "--json"))["job_id"]
+        job = wait_end(a, data_dir, job_id)
     if job["status"] != "COMPLETED":
         tails = "\n".join(
             f"learner {r.name}: " + " | ".join((r / "stderr.log").read_text().splitlines()[-4:])
@@ -168,32 +267,63 @@ def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> float:
         )
         sys.exit(f"platform job ended {job['status']}: {job['status_message']}\n{tails}")
     out = (data_dir / "jobs" / job_id / "learners" / "1" / "stdout.log").read_text()
-    return steady_throughput(out)[0]
+    return steady_throughput(out)[0], profile.seconds()
 
 
-def interleaved(a: argparse.Namespace) -> list[tuple[float, float]]:
-    """(bare, platform) steps/s per round, the order alternating; the platform up
-    throughout."""
+def wait_end(a: argparse.Namespace, data_dir: Path, job_id: str) -> dict[str, Any]:
+    """The job once it ended (`rhizome show`). While the workers train, only their files
+    are read (in this process): a `rhizome` CLI started every second, as this benchmark
+    did before, took a core's share on a 2-core machine that the bare run, watched by
+    nobody, did not pay (`--poll-show`: the old way, for comparison). A `rhizome show`
+    every 10 s meanwhile catches a job that fails before its workers finish."""
+    learners = data_dir / "jobs" / job_id / "learners"
+    deadline = time.monotonic() + 900
+    next_show = time.monotonic() + 10
+    trained = False
+    while True:
+        if not trained and not a.poll_show:
+            logs = [learners / str(r) / "stderr.log" for r in (0, 1)]
+            trained = all(f.exists() and "finished:" in f.read_text() for f in logs)
+        if a.poll_show or trained or time.monotonic() >= next_show:
+            job: dict[str, Any] = json.loads(rz(data_dir, "show", job_id, "--json"))
+            if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
+                return job
+            next_show = time.monotonic() + 10
+        if time.monotonic() > deadline:
+            sys.exit(f"platform job {job_id} did not end")
+        time.sleep(1 if a.poll_show or trained else 0.2)
+
+
+Round = tuple[float, float, dict[str, float], dict[str, float]]
+
+
+def interleaved(a: argparse.Namespace) -> list[Round]:
+    """(bare, platform) steps/s and CPU seconds by process kind per round, the order
+    alternating; the platform up throughout."""
     data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-pipe-"))
     rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    rounds = []
+    rounds: list[Round] = []
     try:
         for n in range(a.rounds):
             if n % 2 == 0:
-                b = bare(a)
-                p = platform_job(a, data_dir, n)
+                b, bcpu = bare(a)
+                p, pcpu = platform_job(a, data_dir, n)
             else:
-                p = platform_job(a, data_dir, n)
-                b = bare(a)
+                p, pcpu = platform_job(a, data_dir, n)
+                b, bcpu = bare(a)
             print(
                 f"round {n + 1}: bare {b:.2f} steps/s, platform {p:.2f} steps/s, ratio {p / b:.3f}",
                 file=sys.stderr,
             )
-            rounds.append((b, p))
+            rounds.append((b, p, bcpu, pcpu))
     finally:
         rz(data_dir, "down")
         shutil.rmtree(data_dir, ignore_errors=True)
     return rounds
+
+
+def cpu_line(seconds: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in seconds.items() if v >= 0.05)
 
 
 def failover_and_reconfiguration(
@@ -301,6 +431,12 @@ def main() -> None:
     p.add_argument(
         "--throughput-only", action="store_true", help="skip the failover/reconfiguration run"
     )
+    p.add_argument(
+        "--poll-show",
+        action="store_true",
+        help="watch the platform job with `rhizome show` every second while it trains (how "
+        "this benchmark measured before: a CLI process a second on the same cores)",
+    )
     a = p.parse_args()
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -312,12 +448,17 @@ def main() -> None:
         print(f"ratio replacement/standby: {cold / warm:.1f}x")
         return
     rounds = interleaved(a)
-    ratios = [p_ / b for b, p_ in rounds]
-    bares = [b for b, _ in rounds]
+    ratios = [p_ / b for b, p_, _, _ in rounds]
+    bares = [b for b, _, _, _ in rounds]
     pin = "each worker pinned to one core" if a.pin else "not pinned"
-    print(f"{a.rounds} interleaved rounds, 2 stages x 1 pipeline, {pin}:")
-    for n, ((b, p_), r) in enumerate(zip(rounds, ratios, strict=True), 1):
+    watch = "rhizome show every second" if a.poll_show else "its files, rhizome show every 10 s"
+    print(
+        f"{a.rounds} interleaved rounds, 2 stages x 1 pipeline, {pin}; platform job watched by {watch}:"
+    )
+    for n, ((b, p_, bcpu, pcpu), r) in enumerate(zip(rounds, ratios, strict=True), 1):
         print(f"  round {n}: bare {b:.2f} steps/s, platform {p_:.2f} steps/s, ratio {r:.3f}")
+        print(f"    CPU s, bare:     {cpu_line(bcpu)}")
+        print(f"    CPU s, platform: {cpu_line(pcpu)}")
     print(
         f"ratio platform/bare: median {statistics.median(ratios):.3f}, range "
         f"{min(ratios):.3f}-{max(ratios):.3f} (goal >= 0.97); bare runs alone spread "

@@ -590,7 +590,8 @@ class Guardian:
                     incarnation = int(restarts.get(str(rank), 0)) + int(
                         preemptions.get(str(rank), 0)
                     )
-                    self.handles[rank] = self.pipeline.start_learner(spec, rank, incarnation)
+                    # a pipeline learner's incarnation and ticket are the pipeline's own
+                    self.handles[rank] = self.pipeline.restart_controller(spec, rank, incarnation)
                     self.started_at[rank] = now
                 statuses[rank] = LearnerStatus.STARTING
             elif entry.lease:

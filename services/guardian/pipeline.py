@@ -73,6 +73,51 @@ class PipelineFailover:
             raise BackendError(f"learner {rank}: the job has {pipe.standbys} standbys only")
         return self.start_joiner(spec, rank, incarnation)
 
+    def restart_controller(self, spec: JobSpec, rank: int, incarnation: int) -> int:
+        """A new controller for learner `rank`, whose controller died (the platform's
+        failure: Guardian.learner_statuses); `incarnation` is what a job without a
+        pipeline restarts it as. A pipeline learner's controller is restarted as the
+        incarnation the pipeline last started for the rank (a replacement's, or a restart
+        after a fatal loss: `replaced/<rank>.incarnation`) and, for a joiner, with the
+        token of its ticket: the new controller then re-adopts the worker if it still
+        runs, or, if the worker went with its controller, records it KILLED, so that it
+        comes back through the replacement path (a fresh ticket, `replace_lost`). Restarted
+        as another incarnation, the controller ran the command again: a worker without a
+        ticket, which the runtime refuses once it formed (`job already at generation N`),
+        and the job failed. Before the pipeline formed it is started as at deploy."""
+        pipe = spec.manifest.pipeline
+        if pipe is None:
+            return self.start_learner(spec, rank, incarnation)
+        entry = self.guardian.etcd.get(etcd_keys.deploy_step(self.job_id, REPLACED))
+        replaced: dict[str, dict[str, Any]] = dict(entry.value) if entry is not None else {}
+        current = int(replaced.get(str(rank), {}).get("incarnation", 0))
+        ticket = self.tickets().get(rank)
+        if ticket is None:
+            if rank >= pipe.workers:  # a standby whose ticket is gone: issue one
+                return self.start_joiner(spec, rank, current)
+            started = self.guardian.backend.start_learner(spec, rank, current)
+        else:
+            env = {**spec.platform_env, JOIN_TOKEN: str(ticket.get("token", ""))}
+            started = self.guardian.backend.start_learner(
+                dataclasses.replace(spec, platform_env=env), rank, current
+            )
+        if self.formed():
+            self.guardian.jobs.note(
+                self.job_id,
+                f"learner {rank}'s controller died after the pipeline formed; a new controller "
+                f"of the same incarnation ({current}) re-adopts its worker, or reports it "
+                "gone (then the runtime fails over and a replacement joins)",
+            )
+        return started
+
+    def formed(self) -> bool:
+        """Whether the runtime formed its first generation (a generation past 0, or its
+        rendezvous store written): from then on a worker joins only with a ticket."""
+        state = self.runtime_state()
+        return int(state.get("generation") or 0) > 0 or bool(
+            self.guardian.etcd.get_prefix(etcd_keys.runtime_store_prefix(self.job_id))
+        )
+
     def start_joiner(self, spec: JobSpec, rank: int, incarnation: int) -> int:
         """A learner that joins the running runtime with a ticket: a replacement of a lost
         slot (rank = the slot) or a standby (rank beyond the workers)."""
@@ -354,11 +399,7 @@ class PipelineFailover:
         pipe = spec.manifest.pipeline
         if pipe is None or rank >= pipe.workers:
             return None
-        state = self.runtime_state()
-        formed = int(state.get("generation") or 0) > 0 or bool(
-            self.guardian.etcd.get_prefix(etcd_keys.runtime_store_prefix(self.job_id))
-        )
-        if formed:
+        if self.formed():
             return None
         key = etcd_keys.deploy_step(self.job_id, REPLACED)
         entry = self.guardian.etcd.get(key)

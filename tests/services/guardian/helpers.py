@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,11 +78,18 @@ def guardian_argv(job_id: str, etcd_url: str, mongo_url: str, data_dir: Path) ->
 
 
 def start_guardian(
-    job_id: str, etcd_url: str, mongo_url: str, data_dir: Path, **env: str
+    job_id: str,
+    etcd_url: str,
+    mongo_url: str,
+    data_dir: Path,
+    args: Sequence[str] = (),
+    **env: str,
 ) -> subprocess.Popen[bytes]:
+    """A guardian process as the LCM starts it (`args`: more of its command line); its
+    output in `guardian-<job>-<ns>.log` under `data_dir` (`job_report` prints its tail)."""
     log = open(data_dir / f"guardian-{job_id}-{time.time_ns()}.log", "wb")  # noqa: SIM115
     return subprocess.Popen(
-        guardian_argv(job_id, etcd_url, mongo_url, data_dir),
+        [*guardian_argv(job_id, etcd_url, mongo_url, data_dir), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **env},
@@ -110,8 +119,29 @@ def job_report(repo: JobsRepository, job_id: str, data_dir: Path, tail: int = 15
     """The job's status and history, and the last lines of each learner's stderr and of
     its guardian's log: what a failed wait prints."""
     record = repo.get(job_id)
-    lines = [f"job {job_id}: {record.status} ({record.status_message})", "history:"]
-    lines += [f"  {h.status}: {h.message}" for h in record.history]
+    return describe_job(
+        job_id,
+        record.status,
+        record.status_message,
+        [(h.status, h.message) for h in record.history],
+        data_dir,
+        tail,
+    )
+
+
+def describe_job(
+    job_id: str,
+    status: str,
+    message: str,
+    entries: Sequence[tuple[str, str]],
+    data_dir: Path,
+    tail: int = 15,
+) -> str:
+    """`job_report` from what was read of the job (the record, or `rhizome show --json`
+    where the test has a whole platform): status, history (status, message) and the last
+    lines of each learner's stderr and of the guardian's log under `data_dir`."""
+    lines = [f"job {job_id}: {status} ({message})", "history:"]
+    lines += [f"  {st}: {m}" for st, m in entries]
     learners = data_dir / "jobs" / job_id / "learners"
     logs = sorted(learners.glob("*/stderr.log")) + sorted(data_dir.glob(f"guardian-{job_id}-*"))
     for log in logs:
@@ -123,3 +153,103 @@ def job_report(repo: JobsRepository, job_id: str, data_dir: Path, tail: int = 15
 
 def history(repo: JobsRepository, job_id: str) -> list[str]:
     return [h.status for h in repo.get(job_id).history]
+
+
+# The pipeline guardian tests' training script: the runtime's float64 toy
+# (learner/runtime/toy.py: --steps, --gate, --die, --die-replacement).
+TOY_SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
+
+
+@dataclass
+class PipelineRun:
+    """A pipeline job of the toy under its guardian process (`pipeline_job`)."""
+
+    repo: JobsRepository
+    job: JobRecord
+    data_dir: Path
+    guardian: subprocess.Popen[bytes]
+
+    @property
+    def learners_dir(self) -> Path:
+        return self.data_dir / "jobs" / self.job.job_id / "learners"
+
+    def explain(self) -> str:
+        return job_report(self.repo, self.job.job_id, self.data_dir)
+
+    def logged(self, rank: int, text: str, stream: str = "stderr.log") -> bool:
+        """Whether learner `rank`'s `stream` (any incarnation's) holds `text`."""
+        log = self.learners_dir / str(rank) / stream
+        return log.exists() and text in log.read_text(errors="replace")
+
+    def wait(self, what: str, probe: Callable[[], T | None], timeout_s: float = 240) -> T:
+        """`wait_for` that prints the job's history and logs on time-out."""
+        return wait_for(what, probe, timeout_s, self.explain)
+
+    def formed(self, ranks: Sequence[int] = (0, 1)) -> None:
+        """Wait until every worker in `ranks` started its stage: the pipeline formed, so
+        a loss from now on is the runtime's failover (before, a lost worker restarts in
+        place: PipelineFailover.restart_unformed)."""
+        self.wait(
+            "the pipeline formed",
+            lambda: all(self.logged(r, f"[worker {r}] started:") for r in ranks),
+        )
+
+    def notes(self) -> list[str]:
+        return [h.message for h in self.repo.get(self.job.job_id).history]
+
+    def end(self, timeout_s: float = 400) -> JobRecord:
+        """The job's terminal record, once its guardian exited cleanly."""
+
+        def ended() -> JobRecord | None:
+            record = self.repo.get(self.job.job_id)
+            return record if record.status in states.TERMINAL_STATES else None
+
+        record = self.wait("the job's end", ended, timeout_s)
+        assert self.guardian.wait(timeout=60) == 0, self.explain()
+        return record
+
+
+@contextmanager
+def pipeline_job(
+    stores: dict[str, Any],
+    data_dir: Path,
+    command: str,
+    *,
+    pipeline: dict[str, Any] | None = None,
+    max_learner_restarts: int = 2,
+    place: Callable[[JobRecord], None] | None = None,
+    guardian_args: Sequence[str] = (),
+    guardian_env: Callable[[JobRecord], dict[str, str]] | None = None,
+) -> Iterator[PipelineRun]:
+    """Submit a pipeline job of the toy (`train.py`; `pipeline` defaults to two stages,
+    one pipeline) and start its guardian; the guardian is killed on the way out if it is
+    still running. `place`: the test places the job itself (else a local placement);
+    `guardian_args`, `guardian_env` (given the job): as the LCM would start the guardian."""
+    repo: JobsRepository = stores["repo"]
+    pipe = pipeline or {"stages": 2, "pipelines": 1}
+    job = submit(
+        repo,
+        data_dir,
+        command,
+        learners=int(pipe["stages"]) * int(pipe.get("pipelines", 1)),
+        files={"train.py": TOY_SCRIPT},
+        place=place is None,
+        pipeline=pipe,
+        max_learner_restarts=max_learner_restarts,
+    )
+    if place is not None:
+        place(job)
+    guardian = start_guardian(
+        job.job_id,
+        stores["etcd_url"],
+        stores["mongo_url"],
+        data_dir,
+        guardian_args,
+        **(guardian_env(job) if guardian_env is not None else {}),
+    )
+    try:
+        yield PipelineRun(repo, job, data_dir, guardian)
+    finally:
+        if guardian.poll() is None:
+            guardian.kill()
+            guardian.wait()

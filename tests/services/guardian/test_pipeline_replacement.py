@@ -11,8 +11,6 @@ job, in a second each.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -30,11 +28,10 @@ from services.security.api import GUARDIAN_SERVICE_TOKEN_ENV, JOB_TLS_ENV
 from services.security.internal import InternalAuthInterceptor, SharedSecretCredentials
 from services.security.tls import InternalTls
 from services.store import states
-from tests.services.guardian.helpers import guardian_argv, submit, wait_for
+from tests.services.guardian.helpers import pipeline_job, submit
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
 CLUSTER = """nodes:
   - name: node-a
     cpus: 4
@@ -116,61 +113,33 @@ def test_the_replacement_runs_where_the_scheduler_put_it_and_falls_back_when_it_
         'echo "local_world=$LOCAL_WORLD_SIZE" && exec python train.py --steps 80 '
         "--die 1:2 --die-replacement 1:40 --gate 30:2,60:4"
     )
-    job = submit(
-        repo,
+    first: dict[str, str] = {}
+    with pipeline_job(
+        stores,
         tmp_path,
         command,
-        learners=2,
-        files={"train.py": SCRIPT},
-        place=False,
-        pipeline={"stages": 2, "pipelines": 1},
-        max_learner_restarts=2,
-    )
-    first = service.place(repo, job.job_id)
-    assert first == {"0": "node-a", "1": "node-b"}, first  # a stage and its shadow apart
-    # as the LCM starts it: the address on the command line, the credential and the
-    # job's client certificate in the environment
-    log = open(tmp_path / "guardian.log", "wb")  # noqa: SIM115
-    guardian = subprocess.Popen(
-        [
-            *guardian_argv(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path),
-            f"--scheduler={service.address}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={
-            **os.environ,
+        place=lambda job: first.update(service.place(repo, job.job_id)),
+        # as the LCM starts it: the address on the command line, the credential and the
+        # job's client certificate in the environment
+        guardian_args=[f"--scheduler={service.address}"],
+        guardian_env=lambda job: {
             GUARDIAN_SERVICE_TOKEN_ENV: service.credentials.service_token(),
             JOB_TLS_ENV: json.dumps(service.tls.job_credentials(job.job_id)),
         },
-        start_new_session=True,
-    )
-    try:
+    ) as run:
+        assert first == {"0": "node-a", "1": "node-b"}, first  # a stage and its shadow apart
         chosen = (
             "learner 1's replacement runs on node node-a, chosen by the scheduler (a gang of "
             "one; learner 1 was lost on node node-b)"
         )
-        wait_for(
-            "the scheduler's choice in the history",
-            lambda: chosen in notes(repo, job.job_id),
-            timeout_s=240,
-        )
-        assert repo.get(job.job_id).placement["learner_nodes"] == {"0": "node-a", "1": "node-a"}
-        assert service.nodes_of(job.job_id) == ["node-a", "node-a"]
+        run.wait("the scheduler's choice in the history", lambda: chosen in run.notes())
+        placement = repo.get(run.job.job_id).placement
+        assert placement["learner_nodes"] == {"0": "node-a", "1": "node-a"}
+        assert service.nodes_of(run.job.job_id) == ["node-a", "node-a"]
         service.stop()  # the scheduler goes away before the second loss
-        record = wait_for(
-            "the job's end",
-            lambda: (r := repo.get(job.job_id)).status in states.TERMINAL_STATES and r,
-            timeout_s=400,
-        )
-        assert guardian.wait(timeout=60) == 0
-    finally:
-        if guardian.poll() is None:
-            guardian.kill()
-            guardian.wait()
-        log.close()
+        record = run.end()
     messages = [h.message for h in record.history]
-    assert record.status == states.COMPLETED, (record.status_message, messages)
+    assert record.status == states.COMPLETED, run.explain()
     fallback = [m for m in messages if "replacement reuses node" in m]
     assert len(fallback) == 1, messages
     assert fallback[0].startswith(
@@ -193,7 +162,7 @@ def test_the_replacement_runs_where_the_scheduler_put_it_and_falls_back_when_it_
     assert [m for m in messages if m in expected] == expected, messages
     # each incarnation of learner 1 ran where the history says: alone on node-b, then
     # beside learner 0 on node-a (twice)
-    out1 = (tmp_path / "jobs" / job.job_id / "learners" / "1" / "stdout.log").read_text()
+    out1 = (run.learners_dir / "1" / "stdout.log").read_text()
     worlds = [line for line in out1.splitlines() if line.startswith("local_world=")]
     assert worlds == ["local_world=1", "local_world=2", "local_world=2"], out1
 

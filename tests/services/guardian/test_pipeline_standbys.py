@@ -19,11 +19,9 @@ import pytest
 from services.store import states
 from tests.integration.test_pipeline_jobs import worker_pids
 from tests.learner.runtime.test_failover import assert_equals_reference
-from tests.services.guardian.helpers import job_report, start_guardian, submit, wait_for
+from tests.services.guardian.helpers import pipeline_job
 
 pytestmark = pytest.mark.integration
-
-SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
 
 
 @pytest.mark.timeout(900)  # the waits below end first, saying what the job looked like
@@ -43,42 +41,27 @@ def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
     15 waits for W's admission, step 20 for the second failover (so W dies with the
     others waiting at step 20), step 40 for the second admission. Every wait that times out
     prints the job's history and its learners' and guardian's last lines."""
-    repo = stores["repo"]
     steps = 60
-    job = submit(
-        repo,
-        tmp_path,
-        f"python train.py --steps {steps} --gate 15:2,20:3,40:4",
-        learners=2,  # the workers; the record holds 4 (the standbys too)
-        files={"train.py": SCRIPT},
-        pipeline={"stages": 2, "pipelines": 1, "standbys": 2},
-        max_learner_restarts=2,
-    )
-    guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
-    learners = tmp_path / "jobs" / job.job_id / "learners"
     took = re.compile(
         r"standby learner (\d) took over stage 1 of pipeline 0 \(learner 1's slot\) without a "
         r"cold start, every block has a replica \(generation 2\)"
     )
-
-    def explain() -> str:
-        return job_report(repo, job.job_id, tmp_path)
-
-    def logged(rank: int, text: str) -> bool:
-        log = learners / str(rank) / "stderr.log"
-        return log.exists() and text in log.read_text()
-
-    try:
+    with pipeline_job(
+        stores,
+        tmp_path,
+        f"python train.py --steps {steps} --gate 15:2,20:3,40:4",
+        # the workers; the record holds 4 learners (the standbys too)
+        pipeline={"stages": 2, "pipelines": 1, "standbys": 2},
+    ) as run:
+        job, explain, logged = run.job, run.explain, run.logged
         # formed (a loss before would restart learner 1 in place, no failover) and both
         # standbys waiting; the gate holds the workers at step 15 meanwhile
-        wait_for(
+        run.wait(
             "the pipeline formed and both standbys queued",
             lambda: (
                 all(logged(r, f"[worker {r}] started:") for r in (0, 1))
                 and all(logged(r, f"standby {r}: queued") for r in (2, 3))
             ),
-            240,
-            explain,
         )
         first_victims = worker_pids(job.job_id, 1)
         assert first_victims, "learner 1's worker is not running\n" + explain()
@@ -86,39 +69,26 @@ def test_a_standby_that_took_a_slot_is_lost_and_the_next_standby_takes_it(
             os.kill(pid, signal.SIGKILL)
 
         def admitted() -> re.Match[str] | None:
-            record = repo.get(job.job_id)
+            record = run.repo.get(job.job_id)
             assert record.status not in states.TERMINAL_STATES, "ended early\n" + explain()
             return next((m for h in record.history if (m := took.fullmatch(h.message))), None)
 
-        first = wait_for("a standby's admission into slot 1 in the history", admitted, 240, explain)
+        first = run.wait("a standby's admission into slot 1 in the history", admitted)
         holder = int(first.group(1))
         # W has finished re-forming (it holds block 1), the others wait at step 20
-        wait_for(
+        run.wait(
             f"learner {holder} to hold slot 1",
-            lambda: (
-                "[worker 1] joined generation 2"
-                in (learners / str(holder) / "stderr.log").read_text()
-            ),
-            explain=explain,
+            lambda: logged(holder, "[worker 1] joined generation 2"),
+            60,
         )
         victims = worker_pids(job.job_id, holder)
-        assert victims, f"learner {holder}'s worker is not running"
+        assert victims, f"learner {holder}'s worker is not running\n" + explain()
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
-        record = wait_for(
-            "the job's end",
-            lambda: (r := repo.get(job.job_id)).status in states.TERMINAL_STATES and r,
-            400,
-            explain,
-        )
-        assert guardian.wait(timeout=60) == 0
-    finally:
-        if guardian.poll() is None:
-            guardian.kill()
-            guardian.wait()
+        record = run.end()
     messages = [h.message for h in record.history]
     statuses = [h.status for h in record.history]
-    assert record.status == states.COMPLETED, (record.status_message, messages)
+    assert record.status == states.COMPLETED, run.explain()
     assert "RECOVERING" not in statuses and statuses.count("DEPLOYING") == 1, messages
 
     def index(pattern: str) -> int:

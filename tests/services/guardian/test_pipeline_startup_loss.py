@@ -14,45 +14,23 @@ from typing import Any
 import pytest
 
 from services.store import states
-from tests.services.guardian.helpers import start_guardian, submit, wait_for
+from tests.services.guardian.helpers import pipeline_job
 
 pytestmark = pytest.mark.integration
-
-SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
 
 
 def test_a_worker_killed_before_the_pipeline_formed_restarts_in_place(
     stores: dict[str, Any], tmp_path: Path
 ) -> None:
-    repo = stores["repo"]
     # learner 1's first incarnation is SIGKILLed before its worker registers
     command = (
         'if [ "$RHIZOME_RANK" = 1 ] && [ ! -e ../rank1-killed ]; then '
         "touch ../rank1-killed; kill -9 $$; fi; exec python train.py --steps 6"
     )
-    job = submit(
-        repo,
-        tmp_path,
-        command,
-        learners=2,
-        files={"train.py": SCRIPT},
-        pipeline={"stages": 2, "pipelines": 1},
-        max_learner_restarts=2,
-    )
-    guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
-    try:
-        record = wait_for(
-            "the job's end",
-            lambda: (r := repo.get(job.job_id)).status in states.TERMINAL_STATES and r,
-            timeout_s=240,
-        )
-        assert guardian.wait(timeout=60) == 0
-    finally:
-        if guardian.poll() is None:
-            guardian.kill()
-            guardian.wait()
+    with pipeline_job(stores, tmp_path, command) as run:
+        record = run.end(timeout_s=240)
     messages = [h.message for h in record.history]
-    assert record.status == states.COMPLETED, (record.status_message, messages)
+    assert record.status == states.COMPLETED, run.explain()
     assert (
         "learner 1 lost before the pipeline formed (exit 137); restarted in place, the "
         "others wait for it to register (restart 1 of at most 2)"
@@ -60,6 +38,6 @@ def test_a_worker_killed_before_the_pipeline_formed_restarts_in_place(
     statuses = [h.status for h in record.history]
     assert "RECOVERING" not in statuses, messages  # no checkpoint restart: nothing formed
     assert not any("now served by" in m for m in messages), messages  # no failover either
-    err1 = (tmp_path / "jobs" / job.job_id / "learners" / "1" / "stderr.log").read_text()
+    err1 = (run.learners_dir / "1" / "stderr.log").read_text()
     assert err1.count("started: stage 1 of pipeline 0") == 1, err1
     assert "finished: 6 steps, blocks [1] of pipeline 0, generation 0" in err1, err1
