@@ -81,15 +81,6 @@ EXIT_DUPLICATE = ExitCode.FATAL  # another live controller holds this rank
 EXIT_TERMINATED = ExitCode.PREEMPTED
 KILLED_EXIT_CODE = ExitCode.KILLED  # the command vanished without writing its exit code
 
-# The controller's log collector: files read every COLLECTOR_POLL_S while idle, a batch
-# shipped once its oldest line waited COLLECTOR_FLUSH_S (or it is full). The collector's
-# own defaults (0.05 s, 0.2 s) woke it 20 times a second and sent up to 5 batches a
-# second per learner, each a gRPC call to the daemon and a bulk request to the search
-# server, on the cores the training runs on (benchmarks/pipeline_platform.py profiles
-# it); `rhizome logs` shows a line at most about a second later instead.
-COLLECTOR_POLL_S = 0.25
-COLLECTOR_FLUSH_S = 1.0
-
 # The wrapper keeps the command's exit code on disk, so a restarted controller (not the
 # command's parent any more) still learns it.
 _WRAPPER = '/bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp" && mv "$2.tmp" "$2"; exit $rc'
@@ -354,8 +345,6 @@ class Controller:
                 tls=self.spec.tds_tls,
                 streams=streams,
                 source_kinds=kinds,
-                poll_interval_s=COLLECTOR_POLL_S,
-                flush_interval_s=COLLECTOR_FLUSH_S,
             )
             if not streams and not collector.sources:
                 collector.stop(drain=False)
