@@ -241,6 +241,21 @@ class Daemon:
 
     def _lead(self) -> None:
         """Start the leader's work of every service, then serve everything."""
+        if "jobs" in self.ctx.shared:  # a service of this daemon keeps job records
+            from services.store.job_secrets import JobSecrets
+
+            # Records written before credentials moved out of them (issue #15); once per
+            # start, by the leader, before any guardian reads a record.
+            secrets = JobSecrets.in_data_dir(self.config.data_dir)
+            migrated = secrets.migrate_inline(self.ctx.shared["jobs"])
+            if migrated:
+                log.warning(
+                    "moved the inline data-store credentials of %d job record(s) written by "
+                    "an older version out of MongoDB (into %s): %s",
+                    len(migrated),
+                    secrets.root,
+                    ", ".join(migrated),
+                )
         for hosted in self.hosted:
             if hosted.lead:
                 hosted.lead()
