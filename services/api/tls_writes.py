@@ -1,7 +1,7 @@
-"""The REST gateway's HTTP protocol over TLS: one TLS record per response, not three.
+"""The REST gateway's HTTP protocol over TLS: one TLS record per response, not two.
 
 uvicorn's h11 protocol writes a response as separate transport writes (status line and
-headers, body, end of message). Over TLS each write goes through asyncio's `SSLProtocol`:
+headers, then the body; a chunked response's end is a third). Over TLS each write goes through asyncio's `SSLProtocol`:
 Python code per write, an `SSLObject.write` (one TLS record, and a release and re-take of
 the GIL, which the daemon's gRPC and worker threads contend for) and a socket send. The
 profile of REST submits over TLS (benchmarks/RESULTS.md, issue #15) put most of TLS's
