@@ -410,30 +410,28 @@ class DockerBackend(Backend):
 
     def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
         """Hand a renewed TDS client certificate to the job's running parts, as the local
-        backend does: `tds-tls.json` (contract.credentials.TDS_TLS_FILE), which each
-        re-reads (`RenewingStub`), in the log collector's directory (a process of this
-        host shipping the containers' streams; its environment holds only the first
-        certificate) and in each learner's directory, which its container mounts read-write
-        at the same path (the controller inside ships the metrics read from files). The
-        learner's file is written atomically for the container's uid, never through a link
-        a learner left at that name."""
+        backend does: `learners/<rank>/tds-tls.json` (contract.credentials.TDS_TLS_FILE),
+        which each re-reads (`RenewingStub`), under the log collector's directory (a
+        process of this host shipping the containers' streams, one collector per rank
+        there; its environment holds only the first certificate) and under the job's
+        directory, which each container mounts read-write at the same path (the
+        controller inside ships the metrics read from files). A learner's file is written
+        atomically for the container's uid, never through a link a learner left there."""
         data = json.dumps(tls).encode()
         owner = (self.options.uid, self.options.gid) if self.chown else None
-        targets: list[tuple[Path, list[str], tuple[int, int] | None, str]] = [
-            (self.helper_dir(job.job_dir), [], None, "its log collector")
-        ]
-        targets += [
-            (Path(job.job_dir), ["learners", str(rank)], owner, f"learner {rank}")
-            for rank in range(job.learners)
-        ]
-        for root, parts, who, what in targets:
-            try:
-                root.mkdir(parents=True, exist_ok=True, mode=0o700)
-                isolation.write_file(root, parts, TDS_TLS_FILE, data, 0o600, who)
-            except (OSError, isolation.UnsafePath) as exc:
-                raise BackendError(
-                    f"job {job.job_id}: cannot renew {what}'s TDS certificate: {exc}"
-                ) from exc
+        for rank in range(job.learners):
+            parts = ["learners", str(rank)]
+            for root, who, what in (
+                (self.helper_dir(job.job_dir), None, f"the log collector of learner {rank}"),
+                (Path(job.job_dir), owner, f"learner {rank}"),
+            ):
+                try:
+                    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    isolation.write_file(root, parts, TDS_TLS_FILE, data, 0o600, who)
+                except (OSError, isolation.UnsafePath) as exc:
+                    raise BackendError(
+                        f"job {job.job_id}: cannot renew {what}'s TDS certificate: {exc}"
+                    ) from exc
 
     # -- the per-job helper: the container log collector --------------------------------
     @staticmethod

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from contract.credentials import TDS_TLS_FILE
+from learner.controller.collector import learner_dir
 from services.backends.api import BackendError
 from services.backends.docker.backend import DockerBackend
 from tests.services.backends.test_docker_spec import job
@@ -33,16 +34,19 @@ def test_a_renewal_reaches_the_collector_and_every_learner(tmp_path: Path) -> No
 
     backend.renew_tls(spec, RENEWED)
 
-    files = [backend.helper_dir(spec.job_dir) / TDS_TLS_FILE] + [
-        Path(spec.job_dir, "learners", str(rank), TDS_TLS_FILE) for rank in (0, 1)
-    ]
-    for path in files:
-        assert not path.is_symlink()
-        assert json.loads(path.read_text()) == RENEWED
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        if os.getuid() == 0:  # learners run as the image's uid: the file is theirs
-            owner = 0 if path == files[0] else backend.options.uid
-            assert path.stat().st_uid == owner
+    helper = backend.helper_dir(spec.job_dir)
+    for rank in (0, 1):
+        # Where the collector of that rank (container_logs.py: a Collector over the
+        # helper directory) and the learner's controller (over the job's) look.
+        collectors = learner_dir(helper, rank) / TDS_TLS_FILE
+        learners = learner_dir(spec.job_dir, rank) / TDS_TLS_FILE
+        for path in (collectors, learners):
+            assert not path.is_symlink()
+            assert json.loads(path.read_text()) == RENEWED
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        if os.getuid() == 0:  # learners run as the image's uid: their file is theirs
+            assert learners.stat().st_uid == backend.options.uid
+            assert collectors.stat().st_uid == 0  # the collector is the daemon's process
     assert planted.read_text() == "not yours"
 
 
