@@ -1,5 +1,5 @@
 """A daemon started over job records an older version wrote, with data-store credentials
-inline, moves them out of MongoDB at start and says so in its log (issue #15;
+inline, moves them out of MongoDB once it leads and says so in its log (issue #15;
 services/store/job_secrets.py `migrate_inline`, called from services/daemon.py)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from services.embedded.process import ManagedServer
 from services.store.job_secrets import SECRETS_IN_FILE, JobSecrets
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
 from services.store.mongo import connect
+from tests.services.guardian.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -55,15 +56,22 @@ def test_a_started_daemon_moves_inline_credentials_out_of_old_records(
                 f"--admin-token-file={tmp_path / 'admin'}",
             ],
         )
-        daemon.start()  # returns once it serves: after the migration
+        daemon.start()
         try:
-            record = old.get(job.job_id)
+            # In the background, once the daemon leads (it must not delay serving).
+            record = wait_for(
+                "the record to be migrated",
+                lambda: (r := old.get(job.job_id)).secrets == SECRETS_IN_FILE and r,
+                explain=lambda: daemon.log_path.read_text()[-2000:],
+            )
             assert "old-pw" not in repr(record.manifest)
-            assert record.secrets == SECRETS_IN_FILE
             secrets = JobSecrets.in_data_dir(tmp_path)
             resolved = secrets.resolve(job.job_id, record.manifest)
             assert resolved["data_stores"][0]["connection"] == {"password": "old-pw"}
-            log = daemon.log_path.read_text()
+            log = wait_for(
+                "the daemon to log the migration",
+                lambda: (text := daemon.log_path.read_text()).count("moved the inline") and text,
+            )
             assert "moved the inline data-store credentials of 1 job record" in log
             assert job.job_id in log and "old-pw" not in log
         finally:
