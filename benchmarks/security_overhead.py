@@ -6,22 +6,27 @@ One run starts one MongoDB-wire server and two daemons hosting the submit path
   every call with a bearer token (the daemon's default);
 - **plain**: no TLS, `--insecure-trust-user-header` (the FfDL-era user header, no token).
 C concurrent clients per configuration (one SDK client or HTTP client each, kept open as
-real clients do) submit N jobs each way; the configurations alternate round by round, so
-a noisy neighbour hits both alike. Printed: submits/s and p50/p99 latency per
-configuration and protocol, and secure / plain ratios (goal: at most 10 % slower).
+real clients do: the run counts the REST clients' TLS handshakes in the measured window,
+which is 0 when every submit rides a kept-alive connection) submit N jobs per round. The
+rounds interleave the configurations back to back, the order flipping every round (ABBA),
+so a noisy neighbour hits both of a pair alike; each round gives one secure / plain ratio
+of time per submit and of the daemon's CPU per submit (from /proc/PID/stat, which
+contention disturbs far less than wall-clock time: on a saturated server, throughput goes
+as one over the CPU a request costs). Printed: submits/s, p50/p99 latency and CPU per
+configuration, and per ratio its median over the rounds with a 95 % confidence interval
+(order statistics, no assumption on the noise's distribution), the quartiles and the
+range, and a verdict against the goal (x1.10): MET when the whole interval is within it,
+MISSED when the whole interval is beyond it, else UNRESOLVED (run more rounds).
 
-Wall-clock throughput on a shared, overloaded machine swings by more than the effect, so
-the run also measures CPU time per submit — the daemon's (from /proc/PID/stat) and the
-clients' (this process) — which contention disturbs far less: on a saturated server,
-throughput goes as one over the CPU a request costs.
-
-    .venv/bin/python benchmarks/security_overhead.py [--jobs 300] [--clients 4] [--rounds 3]
+    .venv/bin/python benchmarks/security_overhead.py [--jobs 100] [--clients 4] [--rounds 12]
+        [--protocols gRPC,REST]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import ssl
 import statistics
@@ -46,6 +51,7 @@ from services.store.tokens import TokensRepository  # noqa: E402
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
 CONFIGS = ("plain", "secure")
+GOAL = 1.10  # issue #15: TLS + auth at most 10 % slower than plaintext without
 
 
 def cpu_seconds(pid: int) -> float:
@@ -73,6 +79,8 @@ class Deployment:
             secrets = [tokens.create(u, created_by="benchmark").secret for u in users]
             self.grpc = [Client(self.daemon.url, token=s, ca_file=tls.ca) for s in secrets]
             context = ssl.create_default_context(cafile=tls.ca)
+            # Kept to count the handshakes its clients make (`rest_handshakes`).
+            self.rest_tls: ssl.SSLContext | None = context
             self.http = [
                 httpx.Client(
                     base_url=f"https://127.0.0.1:{self.daemon.rest_port}",
@@ -83,6 +91,7 @@ class Deployment:
                 for s in secrets
             ]
         else:
+            self.rest_tls = None
             self.grpc = [Client(self.daemon.url, user=u, token="", tls=False) for u in users]
             self.http = [
                 httpx.Client(
@@ -101,6 +110,11 @@ class Deployment:
         files = {"manifest": ("manifest.yml", MANIFEST.encode())}
         self.http[cid].post("/v1/models", files=files).raise_for_status()
 
+    def rest_handshakes(self) -> int:
+        """TLS handshakes the REST clients have started so far (0 in plaintext): a
+        kept-alive client makes one per connection, not one per request."""
+        return 0 if self.rest_tls is None else int(self.rest_tls.session_stats()["connect"])
+
     def stored(self) -> int:
         return sum(len(list(c.iter_jobs())) for c in self.grpc)
 
@@ -112,28 +126,76 @@ class Deployment:
         self.daemon.stop()
 
 
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median, upper quartile (inclusive method: defined for 2+ values)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    low, mid, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, mid, high
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median (order statistics: the number
+    of rounds below the true median is Binomial(n, 1/2)); it narrows as rounds are added,
+    where the quartiles, the rounds' own spread, do not."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail = (1 - confidence) / 2
+    # the largest k with P(Binomial(n, 1/2) < k) <= tail: [x_(k), x_(n-k+1)], 1-based
+    k, below = 0, 0.0
+    while k < n:
+        below_next = below + math.comb(n, k) / 2**n
+        if below_next > tail:
+            break
+        below, k = below_next, k + 1
+    if k == 0:  # too few rounds for this confidence: the whole range
+        return ordered[0], ordered[-1]
+    return ordered[k - 1], ordered[n - k]
+
+
+def verdict(low: float, high: float, goal: float) -> str:
+    """Met when even the upper end of the median's confidence interval is within the goal,
+    missed when even its lower end is beyond it; otherwise the run does not resolve it."""
+    if high <= goal:
+        return "MET"
+    if low > goal:
+        return "MISSED"
+    return "UNRESOLVED (the interval straddles the goal: more rounds, or a quieter machine)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--jobs", type=int, default=300, help="submits per protocol, configuration and round"
+        "--jobs", type=int, default=100, help="submits per protocol, configuration and round"
     )
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
+    parser.add_argument(
+        "--protocols",
+        default="gRPC,REST",
+        help="comma-separated, of gRPC and REST (default both)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    unknown = set(protocols) - {"gRPC", "REST"}
+    if unknown or not protocols:
+        parser.error(f"--protocols: {sorted(unknown) or 'none'} not known; use gRPC, REST or both")
     per_client = max(1, args.jobs // args.clients)
     total = per_client * args.clients
-    # (config, protocol) -> per-round throughputs, and all latencies; per protocol, each
-    # round's secure/plain throughput ratio (measured back to back, so a load spike on the
-    # shared machine tends to hit one pair, not one configuration throughout)
+    # (config, protocol) -> per-round throughputs, per-round daemon and client CPU
+    # milliseconds per submit, and all latencies. Per protocol, each round's secure/plain
+    # ratios: the two configurations run back to back (ABBA: the order flips every round),
+    # so a load spike on the shared machine tends to hit one pair, not one configuration.
     rates: dict[tuple[str, str], list[float]] = {}
-    paired: dict[str, list[float]] = {}
-    # (config, protocol) -> per-round CPU milliseconds per submit: daemon, clients
     daemon_cpu: dict[tuple[str, str], list[float]] = {}
     client_cpu: dict[tuple[str, str], list[float]] = {}
     lats: dict[tuple[str, str], list[float]] = {}
+    slowdown: dict[str, list[float]] = {p: [] for p in protocols}  # plain rate / secure rate
+    cpu_ratio: dict[str, list[float]] = {p: [] for p in protocols}  # secure / plain daemon CPU
+    handshakes = 0
     with tempfile.TemporaryDirectory(prefix="rz-secbench-") as tmp:
         root = Path(tmp)
         mongo = MongoServer(root / "mongo")
@@ -147,28 +209,29 @@ def main() -> int:
                 run_clients(args.clients, 5, d.grpc_submit)
                 run_clients(args.clients, 5, d.rest_submit)
                 d.submitted += 10 * args.clients
+            secure = deployments["secure"]
+            handshakes_before = secure.rest_handshakes()
             for rnd in range(args.rounds):
                 order = CONFIGS if rnd % 2 == 0 else tuple(reversed(CONFIGS))
-                for name in order:
-                    d = deployments[name]
-                    for protocol, fn in (("gRPC", d.grpc_submit), ("REST", d.rest_submit)):
+                for protocol in protocols:
+                    for name in order:
+                        d = deployments[name]
+                        fn = d.grpc_submit if protocol == "gRPC" else d.rest_submit
                         assert d.daemon.pid is not None
                         cpu0, own0 = cpu_seconds(d.daemon.pid), time.process_time()
                         elapsed, lat = run_clients(args.clients, per_client, fn)
                         cpu1, own1 = cpu_seconds(d.daemon.pid), time.process_time()
-                        daemon_cpu.setdefault((name, protocol), []).append(
-                            1000 * (cpu1 - cpu0) / total
-                        )
-                        client_cpu.setdefault((name, protocol), []).append(
-                            1000 * (own1 - own0) / total
-                        )
-                        rates.setdefault((name, protocol), []).append(total / elapsed)
-                        lats.setdefault((name, protocol), []).extend(lat)
+                        key = (name, protocol)
+                        daemon_cpu.setdefault(key, []).append(1000 * (cpu1 - cpu0) / total)
+                        client_cpu.setdefault(key, []).append(1000 * (own1 - own0) / total)
+                        rates.setdefault(key, []).append(total / elapsed)
+                        lats.setdefault(key, []).extend(lat)
                         d.submitted += total
-                for protocol in ("gRPC", "REST"):
-                    pair = rates[("secure", protocol)][-1] / rates[("plain", protocol)][-1]
-                    paired.setdefault(protocol, []).append(pair)
+                    s, p = ("secure", protocol), ("plain", protocol)
+                    slowdown[protocol].append(rates[p][-1] / rates[s][-1])
+                    cpu_ratio[protocol].append(daemon_cpu[s][-1] / daemon_cpu[p][-1])
                 print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+            handshakes = secure.rest_handshakes() - handshakes_before
             for d in deployments.values():
                 assert d.stored() == d.submitted, f"{d.name}: {d.stored()} of {d.submitted} stored"
         finally:
@@ -178,14 +241,20 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     print(
         f"\n{total} submits per protocol, configuration and round, {args.rounds} rounds "
-        f"alternating, {args.clients} clients, daemon hosting api,scheduler, "
-        f"{os.cpu_count()} cores shared by clients, daemons and the database"
+        f"interleaved (ABBA), {args.clients} clients each keeping one connection, daemon "
+        f"hosting api,scheduler, {os.cpu_count()} cores shared by clients, daemons and the "
+        f"database; load average at the end {os.getloadavg()[0]:.1f}"
     )
+    if "REST" in protocols:
+        print(
+            f"TLS handshakes by the REST clients during the measured rounds: {handshakes} "
+            "(0: every submit rode a kept-alive connection)"
+        )
     print(
         f"{'configuration':<34}{'submits/s':>11}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'daemon CPU ms':>15}{'client CPU ms':>15}"
     )
-    for protocol in ("gRPC", "REST"):
+    for protocol in protocols:
         for name in CONFIGS:
             key = (name, protocol)
             label = f"{protocol} {'TLS + token' if name == 'secure' else 'plaintext, no auth'}"
@@ -201,22 +270,32 @@ def main() -> int:
                 f"{label:<34}{row['submits_per_s']:>11.0f}{row['p50_ms']:>9.1f}"
                 f"{row['p99_ms']:>9.1f}{row['daemon_cpu_ms']:>15.2f}{row['client_cpu_ms']:>15.2f}"
             )
-        secure, plain = results[f"{protocol} secure"], results[f"{protocol} plain"]
-        slower = 1 - statistics.median(paired[protocol])
-        p99 = secure["p99_ms"] / plain["p99_ms"]
-        cpu = secure["daemon_cpu_ms"] / plain["daemon_cpu_ms"]
-        results[f"{protocol} ratio"] = {
-            "throughput_slower": slower,
-            "p99_ratio": p99,
-            "daemon_cpu_ratio": cpu,
-        }
-        rounds = ", ".join(f"{100 * (1 - r):+.0f}" for r in paired[protocol])
-        print(
-            f"  {protocol}: TLS + token costs {100 * slower:+.1f} % of plain's throughput "
-            f"(median of the rounds' paired ratios: {rounds} %; goal <= 10 %), p99 x{p99:.2f}, "
-            f"daemon CPU per submit x{cpu:.2f} ({100 * (1 - 1 / cpu):+.1f} % of a saturated "
-            "daemon's throughput)"
-        )
+    print(
+        "secure / plain, per round (paired back to back), over "
+        f"{args.rounds} rounds: median, its 95 % confidence interval, the quartiles and the "
+        f"range of the rounds; goal <= x{GOAL:.2f}"
+    )
+    for protocol in protocols:
+        for what, ratios in (
+            ("time per submit (plain rate / secure rate)", slowdown[protocol]),
+            ("daemon CPU per submit", cpu_ratio[protocol]),
+        ):
+            low, mid, high = quartiles(ratios)
+            ci_low, ci_high = median_interval(ratios)
+            results[f"{protocol} {what}"] = {
+                "median": mid,
+                "median_ci95_low": ci_low,
+                "median_ci95_high": ci_high,
+                "lower_quartile": low,
+                "upper_quartile": high,
+                "min": min(ratios),
+                "max": max(ratios),
+            }
+            print(
+                f"  {protocol} {what}: x{mid:.3f}, 95 % CI [x{ci_low:.3f}, x{ci_high:.3f}], "
+                f"quartiles [x{low:.3f}, x{high:.3f}], range x{min(ratios):.2f}..x"
+                f"{max(ratios):.2f}: {verdict(ci_low, ci_high, GOAL)}"
+            )
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

@@ -241,6 +241,14 @@ class Daemon:
 
     def _lead(self) -> None:
         """Start the leader's work of every service, then serve everything."""
+        if "jobs" in self.ctx.shared:  # a service of this daemon keeps job records
+            # Records written before credentials moved out of them (issue #15), once per
+            # start, by the leader. In the background: it reads every record, which must
+            # not delay serving, and a guardian reading a record meanwhile finds either
+            # its inline values or the file (written before the record), both usable.
+            threading.Thread(
+                target=self._migrate_inline_credentials, name="secrets-migration", daemon=True
+            ).start()
         for hosted in self.hosted:
             if hosted.lead:
                 hosted.lead()
@@ -251,6 +259,24 @@ class Daemon:
         from services.health import start_health_monitor  # NOT_SERVING while a store is down
 
         self.health_monitor = start_health_monitor(self.ctx, self.health, self.served_names)
+
+    def _migrate_inline_credentials(self) -> None:
+        from services.store.job_secrets import JobSecrets
+
+        secrets = JobSecrets.in_data_dir(self.config.data_dir)
+        try:
+            migrated = secrets.migrate_inline(self.ctx.shared["jobs"])
+        except Exception as exc:  # the store away: the next start tries again
+            log.warning("could not move old job records' inline credentials out: %s", exc)
+            return
+        if migrated:
+            log.warning(
+                "moved the inline data-store credentials of %d job record(s) written by an "
+                "older version out of MongoDB (into %s): %s",
+                len(migrated),
+                secrets.root,
+                ", ".join(migrated),
+            )
 
     def _take_over(self) -> None:
         started = time.monotonic()

@@ -252,7 +252,14 @@ def build(ctx: DaemonContext) -> Hosted:
         host, port = split_address(ctx.config.rest_address)
         tls: dict[str, Any] = {}
         if ctx.config.tls_cert:  # the same certificate as the public gRPC port
-            tls = {"ssl_certfile": ctx.config.tls_cert, "ssl_keyfile": ctx.config.tls_key}
+            from services.api.tls_writes import GatheringH11Protocol
+
+            tls = {
+                "ssl_certfile": ctx.config.tls_cert,
+                "ssl_keyfile": ctx.config.tls_key,
+                # one TLS record per response, not one per part (tls_writes.py: why)
+                "http": GatheringH11Protocol,
+            }
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", access_log=False, **tls
         )

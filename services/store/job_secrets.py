@@ -18,11 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.manifest.types import REDACTED
+from services.store import states
+
+if TYPE_CHECKING:
+    from services.store.jobs import JobsRepository
+
+log = logging.getLogger(__name__)
 
 SECRETS_DIR = "secrets"
 # `JobRecord.secrets` of a record whose credentials are in the job's file.
@@ -57,14 +64,7 @@ class JobSecrets:
         if not values:
             return None
         self._write(self.path(job_id), values)
-        kept = dict(manifest)
-        kept["data_stores"] = [
-            {**ds, "connection": dict.fromkeys(ds["connection"], REDACTED)}
-            if ds.get("connection")
-            else dict(ds)
-            for ds in stores
-        ]
-        return kept
+        return redacted(manifest)
 
     def resolve(self, job_id: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """`manifest` (as the record keeps it) with the connection values from the job's
@@ -87,6 +87,42 @@ class JobSecrets:
         ]
         return resolved
 
+    def migrate_inline(self, jobs: JobsRepository, batch: int = 200) -> list[str]:
+        """Move the data-store credentials that records written before this store existed
+        still hold inline (`secrets: ""` with connection values that are not `***`) out of
+        them: the job's file first, then the record, redacted, by compare-and-set
+        (`JobsRepository.update_fields`: a writer of the record in between makes it re-read
+        and retry, so neither loses anything; a record's manifest is written once at submit
+        and then only here, so the redacted manifest computed from it stays right across
+        the retries). A job that has ended for good needs its credentials no more: its
+        record is only redacted, no file is written. Idempotent: two daemons running it at
+        once write the same file and the same record. Returns the ids migrated."""
+        migrated: list[str] = []
+        every_id = jobs.ids_by_status(states.ALL_STATES)
+        for start in range(0, len(every_id), batch):
+            for record in jobs.get_many(every_id[start : start + batch]):
+                if record.secrets or not inline_credentials(record.manifest):
+                    continue
+                ended = states.is_terminal(record.status)
+                if ended:
+                    kept = redacted(record.manifest)
+                else:
+                    kept = self.extract(record.job_id, record.manifest) or record.manifest
+                updated = jobs.update_fields(
+                    record.job_id, manifest=kept, secrets="" if ended else SECRETS_IN_FILE
+                )
+                if states.is_terminal(updated.status) and not ended:
+                    # It ended meanwhile, and its end removed the file it had not yet:
+                    # nothing will remove the one written here.
+                    self.remove(record.job_id)
+                migrated.append(record.job_id)
+                log.info(
+                    "job %s: moved its inline data-store credentials out of its record%s",
+                    record.job_id,
+                    " (ended: redacted only)" if ended else f" into {self.path(record.job_id)}",
+                )
+        return migrated
+
     def remove(self, job_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path(job_id).unlink()
@@ -104,3 +140,24 @@ class JobSecrets:
             os.replace(tmp, path)
         except OSError as exc:
             raise JobSecretsError(f"cannot keep the job's data-store credentials: {exc}") from exc
+
+
+def redacted(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` with every data-store connection value replaced by `***` (names kept)."""
+    kept = dict(manifest)
+    kept["data_stores"] = [
+        {**ds, "connection": dict.fromkeys(ds["connection"], REDACTED)}
+        if ds.get("connection")
+        else dict(ds)
+        for ds in manifest.get("data_stores") or []
+    ]
+    return kept
+
+
+def inline_credentials(manifest: dict[str, Any]) -> bool:
+    """Whether `manifest` holds a data-store connection value that is not redacted."""
+    return any(
+        value != REDACTED
+        for ds in manifest.get("data_stores") or []
+        for value in (ds.get("connection") or {}).values()
+    )

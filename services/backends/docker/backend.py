@@ -44,6 +44,7 @@ from contract import procs
 from contract.containers import COLLECTOR_LOCK_FILE as LOCK_FILE
 from contract.containers import COLLECTOR_TLS_ENV
 from contract.containers import COLLECTOR_TOKEN_ENV as TDS_TOKEN_ENV
+from contract.credentials import TDS_TLS_FILE
 from contract.env import ELASTIC_ETCD
 from contract.env import PREFIX as _PLATFORM_PREFIX
 from contract.learner_spec import CommandOutput, StorageAccess
@@ -62,6 +63,7 @@ from services.backends.docker.spec import (
     reachable_url,
 )
 from services.backends.docker.watch import ContainerState, JobWatch
+from services.backends.local import isolation
 from services.backends.local.backend import (
     learner_spec,
     prepare_job_dir,
@@ -405,6 +407,31 @@ class DockerBackend(Backend):
         if not client.networks.list(names=[name]):
             client.networks.create(name, driver="bridge", labels={LABEL_JOB: job_id})
         return name
+
+    def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
+        """Hand a renewed TDS client certificate to the job's running parts, as the local
+        backend does: `learners/<rank>/tds-tls.json` (contract.credentials.TDS_TLS_FILE),
+        which each re-reads (`RenewingStub`), under the log collector's directory (a
+        process of this host shipping the containers' streams, one collector per rank
+        there; its environment holds only the first certificate) and under the job's
+        directory, which each container mounts read-write at the same path (the
+        controller inside ships the metrics read from files). A learner's file is written
+        atomically for the container's uid, never through a link a learner left there."""
+        data = json.dumps(tls).encode()
+        owner = (self.options.uid, self.options.gid) if self.chown else None
+        for rank in range(job.learners):
+            parts = ["learners", str(rank)]
+            for root, who, what in (
+                (self.helper_dir(job.job_dir), None, f"the log collector of learner {rank}"),
+                (Path(job.job_dir), owner, f"learner {rank}"),
+            ):
+                try:
+                    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    isolation.write_file(root, parts, TDS_TLS_FILE, data, 0o600, who)
+                except (OSError, isolation.UnsafePath) as exc:
+                    raise BackendError(
+                        f"job {job.job_id}: cannot renew {what}'s TDS certificate: {exc}"
+                    ) from exc
 
     # -- the per-job helper: the container log collector --------------------------------
     @staticmethod
