@@ -13,7 +13,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 from contract import procs
 from contract.etcd import EtcdClient
@@ -48,6 +50,21 @@ def _job_tls(raw: str) -> dict[str, str]:
     ):
         raise ValueError(f"${JOB_TLS_ENV} must be a JSON object with ca, cert and key")
     return {k: value[k] for k in ("ca", "cert", "key")}
+
+
+def pop_job_credentials(env: MutableMapping[str, str]) -> dict[str, Any]:
+    """The job's credentials the LCM hands its guardian (GuardianConfig's fields), popped
+    from `env` so that nothing the guardian starts inherits them except through the
+    learner spec: the job token for the learners' collectors, their TDS client
+    certificate, the job's etcd user, the CA directory to renew the certificate from, and
+    the service credential for the scheduler."""
+    return {
+        "tds_token": env.pop(JOB_TOKEN_ENV, ""),
+        "tds_tls": _job_tls(env.pop(JOB_TLS_ENV, "")),
+        "etcd_credentials": env.pop(JOB_ETCD_CREDENTIALS_ENV, ""),
+        "tds_tls_dir": env.pop(JOB_TLS_DIR_ENV, ""),
+        "scheduler_token": env.pop(GUARDIAN_SERVICE_TOKEN_ENV, ""),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,16 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir,
             backend=args.backend,
             tds_address=args.tds,
-            # The LCM's job token for the learners' collectors; popped, so that nothing this
-            # guardian starts inherits it except through the learner spec.
-            tds_token=os.environ.pop(JOB_TOKEN_ENV, ""),
-            tds_tls=_job_tls(os.environ.pop(JOB_TLS_ENV, "")),
-            # The job's etcd user for its learners, popped for the same reason.
-            etcd_credentials=os.environ.pop(JOB_ETCD_CREDENTIALS_ENV, ""),
-            tds_tls_dir=os.environ.pop(JOB_TLS_DIR_ENV, ""),
             scheduler_address=args.scheduler,
-            # popped like the job token: nothing this guardian starts inherits it
-            scheduler_token=os.environ.pop(GUARDIAN_SERVICE_TOKEN_ENV, ""),
+            **pop_job_credentials(os.environ),
         )
         etcd = EtcdClient.connect(config.etcd_url)
         db = connect(config.mongodb_uri)

@@ -111,6 +111,14 @@ def preemption_message(rank: int, code: int, count: int, spec: JobSpec) -> str:
     )
 
 
+def job_over(jobs: JobsRepository, job_id: str) -> bool:
+    """Whether job `job_id` is over for good (or gone): its backend holdings may go."""
+    try:
+        return states.is_terminal(jobs.get(job_id).status)
+    except JobNotFound:
+        return True
+
+
 class DeployStepFailed(RuntimeError):
     """A deploy step failed (the message names the step); the guardian rolls back."""
 
@@ -208,14 +216,26 @@ class Guardian:
             else None
         )
         self.elastic = ElasticScaler(self)  # scale requests of an elastic job
+        # The deployed job being monitored and its learners' spec, kept between steps;
+        # None until the deploy is complete, and after a lost race (re-read then).
+        self.watching: tuple[JobRecord, JobSpec] | None = None
+        # The longest wait between two steps without a change (a safety poll).
+        self.poll_s = 0.5
 
     # -- ownership ------------------------------------------------------------------------
-    def acquire(self) -> bool:
-        """Take the job's guardian key (create if absent, under our lease)."""
-        self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
+    def acquire(self, shared: Lease | None = None, **holder: Any) -> bool:
+        """Take the job's guardian key (create if absent, under our lease). A guardian
+        host passes its own lease (`shared`, kept alive by the host) and what names it
+        (`holder`: its id), for every job it runs."""
+        self.lease = shared or self.etcd.grant(self.config.lease_ttl_s).keep_alive()
         key = etcd_keys.guardian_lease(self.job_id)
         me = procs.ProcRef.of(os.getpid())
-        value = {"pid": os.getpid(), "start": me.start if me else 0, "lease": self.lease.id}
+        value = {
+            "pid": os.getpid(),
+            "start": me.start if me else 0,
+            "lease": self.lease.id,
+            **holder,
+        }
         deadline = time.monotonic() + self.config.lease_ttl_s + 3
         while time.monotonic() < deadline:
             if self.etcd.create(key, value, self.lease):
@@ -246,34 +266,55 @@ class Guardian:
                 self.lease.revoke()
 
     def _run(self) -> int:
+        """The process-per-job driver: a step, then (once deployed) a wait for a change
+        under the job's prefix, or 0.5 s at most (a safety poll behind the watch)."""
         while True:
-            if self.terminate.is_set():
-                return self.detach()
-            if self.lease and self.lease.lost.is_set():
-                return EXIT_LEASE_LOST
-            try:
-                job = self.jobs.get(self.job_id)
-            except JobNotFound:
-                self.backend.rollback(self.job_id, self.job_dir)
-                self.release()
-                self.erase()
-                return EXIT_DONE
-            if job.status in states.TERMINAL_STATES or job.status in (states.HALTED, states.QUEUED):
-                self.backend.rollback(self.job_id, self.job_dir)
-                if job.status in states.TERMINAL_STATES:
-                    self.release()
-                self.erase()
-                return EXIT_DONE
-            try:
-                if self.etcd.get(etcd_keys.deploy_step(self.job_id, COMPLETE)) is None:
-                    done = self.deploy(job)
-                else:
-                    done = self.monitor(job)
-            except (StaleToken, states.IllegalTransition) as exc:
-                log.info("job %s changed under us (%s); deciding again", self.job_id, exc)
-                continue
+            done = self.step()
             if done is not None:
                 return done
+            if self.watching is not None:
+                self.wake.wait(self.poll_s)
+                self.wake.clear()
+
+    def step(self) -> int | None:
+        """One pass of the guardian: read the job, deploy it (all of a deploy attempt) or
+        look at its learners once and act. Returns the guardian's exit code once the job
+        has left its hands, else None: call it again (after a change, or a poll period).
+        Level-triggered: any pass may be the first one of a new guardian."""
+        if self.terminate.is_set():
+            return self.detach()
+        if self.lease and self.lease.lost.is_set():
+            return EXIT_LEASE_LOST
+        try:
+            if self.watching is None:
+                try:
+                    job = self.jobs.get(self.job_id)
+                except JobNotFound:
+                    self.backend.rollback(self.job_id, self.job_dir)
+                    self.release()
+                    self.erase()
+                    return EXIT_DONE
+                if job.status in states.TERMINAL_STATES or job.status in (
+                    states.HALTED,
+                    states.QUEUED,
+                ):
+                    self.backend.rollback(self.job_id, self.job_dir)
+                    if job.status in states.TERMINAL_STATES:
+                        self.release()
+                    self.erase()
+                    return EXIT_DONE
+                complete = self.etcd.get(etcd_keys.deploy_step(self.job_id, COMPLETE))
+                if complete is None:
+                    return self.deploy(job)
+                spec = self.spec(
+                    job, int(complete.value["generation"]), int(complete.value["master_port"])
+                )
+                self.watching = (job, spec)
+            return self.monitor()
+        except (StaleToken, states.IllegalTransition) as exc:
+            log.info("job %s changed under us (%s); deciding again", self.job_id, exc)
+            self.watching = None  # the next step reads the record again
+            return None
 
     # -- deploy ---------------------------------------------------------------------------
     @property
@@ -486,61 +527,60 @@ class Guardian:
         self.started_at.clear()
 
     # -- monitor -------------------------------------------------------------------------------
-    def monitor(self, job: JobRecord) -> int | None:
-        complete = self.etcd.get(etcd_keys.deploy_step(self.job_id, COMPLETE))
-        assert complete is not None
-        spec = self.spec(job, int(complete.value["generation"]), int(complete.value["master_port"]))
+    def monitor(self) -> int | None:
+        """One look at the deployed job's learners (`self.watching`), and what follows:
+        restarts, the record moved along, an end."""
+        assert self.watching is not None
+        job, spec = self.watching
         max_restarts = job.spec.max_learner_restarts
-        while True:
-            self.wake.wait(0.5)  # etcd watches wake us at once on any change
-            self.wake.clear()
-            if self.terminate.is_set():
-                return self.detach()
-            if self.lease and self.lease.lost.is_set():
-                return EXIT_LEASE_LOST
-            try:
-                # The helper (docker: the log collector) of a job we took over, or one
-                # that died: started again; a no-op while it runs.
-                self.backend.start_helper(spec)
-            except BackendError as exc:
-                log.warning("job %s: the helper cannot start: %s", self.job_id, exc)
-            self.renew_job_certificate(spec)
-            action = self.control().get("action")
-            if action == "halt":
-                return self.halt(spec)
-            if action == "delete":
-                self.backend.stop_learners(self.job_id, grace_s=2.0)
-                return self.finish(states.DELETED, self.control_reason())
-            if spec.manifest.elastic is not None:
-                job, spec = self.elastic.apply(job, spec)
-            statuses = self.learner_statuses(spec, max_restarts)
-            if isinstance(statuses, int):
-                return statuses
-            lost: dict[str, dict[str, Any]] = {}
-            if spec.manifest.pipeline is not None:
-                outcome = self.pipeline.losses(job, spec, statuses)
-                if isinstance(outcome, int):
-                    return outcome
-                job, lost = outcome
-                statuses = {r: s for r, s in statuses.items() if str(r) not in lost}
-                if not statuses:
-                    restarted = self.pipeline.fatal(
-                        job, spec, {"fatal": "every learner was lost"}, -1, ExitCode.FATAL
-                    )
-                    if isinstance(restarted, int):
-                        return restarted
-                    job, lost = restarted
-                    continue
-            job = self.advance(job, statuses)
-            if all(s == LearnerStatus.COMPLETED for s in statuses.values()):
-                message = "every learner finished"
-                if lost:
-                    ranks = sorted(lost, key=int)
-                    message = (
-                        f"every surviving learner finished (learner{'s' * (len(ranks) > 1)} "
-                        f"{', '.join(ranks)} preempted; the runtime failed over)"
-                    )
-                return self.finish(states.COMPLETED, message, exit_code=0)
+        try:
+            # The helper (docker: the log collector) of a job we took over, or one
+            # that died: started again; a no-op while it runs.
+            self.backend.start_helper(spec)
+        except BackendError as exc:
+            log.warning("job %s: the helper cannot start: %s", self.job_id, exc)
+        self.renew_job_certificate(spec)
+        action = self.control().get("action")
+        if action == "halt":
+            return self.halt(spec)
+        if action == "delete":
+            self.backend.stop_learners(self.job_id, grace_s=2.0)
+            return self.finish(states.DELETED, self.control_reason())
+        if spec.manifest.elastic is not None:
+            job, spec = self.elastic.apply(job, spec)
+            self.watching = (job, spec)
+        statuses = self.learner_statuses(spec, max_restarts)
+        if isinstance(statuses, int):
+            return statuses
+        lost: dict[str, dict[str, Any]] = {}
+        if spec.manifest.pipeline is not None:
+            outcome = self.pipeline.losses(job, spec, statuses)
+            if isinstance(outcome, int):
+                return outcome
+            job, lost = outcome
+            self.watching = (job, spec)
+            statuses = {r: s for r, s in statuses.items() if str(r) not in lost}
+            if not statuses:
+                restarted = self.pipeline.fatal(
+                    job, spec, {"fatal": "every learner was lost"}, -1, ExitCode.FATAL
+                )
+                if isinstance(restarted, int):
+                    return restarted
+                job, lost = restarted
+                self.watching = (job, spec)
+                return None
+        job = self.advance(job, statuses)
+        self.watching = (job, spec)
+        if all(s == LearnerStatus.COMPLETED for s in statuses.values()):
+            message = "every learner finished"
+            if lost:
+                ranks = sorted(lost, key=int)
+                message = (
+                    f"every surviving learner finished (learner{'s' * (len(ranks) > 1)} "
+                    f"{', '.join(ranks)} preempted; the runtime failed over)"
+                )
+            return self.finish(states.COMPLETED, message, exit_code=0)
+        return None
 
     def renew_job_certificate(self, spec: JobSpec) -> None:
         """Past half its validity, the job's TDS client certificate is re-issued and handed
@@ -714,11 +754,7 @@ class Guardian:
         )
 
     def _ended(self, job_id: str) -> bool:
-        """Whether job `job_id` is over for good (or gone): its backend holdings may go."""
-        try:
-            return states.is_terminal(self.jobs.get(job_id).status)
-        except JobNotFound:
-            return True
+        return job_over(self.jobs, job_id)
 
     def erase(self) -> None:
         """Every key of the job except our own lease key (revoked last, on exit)."""
