@@ -1,0 +1,416 @@
+"""A guardian host: the guardians of many jobs in one process (docs/control-plane-scale.md).
+
+`python -m services.guardian.host --host-id H --data-dir D ...` runs `Guardian.step` for
+every job it is given instead of a process per job. A job is given on its standard input,
+one JSON line `{"job_id": J, "env": {...}}` per job (the LCM writes them; `env` holds the
+job's credentials, as a guardian process gets them in its environment: a pipe is read
+by no one else). What the guardians share:
+
+- **one lease**: the host grants one and keeps it alive; each job's guardian key is
+  created under it, naming the host's pid and start time (fencing as a process guardian:
+  a second guardian for the job finds the key and stays out). A lost lease stops the host
+  and every guardian in it (`EXIT_LEASE_LOST`); their keys go with the lease and the next
+  host resumes each job from its steps in etcd;
+- **one watch** on the jobs prefix (`PrefixWatch`), dispatching a change to the guardian
+  of its job by the key's job id;
+- **one MongoDB client**, one etcd client, one backend and one reaper (the host is a child
+  subreaper: what its guardians start is reaped by it).
+
+A guardian steps on the step pool when a change of its job arrives and otherwise every
+`--poll` seconds (spread over time: each guardian's timer starts when it does). Until
+its job is deployed its steps run on the deploy pool instead (a deploy attempt blocks on
+the backend), which bounds how many deploy at once. A step that raises restarts that
+guardian (a fresh `Guardian`, like a new process) with exponential backoff; the host
+goes on. A guardian that ends (done, another guardian holds the job, terminated) is
+dropped and its key deleted.
+
+The host exits once its standard input is closed and no guardian is left (0), when its
+lease is lost (`EVICTED`, 4), or on SIGTERM after its guardians detached (`PREEMPTED`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from contract import etcd_keys, procs
+from contract.etcd import Change, EtcdClient, Lease, PrefixWatch
+from contract.status import ExitCode
+from services.backends.api import Backend, get_backend
+from services.guardian.__main__ import pop_job_credentials
+from services.guardian.guardian import (
+    EXIT_ALREADY_GUARDED,
+    EXIT_DONE,
+    EXIT_LEASE_LOST,
+    EXIT_TERMINATED,
+    Guardian,
+    GuardianConfig,
+    job_over,
+)
+from services.security.api import GUARDIAN_ETCD_URL_ENV, GUARDIAN_MONGODB_URI_ENV
+from services.store.errors import StoreUnavailable
+from services.store.jobs import JobsRepository
+from services.store.mongo import connect
+from services.store.preemption_stats import PreemptionStatsRepository
+
+log = logging.getLogger("rhizome.guardian.host")
+
+# What a guardian step that raised counts as (it is restarted inside the host).
+STEP_CRASHED = -1
+
+
+@dataclass
+class HostConfig:
+    host_id: str
+    lease_ttl_s: int = 2
+    poll_s: float = 2.0  # a guardian with no change steps this often (the safety poll)
+    step_threads: int = 4
+    deploy_threads: int = 4
+    max_backoff_s: float = 10.0
+
+
+@dataclass
+class Hosted:
+    """One job's guardian in the host, and when it steps next."""
+
+    job_id: str
+    guardian: Guardian
+    make: Callable[[], Guardian]  # a fresh guardian for the job (a restart)
+    running: bool = False  # a step is on a pool
+    due: bool = False  # a change arrived while it ran: step again at once
+    next_step: float = 0.0
+    failures: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class GuardianHost:
+    def __init__(
+        self,
+        config: HostConfig,
+        etcd: EtcdClient,
+        jobs: JobsRepository,
+        backend: Backend,
+        make_config: Callable[[str, dict[str, str]], GuardianConfig],
+        stats: PreemptionStatsRepository | None = None,
+    ) -> None:
+        self.config = config
+        self.etcd = etcd
+        self.jobs = jobs
+        self.backend = backend
+        self.stats = stats
+        self.make_config = make_config
+        self.guardians: dict[str, Hosted] = {}
+        self.lease: Lease | None = None
+        self.ended: dict[str, int] = {}  # job -> how its guardian ended (tests, logs)
+        self.terminate = threading.Event()
+        self.changed = threading.Event()  # something for the main loop to look at
+        self._lock = threading.RLock()
+        self._watch: PrefixWatch | None = None
+        self._steps = ThreadPoolExecutor(config.step_threads, thread_name_prefix="step")
+        self._deploys = ThreadPoolExecutor(config.deploy_threads, thread_name_prefix="deploy")
+
+    # -- life ---------------------------------------------------------------------------
+    def start(self) -> GuardianHost:
+        self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
+        self._watch = PrefixWatch(self.etcd, etcd_keys.jobs_prefix(), self._on_change).start()
+        return self
+
+    def stop(self) -> None:
+        """Every guardian detaches (its learners save and stop, the job stays as it is),
+        then the lease goes: the next guardian of each job carries on."""
+        with self._lock:
+            hosted = list(self.guardians.values())
+        for h in hosted:
+            h.guardian.terminate.set()
+            self._schedule(h.job_id, now=True)
+        deadline = time.monotonic() + 30
+        while self.guardians and time.monotonic() < deadline:
+            self.changed.wait(0.1)
+            self.changed.clear()
+        self.close()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        self._steps.shutdown(wait=False, cancel_futures=True)
+        self._deploys.shutdown(wait=False, cancel_futures=True)
+        if self.lease is not None:
+            self.lease.revoke()
+
+    # -- jobs ---------------------------------------------------------------------------
+    def adopt(self, job_id: str, env: dict[str, str] | None = None) -> bool:
+        """Guard job `job_id` in this host: take its guardian key under the host's lease
+        (False if a live guardian holds it: fenced out) and schedule its first step."""
+        assert self.lease is not None, "start() the host first"
+        with self._lock:
+            if job_id in self.guardians:
+                return True
+        config = self.make_config(job_id, dict(env or {}))
+
+        def make() -> Guardian:
+            guardian = Guardian(config, self.etcd, self.jobs, self.backend, self.stats)
+            guardian.lease = self.lease
+            guardian.poll_s = self.config.poll_s
+            return guardian
+
+        guardian = make()
+        if not guardian.acquire(self.lease, host=self.config.host_id):
+            log.info("job %s already has a live guardian", job_id)
+            self.ended[job_id] = EXIT_ALREADY_GUARDED
+            return False
+        with self._lock:
+            self.guardians[job_id] = Hosted(job_id, guardian, make)
+        log.info("job %s: guarded in host %s", job_id, self.config.host_id)
+        self._schedule(job_id, now=True)
+        return True
+
+    def _on_change(self, changes: list[Change], full: bool) -> None:
+        """The watch's thread: wake the guardian of each changed job (a dictionary
+        lookup; the step runs on a pool)."""
+        for job_id in {etcd_keys.job_of(c.key) for c in changes}:
+            hosted = self.guardians.get(job_id or "")
+            if hosted is not None:
+                hosted.guardian.wake.set()  # a guardian waiting inside halt() sees it too
+                self._schedule(hosted.job_id, now=True)
+
+    def _schedule(self, job_id: str, now: bool = False) -> None:
+        with self._lock:
+            hosted = self.guardians.get(job_id)
+            if hosted is None:
+                return
+            if hosted.running:
+                hosted.due = hosted.due or now
+                return
+            if not now and time.monotonic() < hosted.next_step:
+                return
+            hosted.running = True
+            hosted.due = False
+        pool = self._deploys if hosted.guardian.watching is None else self._steps
+        try:
+            pool.submit(self._step, hosted)
+        except RuntimeError:  # the pools are shut down: the host is stopping
+            hosted.running = False
+
+    def _step(self, hosted: Hosted) -> None:
+        try:
+            hosted.guardian.wake.clear()
+            code = hosted.guardian.step()
+        except Exception:
+            log.exception("job %s: the guardian's step failed", hosted.job_id)
+            code = STEP_CRASHED
+        with self._lock:
+            hosted.running = False
+            hosted.next_step = time.monotonic() + self.config.poll_s
+            if code is not None:
+                again = self._guardian_ended(hosted, code)
+            else:  # a change came meanwhile, or a deploy step ended: on at once
+                again = hosted.due or hosted.guardian.watching is None
+        if again:
+            self._schedule(hosted.job_id, now=True)
+
+    def _guardian_ended(self, hosted: Hosted, code: int) -> bool:
+        """Drop the guardian, or restart it (a fresh one) with backoff if its step
+        raised. True when it should step again at once."""
+        job_id = hosted.job_id
+        if code == STEP_CRASHED and not self.terminate.is_set():
+            lived = time.monotonic() - hosted.started
+            hosted.failures = 0 if lived > 30 else hosted.failures + 1
+            delay = (
+                0.0
+                if hosted.failures <= 1
+                else min(self.config.max_backoff_s, 0.25 * 2**hosted.failures)
+            )
+            log.warning("job %s: guardian restarted in the host in %.1fs", job_id, delay)
+            hosted.guardian = hosted.make()
+            hosted.started = time.monotonic()
+            hosted.next_step = time.monotonic() + delay
+            return False
+        self.guardians.pop(job_id, None)
+        self.ended[job_id] = code
+        if code == EXIT_LEASE_LOST:
+            assert self.lease is not None
+            self.lease.lost.set()
+        elif code in (EXIT_DONE, EXIT_TERMINATED, STEP_CRASHED):
+            # Ours, and nothing else uses it: gone now rather than with the host's lease.
+            with contextlib.suppress(StoreUnavailable):
+                held = self.etcd.get(etcd_keys.guardian_lease(job_id))
+                if held is not None and self.lease is not None and held.lease == self.lease.id:
+                    self.etcd.delete_if(held.key, held.mod_revision)
+        log.info("job %s: its guardian ended with %d", job_id, code)
+        self.changed.set()
+        return False
+
+    def tick(self) -> None:
+        """The timer: step every guardian whose poll period (or backoff) is over."""
+        now = time.monotonic()
+        with self._lock:
+            due = [
+                h.job_id for h in self.guardians.values() if not h.running and h.next_step <= now
+            ]
+        for job_id in due:
+            self._schedule(job_id)
+
+    def run(self, assignments: Iterable[str] | None) -> int:
+        """Adopt the jobs read from `assignments` (JSON lines, in a thread) and step until
+        the input is closed and no guardian is left, the lease is lost, or terminate."""
+        closed = threading.Event()
+        if assignments is None:
+            closed.set()
+        else:
+            threading.Thread(
+                target=self._read, args=(assignments, closed), name="assign", daemon=True
+            ).start()
+        assert self.lease is not None
+        tick_s = min(0.1, self.config.poll_s / 4)
+        while True:
+            if self.lease.lost.is_set():
+                log.warning("host %s lost its lease: every guardian stops", self.config.host_id)
+                self.close()
+                return ExitCode.EVICTED
+            if self.terminate.is_set():
+                self.stop()
+                return ExitCode.PREEMPTED
+            if closed.is_set() and not self.guardians:
+                self.close()
+                return ExitCode.OK
+            self.tick()
+            self.changed.wait(tick_s)
+            self.changed.clear()
+
+    def _read(self, assignments: Iterable[str], closed: threading.Event) -> None:
+        try:
+            for line in assignments:
+                if not line.strip():
+                    continue
+                try:
+                    message = json.loads(line)
+                    job_id = str(message["job_id"])
+                    env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.error(
+                        "ignored an assignment that is not {job_id, env} JSON (%s): %.80r",
+                        exc,
+                        line,
+                    )
+                    continue
+                try:
+                    self.adopt(job_id, env)
+                except Exception:  # a bad job must not stop the others' assignments
+                    log.exception("job %s: cannot guard it", job_id)
+        finally:
+            closed.set()
+            self.changed.set()
+
+
+def assignment(job_id: str, env: dict[str, str]) -> str:
+    """The line that gives a host job `job_id` (what `GuardianHost.run` reads)."""
+    return json.dumps({"job_id": job_id, "env": env}) + "\n"
+
+
+def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.guardian.host", description=__doc__)
+    parser.add_argument("--host-id", required=True, help="names the host in its guardian keys")
+    parser.add_argument(
+        "--etcd", default="", help=f"etcd client URL (default: ${GUARDIAN_ETCD_URL_ENV})"
+    )
+    parser.add_argument(
+        "--mongodb-uri", default="", help=f"MongoDB URI (default: ${GUARDIAN_MONGODB_URI_ENV})"
+    )
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--backend", default="local")
+    parser.add_argument("--tds", default="", help="TDS address for the learners' log collectors")
+    parser.add_argument("--scheduler", default="", help="the scheduler's internal address")
+    parser.add_argument(
+        "--poll", type=float, default=2.0, help="seconds between steps without a change"
+    )
+    parser.add_argument("--step-threads", type=int, default=4)
+    parser.add_argument("--deploy-threads", type=int, default=4)
+    parser.add_argument(
+        "--job", action="append", default=[], help="guard this job too (no credentials; by hand)"
+    )
+    args = parser.parse_args(argv)
+    if args.poll <= 0 or args.step_threads < 1 or args.deploy_threads < 1:
+        parser.error("--poll must be above 0 and --step-threads, --deploy-threads at least 1")
+    etcd_url = args.etcd or os.environ.pop(GUARDIAN_ETCD_URL_ENV, "")
+    mongodb_uri = args.mongodb_uri or os.environ.pop(GUARDIAN_MONGODB_URI_ENV, "")
+    os.environ.pop(GUARDIAN_ETCD_URL_ENV, None)
+    os.environ.pop(GUARDIAN_MONGODB_URI_ENV, None)
+    if not etcd_url or not mongodb_uri:
+        parser.error(
+            f"missing --etcd (or ${GUARDIAN_ETCD_URL_ENV}) or --mongodb-uri "
+            f"(or ${GUARDIAN_MONGODB_URI_ENV})"
+        )
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s guardian-host[{args.host_id}] %(threadName)s: %(message)s",
+    )
+
+    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
+        return GuardianConfig.from_env(
+            job_id=job_id,
+            etcd_url=etcd_url,
+            mongodb_uri=mongodb_uri,
+            data_dir=args.data_dir,
+            backend=args.backend,
+            tds_address=args.tds,
+            scheduler_address=args.scheduler,
+            **pop_job_credentials(env),
+        )
+
+    try:
+        make_config("-", {})  # the knobs in the environment, checked once up front
+        etcd = EtcdClient.connect(etcd_url)
+        db = connect(mongodb_uri)
+    except (StoreUnavailable, ValueError) as exc:
+        print(f"guardian host: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    jobs = JobsRepository(db)
+    procs.become_subreaper()
+    reaper = procs.Reaper().start()
+    backend = get_backend(args.backend, reaper=reaper)
+    host = GuardianHost(
+        HostConfig(
+            args.host_id,
+            poll_s=args.poll,
+            step_threads=args.step_threads,
+            deploy_threads=args.deploy_threads,
+        ),
+        etcd,
+        jobs,
+        backend,
+        make_config,
+        PreemptionStatsRepository(db),
+    )
+    backend.release_ended(
+        args.data_dir / "jobs", make_config("-", {}).objects_dir, lambda j: job_over(jobs, j)
+    )
+
+    def on_term(*_: object) -> None:
+        host.terminate.set()
+        host.changed.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        host.start()
+    except StoreUnavailable as exc:
+        print(f"guardian host: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    for job_id in args.job:
+        host.adopt(job_id)
+    return host.run(stdin if stdin is not None else sys.stdin)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
