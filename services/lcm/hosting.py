@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import click
@@ -67,6 +67,7 @@ def build(ctx: DaemonContext) -> Hosted:
             job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
             scheduler_address=scheduler,
             service_token=ctx.credentials.service_token if ctx.credentials else None,
+            guardians_per_host=guardians_per_host(os.environ),
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),
@@ -77,6 +78,25 @@ def build(ctx: DaemonContext) -> Hosted:
     # The rounds (and the guardians they run) are the leader's work: a hot standby starts
     # them at takeover, when the guardians of the dead daemon are re-adopted.
     return Hosted([name], None, manager.stop, lead=manager.start)
+
+
+GUARDIANS_PER_HOST_ENV = "RHIZOME_GUARDIANS_PER_HOST"
+
+
+def guardians_per_host(env: Mapping[str, str]) -> int:
+    """`RHIZOME_GUARDIANS_PER_HOST`: how many jobs' guardians share a guardian host
+    (docs/control-plane-scale.md); 0 or unset: a guardian process per job."""
+    raw = env.get(GUARDIANS_PER_HOST_ENV, "").strip() or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise click.UsageError(
+            f"${GUARDIANS_PER_HOST_ENV} must be a whole number of jobs per guardian host, "
+            f"0 for a guardian process per job (got {raw!r})"
+        )
+    return value
 
 
 def _job_certificates(internal_tls: InternalTls, backend: str) -> Callable[[str], dict[str, str]]:

@@ -44,6 +44,7 @@ from contract.etcd import (
 )
 from contract.status import ExitCode
 from services.backends.api import get_backend
+from services.guardian.host import assignment
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
@@ -93,6 +94,33 @@ class LcmConfig:
     # (a lost pipeline learner's replacement is placed by ReplaceLearner); "" / None: none.
     scheduler_address: str = ""
     service_token: Callable[[], str] | None = None
+    # Guardians per guardian host (`python -m services.guardian.host`, docs/control-plane-
+    # scale.md) for jobs that are neither pipeline nor elastic; 0: a process per job.
+    guardians_per_host: int = 0
+    # How long a host may take to take an assigned job's guardian key before the LCM
+    # gives the job out again.
+    host_adopt_grace_s: float = 10.0
+
+
+@dataclass
+class GuardianHostProcess:
+    """A guardian host this LCM started: jobs are given to it on its standard input."""
+
+    host_id: str
+    proc: subprocess.Popen[bytes]
+    ref: procs.ProcRef
+    jobs: set[str] = field(default_factory=set)
+
+    def give(self, job_id: str, env: dict[str, str]) -> bool:
+        """Hand it job `job_id`; False if it is gone (its input is closed)."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(assignment(job_id, env).encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            return False
+        self.jobs.add(job_id)
+        return True
 
 
 @dataclass
@@ -101,6 +129,7 @@ class Supervised:
     ref: procs.ProcRef
     child: bool
     started: float = field(default_factory=time.monotonic)
+    host: GuardianHostProcess | None = None  # the job's guardian runs in this host
 
 
 class LifecycleManager:
@@ -110,6 +139,7 @@ class LifecycleManager:
         self.etcd = etcd
         self.id = uuid.uuid4().hex[:8]
         self.guardians: dict[str, Supervised] = {}
+        self.hosts: list[GuardianHostProcess] = []
         self.failures: dict[str, int] = {}
         self.not_before: dict[str, float] = {}
         self.reaper = procs.Reaper()
@@ -136,6 +166,9 @@ class LifecycleManager:
             self._thread.join(timeout=5)
         with self._lock:
             running = [g for g in self.guardians.values() if g.ref.alive()]
+            running += [
+                Supervised(h.host_id, h.ref, child=True) for h in self.hosts if h.ref.alive()
+            ]
         for g in running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(g.ref.pid, signal.SIGTERM)
@@ -214,21 +247,34 @@ class LifecycleManager:
         active_ids = {j.job_id for j in active}
         for job in active:
             self.ensure_guardian(
-                job.job_id, guardian_keys.get(etcd_keys.guardian_lease(job.job_id))
+                job.job_id,
+                guardian_keys.get(etcd_keys.guardian_lease(job.job_id)),
+                hostable=job.spec.pipeline is None and job.spec.elastic is None,
             )
+        ended_in_hosts = []
         with self._lock:
             for job_id in [j for j in self.guardians if j not in active_ids]:
-                if not self.guardians[job_id].ref.alive():
-                    self.guardians.pop(job_id)
-                    self.failures.pop(job_id, None)
+                current = self.guardians[job_id]
+                in_host = current.host is not None and current.ref.alive()
+                if in_host and etcd_keys.guardian_lease(job_id) not in guardian_keys:
+                    # Its guardian in a live host ended the job and let go of it.
+                    assert current.host is not None
+                    current.host.jobs.discard(job_id)
+                    ended_in_hosts.append(job_id)
+                elif in_host or current.ref.alive():
+                    continue
+                self.guardians.pop(job_id)
+                self.failures.pop(job_id, None)
+        for job_id in ended_in_hosts:
+            self._job_ended(job_id)
         leftover = {j for j in map(etcd_keys.job_of, keys) if j} - active_ids
         for job_id in leftover:
             self.collect(job_id, guardian_keys.get(etcd_keys.guardian_lease(job_id)))
 
-    def ensure_guardian(self, job_id: str, held: object) -> None:
+    def ensure_guardian(self, job_id: str, held: object, hostable: bool = False) -> None:
         with self._lock:
             current = self.guardians.get(job_id)
-            if current is not None and current.ref.alive():
+            if current is not None and current.ref.alive() and self._guards(current, held):
                 return
             entry = held if held is not None else None
             if entry is not None:
@@ -243,29 +289,103 @@ class LifecycleManager:
                 self.etcd.revoke(int(getattr(entry, "lease", 0)))  # its guardian is dead
             if time.monotonic() < self.not_before.get(job_id, 0.0):
                 return
-            self.spawn(job_id)
+            if hostable and self.config.guardians_per_host > 0:
+                self.assign(job_id)
+            else:
+                self.spawn(job_id)
 
-    def spawn(self, job_id: str) -> None:
-        job_dir = self.config.data_dir / "jobs" / job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "services.guardian",
-            f"--job-id={job_id}",
-            f"--data-dir={self.config.data_dir}",
-            f"--backend={self.config.backend}",
-        ]
+    def _guards(self, current: Supervised, held: object) -> bool:
+        """Whether `current` (alive) still guards its job: a process guardian does while
+        it lives; a host, once it holds the job's key (or while it may still be taking
+        it: it drops a job whose key another live guardian holds, or that it ended)."""
+        if current.host is None:
+            return True
+        value = getattr(held, "value", None)
+        if isinstance(value, dict) and value.get("pid") == current.ref.pid:
+            return True
+        if time.monotonic() - current.started < self.config.host_adopt_grace_s:
+            return True
+        current.host.jobs.discard(current.job_id)
+        return False
+
+    def assign(self, job_id: str) -> None:
+        """Give the job's guardian to the least loaded host with room, else a new host."""
+        env = self.job_env(job_id)
+        if env is None:
+            return
+        self.hosts = [h for h in self.hosts if h.ref.alive()]
+        room = [h for h in self.hosts if len(h.jobs) < self.config.guardians_per_host]
+        host = min(room, key=lambda h: len(h.jobs)) if room else self.start_host()
+        if host is None or not host.give(job_id, env):
+            log.warning("job %s: no guardian host took it; trying again next round", job_id)
+            return
+        self.guardians[job_id] = Supervised(job_id, host.ref, child=True, host=host)
+        log.info("job %s: guarded in host %s (pid %d)", job_id, host.host_id, host.ref.pid)
+
+    def start_host(self) -> GuardianHostProcess | None:
+        host_id = f"{self.id}-{uuid.uuid4().hex[:6]}"
+        argv = [sys.executable, "-m", "services.guardian.host", f"--host-id={host_id}"]
+        argv += self.guardian_args()
+        log_dir = self.config.data_dir / "guardian-hosts"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            log_fd = os.open(log_dir / f"{host_id}.log", flags, 0o600)
+        except OSError as exc:
+            log.error("cannot open a guardian host's log (%s); not starting one", exc)
+            return None
+        with os.fdopen(log_fd, "ab") as logf:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=self.guardian_process_env(),
+                start_new_session=True,
+            )
+        ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
+        host = GuardianHostProcess(host_id, proc, ref)
+        self.hosts.append(host)
+        self.reaper.watch(proc.pid, lambda pid, code: self._host_exited(host, code))
+        log.info("started guardian host %s, pid %d", host_id, proc.pid)
+        return host
+
+    def _host_exited(self, host: GuardianHostProcess, code: int) -> None:
+        """Every job of the host lost its guardian at once: each is restarted like a
+        guardian process that exited so (a new host, resuming from etcd)."""
+        with contextlib.suppress(OSError, ValueError):
+            if host.proc.stdin is not None:
+                host.proc.stdin.close()
+        with self._lock:
+            jobs = sorted(host.jobs)
+            host.jobs.clear()
+            with contextlib.suppress(ValueError):
+                self.hosts.remove(host)
+        log.warning("guardian host %s exited with %d; its %d jobs", host.host_id, code, len(jobs))
+        for job_id in jobs:
+            self._guardian_exited(job_id, host.ref.pid, code)
+
+    def guardian_args(self) -> list[str]:
+        """The flags every guardian (process or host) gets."""
+        argv = [f"--data-dir={self.config.data_dir}", f"--backend={self.config.backend}"]
         if self.config.tds_address:
             argv.append(f"--tds={self.config.tds_address}")
         if self.config.scheduler_address:
             argv.append(f"--scheduler={self.config.scheduler_address}")
+        return argv
+
+    def guardian_process_env(self) -> dict[str, str]:
+        # The store URIs go in the environment, not argv: any local user (a learner uid
+        # included) can read a command line in /proc, and either URI may carry a password.
         env = dict(os.environ, **self.config.guardian_env)
-        # The store URIs and the job token go in the environment, not argv: any local user
-        # (a learner uid included) can read a command line in /proc, and either URI may
-        # carry a password.
         env[GUARDIAN_ETCD_URL_ENV] = self.config.etcd_url
         env[GUARDIAN_MONGODB_URI_ENV] = self.config.mongodb_uri
+        return env
+
+    def job_env(self, job_id: str) -> dict[str, str] | None:
+        """The job's credentials for its guardian (its environment, or its line to a
+        host); None, logged, when one cannot be made (the guardian is not started)."""
+        env: dict[str, str] = {}
         if self.config.job_token is not None:
             env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
         if self.config.etcd_root is not None:
@@ -278,7 +398,7 @@ class LifecycleManager:
                 log.error(
                     "job %s: cannot make its etcd user (%s); not starting its guardian", job_id, exc
                 )
-                return
+                return None
             env[JOB_ETCD_CREDENTIALS_ENV] = user.line()
         if self.config.scheduler_address and self.config.service_token is not None:
             env[GUARDIAN_SERVICE_TOKEN_ENV] = self.config.service_token()
@@ -291,9 +411,20 @@ class LifecycleManager:
                     job_id,
                     exc,
                 )
-                return
+                return None
             if self.config.job_tls_dir is not None:
                 env[JOB_TLS_DIR_ENV] = str(self.config.job_tls_dir)
+        return env
+
+    def spawn(self, job_id: str) -> None:
+        job_dir = self.config.data_dir / "jobs" / job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "services.guardian", f"--job-id={job_id}"]
+        argv += self.guardian_args()
+        job_env = self.job_env(job_id)
+        if job_env is None:
+            return
+        env = {**self.guardian_process_env(), **job_env}
         # The job directory may belong to the job's learner uid (local backend as root):
         # a link it left at guardian.log is refused, not followed as root.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
