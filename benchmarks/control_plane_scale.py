@@ -18,7 +18,14 @@ for all N to be COMPLETED. It reports, per N:
   10,000-job run would need at the measured cost per job against this machine's memory:
   what breaks first.
 
+Each size runs in each mode (`--modes`): `process`, a guardian process per job, and
+`hosts`, guardian hosts of `--per-host` jobs each (`RHIZOME_GUARDIANS_PER_HOST`,
+docs/control-plane-scale.md); the hosts' figures are then compared with the processes'
+at each N measured in the same run. "Guardian" figures are those of every guardian
+process (hosts included); with the simulated backend they include its learner threads.
+
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
+        [--modes process,hosts] [--per-host 500]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import os
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -38,7 +46,9 @@ from _load import percentile
 from _platform import BenchPlatform
 
 from contract.etcd import EtcdClient
+from contract.etcd_keys import ROOT
 from services.client.sdk import Client
+from services.lcm.hosting import GUARDIANS_PER_HOST_ENV
 from services.store import states
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
@@ -73,8 +83,12 @@ def proc_stat(pid: int) -> tuple[float, float]:
     return rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, cpu
 
 
+GUARDIAN_MODULES = (b"services.guardian", b"services.guardian.host")
+
+
 def guardian_pids(data_dir: Path) -> list[int]:
-    """The guardians this platform started (their command line names its data dir)."""
+    """The guardian processes (per job, or hosts) this platform started (their command
+    line names its data dir)."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -83,7 +97,8 @@ def guardian_pids(data_dir: Path) -> list[int]:
             cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"services.guardian" in cmd and f"--data-dir={data_dir}".encode() in cmd:
+        guardian = any(module in cmd for module in GUARDIAN_MODULES)
+        if guardian and f"--data-dir={data_dir}".encode() in cmd:
             found.append(int(entry.name))
     return found
 
@@ -101,22 +116,39 @@ def sample(daemon_pid: int, data_dir: Path) -> dict[str, float]:
     }
 
 
-def wait_all(repo: JobsRepository, ids: list[str], status: str, timeout_s: float) -> float:
+def wait_all(repo: JobsRepository, ids: list[str], status: str, timeout_s: float) -> list[str]:
+    """Wait until every job of `ids` is at `status` or has ended otherwise (a job FAILED
+    by the platform is counted, not waited for); the ids of those that ended otherwise
+    or were not there within `timeout_s` (the column "FAILED/late")."""
     start = time.monotonic()
     pending = set(ids)
+    failed: list[str] = []
     while pending:
-        if time.monotonic() - start > timeout_s:
-            raise SystemExit(f"{len(pending)} of {len(ids)} jobs never reached {status}")
-        pending = {j for j in pending if repo.get(j).status != status}
+        if time.monotonic() - start > timeout_s:  # reported with the failed ones
+            stuck = sorted(pending)[:5]
+            where = ", ".join(f"{j}: {repo.get(j).status}" for j in stuck)
+            print(f"{len(pending)} of {len(ids)} not {status} in time: {where}", file=sys.stderr)
+            return failed + sorted(pending)
+        for job_id in list(pending):
+            record = repo.get(job_id)
+            if record.status == status:
+                pending.discard(job_id)
+            elif record.status in states.TERMINAL_STATES:
+                pending.discard(job_id)
+                failed.append(job_id)
+                print(f"{job_id}: {record.status} ({record.status_message})", file=sys.stderr)
         time.sleep(0.5)
-    return time.monotonic() - start
+    return failed
 
 
 def entered(repo: JobsRepository, job_id: str, status: str) -> float:
     return next(h.time for h in repo.get(job_id).history if h.status == status)
 
 
-def run(n: int, steady_s: float) -> dict[str, Any]:
+def run(n: int, steady_s: float, per_host: int) -> dict[str, Any]:
+    """One platform with N jobs alive; `per_host` guardians per host (0: a process each)."""
+    os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
+    print(f"N={n}, {per_host or 'no'} guardians per host", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="rz-scale-") as tmp:
         cluster = Path(tmp) / "cluster.yaml"
         cluster.write_text(CLUSTER)
@@ -144,24 +176,29 @@ def run(n: int, steady_s: float) -> dict[str, Any]:
                 t.start()
             for t in threads:
                 t.join()
-            wait_all(repo, ids, states.PROCESSING, 120 + n * 2.0)
+            failed = wait_all(repo, ids, states.PROCESSING, 120 + n * 2.0)
             all_processing_s = time.monotonic() - t0
+            alive = [j for j in ids if j not in failed]
             to_processing = [
-                entered(repo, j, states.PROCESSING) - repo.get(j).created_at for j in ids
+                entered(repo, j, states.PROCESSING) - repo.get(j).created_at for j in alive
             ]
             # Steady state: N jobs alive, nothing changing.
             s0 = sample(pid, platform.data_dir)
             time.sleep(steady_s)
             s1 = sample(pid, platform.data_dir)
-            etcd = EtcdClient(platform.etcd.url)
-            etcd_keys = sum(1 for _ in etcd.raw.get_all())
+            # as the platform's user (etcd requires authentication): its keys are all there
+            etcd = EtcdClient.connect(platform.etcd.url)
+            etcd_keys = len(etcd.get_prefix(f"{ROOT}/"))
             mongo_docs = sum(db[c].count_documents({}) for c in db.list_collection_names())
             released = time.time()
             release.touch()
-            all_done = wait_all(repo, ids, states.COMPLETED, 120 + n * 2.0)
+            t_release = time.monotonic()
+            failed += wait_all(repo, alive, states.COMPLETED, 120 + n * 2.0)
+            all_done = time.monotonic() - t_release
             after = sample(pid, platform.data_dir)
-            to_completed = [entered(repo, j, states.COMPLETED) - released for j in ids]
-            lost = [j for j in ids if repo.get(j).status != states.COMPLETED]
+            done = [j for j in ids if j not in failed]
+            to_completed = [entered(repo, j, states.COMPLETED) - released for j in done]
+            lost = [j for j in done if repo.get(j).status != states.COMPLETED]
             db.client.close()
             # Guardians end with their jobs; any left are ours to stop.
             for gpid in guardian_pids(platform.data_dir):
@@ -169,6 +206,7 @@ def run(n: int, steady_s: float) -> dict[str, Any]:
     steady_daemon = s1["daemon_cpu"] - s0["daemon_cpu"]
     steady_guardians = s1["guardian_cpu"] - s0["guardian_cpu"]
     return {
+        "mode": f"hosts of {per_host}" if per_host else "process per job",
         "n": n,
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
@@ -187,6 +225,7 @@ def run(n: int, steady_s: float) -> dict[str, Any]:
         "release_to_completed_p99_s": percentile(to_completed, 0.99),
         "all_completed_s": all_done,
         "lost_status_changes": len(lost),
+        "failed_jobs": len(failed),
     }
 
 
@@ -197,28 +236,79 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,25,50", help="N, comma-separated")
     parser.add_argument("--steady", type=float, default=10.0, help="steady window, seconds")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--modes", default="process,hosts", help="process (a guardian process per job), hosts"
+    )
+    parser.add_argument("--per-host", type=int, default=500, help="guardians per host (hosts)")
+    parser.add_argument(
+        "--max-process-n",
+        type=int,
+        default=200,
+        help="largest N run with a process per job (64 MiB each: 1,000 need 64 GiB)",
+    )
     args = parser.parse_args()
-    rows = [run(int(n), args.steady) for n in args.sizes.split(",")]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"process", "hosts"} or args.per_host < 1:
+        parser.error("--modes is a list of process and hosts; --per-host is at least 1")
+    sizes = [int(n) for n in args.sizes.split(",")]
+    rows = [
+        run(n, args.steady, args.per_host if mode == "hosts" else 0)
+        for n in sizes
+        for mode in modes
+        if mode == "hosts" or n <= args.max_process_n
+    ]
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)\n")
     cols = [
+        ("mode", "mode", "{}"),
         ("N", "n", "{:.0f}"),
         ("submit→PROC p50 s", "submit_to_processing_p50_s", "{:.2f}"),
         ("p99 s", "submit_to_processing_p99_s", "{:.2f}"),
         ("daemon RSS MiB", "daemon_rss_mib", "{:.0f}"),
         ("daemon MiB/job", "daemon_rss_per_job_mib", "{:.2f}"),
         ("daemon CPU s/job", "daemon_cpu_per_job_s", "{:.3f}"),
-        ("guardian MiB/job", "guardian_rss_per_job_mib", "{:.1f}"),
-        ("guardian CPU s/job", "guardian_cpu_per_job_s", "{:.2f}"),
+        ("guardian procs", "guardians_alive", "{:.0f}"),
+        ("guardian MiB/job", "guardian_rss_per_job_mib", "{:.2f}"),
+        ("guardian CPU s/job", "guardian_cpu_per_job_s", "{:.3f}"),
         ("steady daemon ms/job/s", "steady_daemon_ms_per_job_s", "{:.2f}"),
         ("steady guardian ms/job/s", "steady_guardian_ms_per_job_s", "{:.2f}"),
         ("etcd keys/job", "etcd_keys_per_job", "{:.1f}"),
         ("mongo docs/job", "mongo_docs_per_job", "{:.2f}"),
         ("release→COMPLETED p99 s", "release_to_completed_p99_s", "{:.2f}"),
         ("lost", "lost_status_changes", "{:.0f}"),
+        ("FAILED/late", "failed_jobs", "{:.0f}"),
     ]
     print(" | ".join(c for c, _, _ in cols))
     for row in rows:
         print(" | ".join(fmt.format(row[key]) for _, key, fmt in cols))
+    by_mode = {mode: [r for r in rows if r["mode"].startswith(mode[:4])] for mode in modes}
+    if len(modes) == 2:
+        print("\nhosts against a process per job, same N, same run:")
+        hosts_by_n = {r["n"]: r for r in by_mode["hosts"]}
+        for proc_row in by_mode["process"]:
+            host_row = hosts_by_n[proc_row["n"]]
+            print(
+                f"  N={proc_row['n']}: guardian MiB/job "
+                f"x{ratio(host_row, proc_row, 'guardian_rss_per_job_mib'):.3f}, guardian CPU s/job "
+                f"x{ratio(host_row, proc_row, 'guardian_cpu_per_job_s'):.3f}, steady guardian "
+                f"ms/job/s x{ratio(host_row, proc_row, 'steady_guardian_ms_per_job_s'):.3f}, "
+                f"submit→PROCESSING p99 "
+                f"x{ratio(host_row, proc_row, 'submit_to_processing_p99_s'):.2f}"
+            )
+    for mode in modes:
+        if by_mode[mode]:
+            report(by_mode[mode])
+    if args.json:
+        print(json.dumps(rows, indent=2))
+
+
+def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
+    return float(a[key]) / float(b[key]) if b[key] else float("inf")
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    """Within one mode: cost per job at the largest N against the smallest, and what a
+    10,000-job run would need."""
+    print(f"\n{rows[0]['mode']}:")
     small, large = rows[0], rows[-1]
 
     cpu_ratio = (large["daemon_cpu_per_job_s"] + large["guardian_cpu_per_job_s"]) / (
@@ -227,18 +317,16 @@ def main() -> None:
     mem_per_job = large["guardian_rss_per_job_mib"] + large["daemon_rss_per_job_mib"]
     total_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
     print(
-        f"\nCPU per job at N={large['n']} vs N={small['n']}: {cpu_ratio:.2f}x "
+        f"  CPU per job at N={large['n']} vs N={small['n']}: {cpu_ratio:.2f}x "
         f"(goal <= 1.2x: {'met' if cpu_ratio <= 1.2 else 'NOT met'})"
     )
     print(
-        f"memory per alive job: {mem_per_job:.1f} MiB -> 10,000 jobs need "
+        f"  memory per alive job: {mem_per_job:.2f} MiB -> 10,000 jobs need "
         f"{mem_per_job * 10_000 / 1024:.0f} GiB; this machine has {total_mib / 1024:.0f} GiB, "
         f"so it holds about {total_mib / mem_per_job:.0f} jobs alive (what breaks first)"
     )
     lost = sum(r["lost_status_changes"] for r in rows)
-    print(f"lost status changes: {lost}")
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    print(f"  lost status changes: {lost}")
 
 
 if __name__ == "__main__":
