@@ -409,7 +409,13 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
         return ExitCode.USAGE
     for job_id in args.job:
         host.adopt(job_id)
-    return host.run(stdin if stdin is not None else sys.stdin)
+    code = host.run(stdin if stdin is not None else sys.stdin)
+    if code == ExitCode.EVICTED:
+        # Now, not after the deploys in flight: without the lease they are no longer ours
+        # (the pools' threads would be joined at exit). The OS closes what we hold.
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
