@@ -251,12 +251,12 @@ def main() -> None:
     if not modes or set(modes) - {"process", "hosts"} or args.per_host < 1:
         parser.error("--modes is a list of process and hosts; --per-host is at least 1")
     sizes = [int(n) for n in args.sizes.split(",")]
-    rows = [
-        run(n, args.steady, args.per_host if mode == "hosts" else 0)
-        for n in sizes
-        for mode in modes
-        if mode == "hosts" or n <= args.max_process_n
-    ]
+    rows = []
+    for n in sizes:
+        for mode in modes:
+            if mode == "hosts" or n <= args.max_process_n:
+                rows.append(run(n, args.steady, args.per_host if mode == "hosts" else 0))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if cut short
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)\n")
     cols = [
         ("mode", "mode", "{}"),
