@@ -245,9 +245,27 @@ _AUTH_CODES = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATE
 _AUTH_MESSAGES = ("user name is empty", "authentication failed", "invalid auth token")
 
 
-def _token_expired(exc: BaseException | None) -> bool:
-    """Whether etcd refused `exc`'s call because its auth token lapsed."""
-    return isinstance(exc, grpc.RpcError) and "invalid auth token" in str(exc.details() or "")
+# etcd refused the call before doing anything, for the token it carried: it lapsed
+# (simple tokens expire after `--auth-token-ttl` idle, 300 s by default), or an auth change
+# (a job's user added or removed: the LCM does it for every job) was applied between the
+# call's permission check and its apply ("auth: revision in header is old"; etcd's Go
+# client retries both with a fresh token, `shouldRefreshToken`).
+_RETRY_WITH_NEW_TOKEN = (
+    "invalid auth token",
+    "revision in header is old",
+    "revision of auth store is old",
+)
+
+
+_TOKEN_RETRIES = 3
+
+
+def _token_refused(exc: BaseException | None) -> bool:
+    """Whether etcd refused `exc`'s call for its token, not for what it asked."""
+    if not isinstance(exc, grpc.RpcError):
+        return False
+    details = str(exc.details() or "")
+    return any(m in details for m in _RETRY_WITH_NEW_TOKEN)
 
 
 def _auth_refusal(exc: BaseException) -> str:
@@ -435,19 +453,24 @@ class EtcdClient:
             ) from exc
 
     def _run(self, what: str, call: Callable[[], T]) -> T:
-        """`call()` with etcd's errors translated (`_errors`); when etcd says the auth
-        token expired (simple tokens lapse after `--auth-token-ttl` idle, 300 s by
-        default), authenticate again and retry once. A retry is safe: etcd refused the
-        call before doing anything."""
-        try:
-            with self._errors(what):
-                return call()
-        except EtcdAuthError as exc:
-            if self._credentials is None or not _token_expired(exc.__cause__):
-                raise
-        self._authenticate()
-        with self._errors(what):
-            return call()
+        """`call()` with etcd's errors translated (`_errors`); when etcd refused the call's
+        token (`_token_refused`: it lapsed, or an auth change overtook the call),
+        authenticate again and retry, a few times (auth changes can keep overtaking calls
+        while the LCM adds many jobs' users). A retry is safe: etcd refused the call before
+        doing anything."""
+        for attempt in range(_TOKEN_RETRIES + 1):
+            try:
+                with self._errors(what):
+                    return call()
+            except StoreUnavailable as exc:  # EtcdAuthError included
+                if (
+                    self._credentials is None
+                    or attempt == _TOKEN_RETRIES
+                    or not _token_refused(exc.__cause__)
+                ):
+                    raise
+            self._authenticate()
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _authenticate(self) -> None:
         """A fresh auth token for every later call (and watch) of this client."""

@@ -141,3 +141,43 @@ def test_a_job_user_reaches_its_own_jobs_keys_only_and_is_removed(etcd_with_auth
     remove_job_user(etcd_with_auth, ROOT, "job-a")  # again: nothing to do
     with pytest.raises(EtcdAuthError, match="refused user 'rhizome-job-job-a'"):
         EtcdClient(etcd_with_auth, credentials=mine)
+
+
+def test_calls_racing_auth_changes_are_retried_not_failed(etcd_with_auth: str) -> None:
+    """Every job's etcd user is added and removed by the LCM while other clients' calls
+    are in flight; etcd refuses a call whose auth revision an auth change overtook
+    between its check and its apply ("revision of auth store is old"). Jobs failed their
+    deploys with it under load (benchmarks/control_plane_scale.py). The client retries
+    such a call with a fresh token, as etcd's own Go client does: none fails here."""
+    import threading
+    import time
+
+    from contract.etcd import add_job_user, remove_job_user
+
+    stop = threading.Event()
+    changes = 0
+
+    def churn() -> None:
+        nonlocal changes
+        while not stop.is_set():
+            add_job_user(etcd_with_auth, ROOT, f"job-churn-{changes % 3}")
+            remove_job_user(etcd_with_auth, ROOT, f"job-churn-{changes % 3}")
+            changes += 1
+
+    client = EtcdClient.connect(etcd_with_auth, credentials=PLATFORM)
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        key = etcd_keys.control("job-revision")
+        deadline = time.monotonic() + 60
+        i = 0
+        while changes < 12:  # each change hashes a password in etcd: tens of ms
+            assert time.monotonic() < deadline, f"only {changes} auth changes in 60 s"
+            client.put(key, {"n": i})
+            entry = client.get(key)
+            assert entry is not None and entry.value == {"n": i}
+            i += 1
+    finally:
+        stop.set()
+        churner.join()
+        client.close()
