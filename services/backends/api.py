@@ -66,6 +66,9 @@ class JobSpec:
 
 class Backend(abc.ABC):
     name: str = ""
+    # Whether `renew_tls` reaches running learners: the LCM then issues a job's TDS
+    # certificate for 24 h, not for as long as a daemon's (services/lcm/hosting.py).
+    renews_tls: bool = False
 
     @abc.abstractmethod
     def prepare_volume(self, job: JobSpec) -> None:

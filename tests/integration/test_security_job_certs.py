@@ -81,6 +81,23 @@ def test_a_job_certificate_is_valid_24_hours_and_due_for_renewal_at_half_life(
     assert renewal_due(tls, now=half + datetime.timedelta(seconds=1))
 
 
+@pytest.mark.parametrize(
+    "backend,short", [("local", True), ("docker", True), ("kubernetes", False)]
+)
+def test_the_lcm_issues_24_hour_certificates_where_the_backend_renews_them(
+    tds: tuple[Daemon, InternalTls, str], backend: str, short: bool
+) -> None:
+    """Local and docker learners get their next certificate while they run (`renews_tls`):
+    24 h. Kubernetes cannot renew yet: a daemon's lifetime, or its logs would stop."""
+    from services.lcm.hosting import _job_certificates
+
+    _, ca, _ = tds
+    cert = x509.load_pem_x509_certificate(_job_certificates(ca, backend)(JOB)["cert"].encode())
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    slack = datetime.timedelta(minutes=5)
+    assert (lifetime <= JOB_CERT_VALID + slack) is short, (backend, lifetime)
+
+
 def test_an_expired_job_certificate_is_refused_and_a_renewed_one_is_followed(
     tds: tuple[Daemon, InternalTls, str], tmp_path: Path
 ) -> None:

@@ -104,6 +104,7 @@ class _Helper:
 
 class DockerBackend(Backend):
     name = "docker"
+    renews_tls = True
 
     def __init__(
         self,

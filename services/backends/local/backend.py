@@ -252,6 +252,7 @@ class PrivateInterpreter(BackendError):
 
 class LocalBackend(Backend):
     name = "local"
+    renews_tls = True
 
     def __init__(
         self,
