@@ -7,7 +7,36 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_DATA_DIR = Path(os.environ.get("RHIZOME_DATA_DIR", "~/.rhizome")).expanduser()
+# Where root keeps the platform's data when its home is closed to other users.
+SYSTEM_DATA_DIR = Path("/var/lib/rhizome")
+
+
+def default_data_dir(
+    env: str | None = None, home: Path | None = None, euid: int | None = None
+) -> Path:
+    """`$RHIZOME_DATA_DIR`, else `~/.rhizome`, except for root whose home others cannot
+    enter (Debian's and most images' 0700 `/root`) and who has no `~/.rhizome` yet:
+    `/var/lib/rhizome`, as root's daemons (dockerd, containerd) keep theirs. Why: a
+    job's learners run under their own unprivileged uid only if that uid can reach the
+    job's directory inside the data directory; under a closed `/root` they could not, and
+    the local backend would run them as root (docs/security.md). An existing
+    `~/.rhizome` is kept, so an upgrade never moves a user's data by itself."""
+    env = os.environ.get("RHIZOME_DATA_DIR") if env is None else env
+    if env:
+        return Path(env).expanduser()
+    home = Path.home() if home is None else home
+    euid = os.geteuid() if euid is None else euid
+    personal = home / ".rhizome"
+    if euid != 0 or personal.exists():
+        return personal
+    try:
+        closed = not home.stat().st_mode & 0o001
+    except OSError:
+        closed = True
+    return SYSTEM_DATA_DIR if closed else personal
+
+
+DEFAULT_DATA_DIR = default_data_dir()
 DEFAULT_API_ADDRESS = "127.0.0.1:50051"
 ALL_SERVICES = ("api", "scheduler", "lcm", "tds")
 
