@@ -40,6 +40,9 @@ class BlockState:
     acc: list[torch.Tensor] = field(default_factory=list)
     stash_step: int = -1
     stash: torch.Tensor | None = None
+    # the step's gradients, one flat buffer kept between steps: the parameters' .grad are
+    # views of it (one copy a step instead of a clone per parameter)
+    grads: torch.Tensor | None = None
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -61,10 +64,17 @@ class BlockState:
         if self.snapshot is None:
             self.snapshot = OptimizerSnapshot()
         self.snapshot.take(self.params, self.optimizer)
+        params = self.params
+        total = sum(p.numel() for p in params)
+        # copied, not viewed: `reduced` is still being sent to the replica's holder, and an
+        # optimizer may change its gradients in place
+        if self.grads is None or self.grads.numel() != total or self.grads.dtype != reduced.dtype:
+            self.grads = torch.empty(total, dtype=reduced.dtype, device=reduced.device)
+        self.grads.copy_(reduced[:total])
         offset = 0
-        for p in self.params:
+        for p in params:
             n = p.numel()
-            p.grad = reduced[offset : offset + n].view_as(p).clone()
+            p.grad = self.grads[offset : offset + n].view_as(p)
             offset += n
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

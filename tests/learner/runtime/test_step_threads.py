@@ -16,7 +16,10 @@ from learner.runtime.api import Batch, RedundancyMode
 from learner.runtime.inprocess import run_in_process
 from learner.runtime.toy import toy_batch, toy_job
 
-STEPS = 120
+# the figure: the thread count stays constant over 1,000 steps (2 microbatches
+# keep a step short: the test is about threads, not the schedule's shape)
+STEPS = 1000
+MICROBATCHES = 2
 WARM = 5
 
 
@@ -38,7 +41,7 @@ def _thread_starts_per_step(
             seen.setdefault(step, started[0])  # threads started before this step began
         return toy_batch(step, pipeline, microbatch)
 
-    job = toy_job(steps=STEPS, microbatches=4, redundancy=mode)
+    job = toy_job(steps=STEPS, microbatches=MICROBATCHES, redundancy=mode)
     job.batch = batch
     run_in_process(job, stages=2, pipelines=1, poll_s=0.05)
     return seen
