@@ -26,13 +26,14 @@ from typing import Any
 import pytest
 from rhizome.v1 import tds_pb2
 
-from contract.credentials import TDS_TLS_DIR_ENV, TDS_TLS_FILE
+from contract.credentials import TDS_TLS_DIR_ENV, TDS_TLS_FILE, tds_tls_file
 from contract.procs import free_port
 from learner.controller.collector import RenewingStub
 from services.backends.api import BackendError
 from services.backends.kubernetes.backend import KubernetesBackend
 from services.backends.kubernetes.scheduler import GangScheduler
 from services.backends.kubernetes.spec import (
+    POD_JOB_DIR,
     POD_TDS_TLS_DIR,
     owner_name,
     pod_name,
@@ -101,7 +102,12 @@ def test_emulator_tds_tls_secret_is_valid_owned_and_mounted_as_a_directory(
             "defaultMode": 0o400,
         }
         env = {e["name"]: e["value"] for e in container["env"]}
-        assert env[TDS_TLS_DIR_ENV] == POD_TDS_TLS_DIR  # where the collector looks
+        assert env[TDS_TLS_DIR_ENV] == POD_TDS_TLS_DIR
+        # The collector's one lookup finds the mounted file from the pod's environment;
+        # without it (the local and docker backends) the learner directory's.
+        learner = Path(POD_JOB_DIR, "learners", "0")
+        assert tds_tls_file(learner, env) == Path(POD_TDS_TLS_DIR, TDS_TLS_FILE)
+        assert tds_tls_file(learner, {}) == learner / TDS_TLS_FILE
 
     backend.rollback(job.job_id, job.job_dir)
     assert cluster.objects("secrets", job.job_id) == []
