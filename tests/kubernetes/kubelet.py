@@ -136,6 +136,11 @@ class KubeletEmulator:
                     os.killpg(run.proc.pid, signal.SIGKILL)
                 run.proc.wait(timeout=10)
 
+    def process(self, pod: str) -> subprocess.Popen[bytes] | None:
+        """The running pod's container process (None: not running here, or scripted)."""
+        run = self._running.get(pod)
+        return run.proc if run is not None else None
+
     def secret_volume(self, pod: str, volume: str) -> SecretVolume:
         """The running pod's Secret volume of that name, as last projected."""
         (found,) = [v for v in self._running[pod].volumes if v.name == volume]

@@ -179,7 +179,7 @@ def test_emulator_kubelet_refreshes_a_renewed_secret_in_a_running_pod_atomically
     try:
         pod = pod_name(job.job_id, 0, job.generation, 0)
         GangScheduler(cluster.settings).bind_gang(cluster.settings.namespace, {pod: "n0"})
-        wait_for("the pod to run", lambda: pod in kubelet.started and pod in kubelet._running)
+        wait_for("the pod to run", lambda: kubelet.process(pod) is not None)
         volume = kubelet.secret_volume(pod, "tds-tls")
         seen = volume.into / TDS_TLS_FILE
         assert json.loads(seen.read_text()) == FIRST
@@ -275,7 +275,7 @@ def test_emulator_running_learner_ships_logs_with_a_renewed_certificate_without_
         wait_for("the learner's output", lambda: "line 3" in kubelet.output(pod), 60, explain)
         # Written, not shipped: the expired certificate is refused.
         assert stored_lines(address, token, ca, none) == 0
-        proc = kubelet._running[pod].proc
+        proc = kubelet.process(pod)
         assert proc is not None
 
         backend.renew_tls(job, ca.job_credentials(JOB))
@@ -293,7 +293,7 @@ def test_emulator_running_learner_ships_logs_with_a_renewed_certificate_without_
             60,
             explain,
         )
-        assert kubelet.started == [pod] and kubelet._running[pod].proc is proc
+        assert kubelet.started == [pod] and kubelet.process(pod) is proc
         assert proc.poll() is None
         assert kubelet.secret_volume(pod, "tds-tls").projections == 2  # projected, renewed
     finally:
