@@ -10,8 +10,10 @@ both print etcd, MongoDB, Elasticsearch and object-store addresses in errors and
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
@@ -39,6 +41,17 @@ REDACTED = "***"
 # directory: the guardian writes the next one before the last expires (job certificates
 # are short-lived); the log collector prefers it to its spec's `tds_tls` and re-reads it.
 TDS_TLS_FILE = "tds-tls.json"
+# Where the backend hands it instead, when it cannot write into the learner directory: a
+# directory holding `tds-tls.json` (Kubernetes: the job's TLS Secret, mounted as a
+# directory, which the kubelet refreshes in the running pod). One lookup, `tds_tls_file`.
+TDS_TLS_DIR_ENV = "RHIZOME_TDS_TLS_DIR"
+
+
+def tds_tls_file(learner_dir: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """The renewed TDS certificate a learner's log collector re-reads: under
+    `$RHIZOME_TDS_TLS_DIR` when the backend sets it, else in the learner directory."""
+    where = (os.environ if environ is None else environ).get(TDS_TLS_DIR_ENV, "")
+    return Path(where or learner_dir) / TDS_TLS_FILE
 
 
 def redact_uri(text: str) -> str:

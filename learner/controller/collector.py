@@ -70,8 +70,8 @@ from rhizome.v1 import tds_pb2, tds_pb2_grpc
 
 from contract.containers import COLLECTOR_TLS_ENV, COLLECTOR_TOKEN_ENV
 from contract.credentials import (
-    TDS_TLS_FILE,
     internal_channel,
+    tds_tls_file,
     tls_channel_credentials,
     with_bearer,
 )
@@ -336,9 +336,10 @@ class Collector:
         # With `tls` (LearnerSpec.tds_tls) the channel is mutual TLS: the internal port of a
         # TLS platform admits only certificates of its CA.
         # A job's certificate is short-lived: the guardian writes the next one to
-        # `tds-tls.json` beside the logs, and every call (retries included) goes through
-        # a channel opened with the newest (`RenewingStub`).
-        self._stub = RenewingStub(tds_address, token, tls, self.dir / TDS_TLS_FILE)
+        # `tds-tls.json` beside the logs (or where the backend mounts it: `tds_tls_file`),
+        # and every call (retries included) goes through a channel opened with the newest
+        # (`RenewingStub`).
+        self._stub = RenewingStub(tds_address, token, tls, tds_tls_file(self.dir))
         self._verified: dict[str, Any] = {}
         self._load_offsets()
         if not self._verified:

@@ -81,14 +81,12 @@ def test_a_job_certificate_is_valid_24_hours_and_due_for_renewal_at_half_life(
     assert renewal_due(tls, now=half + datetime.timedelta(seconds=1))
 
 
-@pytest.mark.parametrize(
-    "backend,short", [("local", True), ("docker", True), ("kubernetes", False)]
-)
+@pytest.mark.parametrize("backend,short", [("local", True), ("docker", True), ("kubernetes", True)])
 def test_the_lcm_issues_24_hour_certificates_where_the_backend_renews_them(
     tds: tuple[Daemon, InternalTls, str], backend: str, short: bool
 ) -> None:
-    """Local and docker learners get their next certificate while they run (`renews_tls`):
-    24 h. Kubernetes cannot renew yet: a daemon's lifetime, or its logs would stop."""
+    """Local, docker and kubernetes learners get their next certificate while they run
+    (`renews_tls`; kubernetes through the job's TLS Secret volume): 24 h."""
     from services.lcm.hosting import _job_certificates
 
     _, ca, _ = tds

@@ -4,8 +4,15 @@ The API emulator (kmock) has no kubelets, so a pod bound to a node never runs. T
 every node's kubelet from one thread of the test process:
 
 - a pod bound to a node (`spec.nodeName`) gets a directory of its own standing in for
-  its volumes: the job emptyDir, the learner spec Secret and the job's Secret written out
-  (mode 0400), the pod's paths in the spec rewritten to that directory;
+  its volumes: the job emptyDir, and every Secret volume (the learner spec, the job's
+  data-store credentials, its TDS certificate) projected as a kubelet projects one, the
+  pod's paths in the spec and the environment rewritten to that directory;
+- a Secret volume is projected as the kubelet's atomic writer does it: the files go into
+  a new hidden directory `..<timestamp>`, the symlink `..data` is swapped to it with a
+  rename, and each key is a symlink `KEY -> ..data/KEY`; while the pod runs, the
+  emulator re-reads its Secrets every `secret_sync_s` and projects a changed one again
+  the same way (a real kubelet does it on its sync period, about a minute; a `subPath`
+  mount would never be refreshed, so the backend mounts directories);
 - its container command (`python -m learner.controller --spec ...`) runs as a local
   process in a session of its own, and the pod's status follows it through the API
   (Running, then Succeeded or Failed with the exit code), as a kubelet reports it;
@@ -24,7 +31,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +49,9 @@ from kubernetes import client as k8s
 from services.backends.kubernetes.api import KubeSettings
 from services.backends.kubernetes.client import api_client, json_body
 from services.backends.kubernetes.spec import CONTAINER, POD_JOB_DIR, POD_SPEC_DIR
+
+# The default mode of a Secret volume's files when the pod names none (the API's default).
+DEFAULT_SECRET_MODE = 0o644
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +76,19 @@ class OomKill:
 
 
 @dataclass
+class SecretVolume:
+    """One Secret volume of a running pod, projected into `into` (its mount, here)."""
+
+    name: str  # the pod's name for the volume
+    secret: str
+    into: Path
+    mode: int
+    rewrite: Any
+    data: dict[str, str] | None = None  # what was projected last (the Secret's data)
+    projections: int = 0  # how many times it was projected (1: never refreshed)
+
+
+@dataclass
 class _Running:
     name: str
     uid: str
@@ -75,6 +100,7 @@ class _Running:
     log: Any = None
     oom: OomKill | None = None
     oom_killed: bool = False
+    volumes: list[SecretVolume] = field(default_factory=list)
 
 
 class KubeletEmulator:
@@ -89,6 +115,11 @@ class KubeletEmulator:
         self.started: list[str] = []  # pods whose container ran (or was scripted)
         self._running: dict[str, _Running] = {}
         self._seen: set[str] = set()  # pod uids started
+        # How often a running pod's Secret volumes are re-read and, when changed, projected
+        # again (a real kubelet: its sync period plus its cache's TTL, about a minute).
+        self.secret_sync_s = 0.5
+        self._synced = 0.0
+        self._stamps = itertools.count()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubelet-emulator", daemon=True)
 
@@ -105,13 +136,25 @@ class KubeletEmulator:
                     os.killpg(run.proc.pid, signal.SIGKILL)
                 run.proc.wait(timeout=10)
 
+    def process(self, pod: str) -> subprocess.Popen[bytes] | None:
+        """The running pod's container process (None: not running here, or scripted)."""
+        run = self._running.get(pod)
+        return run.proc if run is not None else None
+
+    def secret_volume(self, pod: str, volume: str) -> SecretVolume:
+        """The running pod's Secret volume of that name, as last projected."""
+        (found,) = [v for v in self._running[pod].volumes if v.name == volume]
+        return found
+
     def output(self, pod: str) -> str:
         """What the pod's container wrote: the controller's own output, then the user
         command's stdout (in the job emptyDir, `learners/<rank>/stdout.log`)."""
         out = []
         for here in sorted(self.root.glob(f"{pod}-*")):
             logs = sorted((here / "job" / "learners").glob("*/stdout.log"))
-            out += [p.read_text(errors="replace") for p in [here / "container.log", *logs]]
+            # A pod being started has its directory before its container's log.
+            files = [p for p in [here / "container.log", *logs] if p.exists()]
+            out += [p.read_text(errors="replace") for p in files]
         return "".join(out)
 
     # -- the loop ---------------------------------------------------------------------
@@ -142,6 +185,12 @@ class KubeletEmulator:
                     self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
                 continue
             self._report(run)
+        if time.monotonic() - self._synced >= self.secret_sync_s:
+            self._synced = time.monotonic()
+            for run in list(self._running.values()):
+                for vol in run.volumes:
+                    with contextlib.suppress(k8s.exceptions.ApiException):
+                        self._project(vol)  # a Secret gone: the kubelet keeps the last files
         for name, pod in pods.items():
             if pod["metadata"].get("deletionTimestamp") and name not in self._running:
                 # Never ran here (scripted, or ended already): nothing to stop.
@@ -172,17 +221,48 @@ class KubeletEmulator:
             return
         here = self.root / f"{name}-{meta['uid'][:8]}"
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        (container,) = spec["containers"]
         spec_dir = here / "spec"
         job_dir = here / "job"
-        for path in (spec_dir, job_dir / "secrets", here / "home", here / "tmp"):
-            path.mkdir(parents=True, exist_ok=True)
+        for made in (spec_dir, job_dir, here / "home", here / "tmp"):
+            made.mkdir(parents=True, exist_ok=True)
+        # The pod's paths, as this node has them: the job emptyDir and the spec Secret
+        # where they always were here, any other Secret volume under `volumes/<name>`
+        # (one inside the job directory stays there).
+        places = {POD_JOB_DIR: job_dir, POD_SPEC_DIR: spec_dir}
+        secrets: list[tuple[str, dict[str, Any], Path]] = []  # (volume, its source, where)
+        for mount in container.get("volumeMounts") or []:
+            assert "subPath" not in mount, "a subPath mount is never refreshed by a kubelet"
+            source = volumes[mount["name"]]
+            if "secret" not in source:
+                continue
+            mounted = str(mount["mountPath"])
+            if mounted in places:
+                into = places[mounted]
+            elif mounted.startswith(POD_JOB_DIR + "/"):
+                into = job_dir / mounted[len(POD_JOB_DIR) + 1 :]
+            else:
+                into = places[mounted] = here / "volumes" / mount["name"]
+            secrets.append((mount["name"], source["secret"], into))
+        order = sorted(places, key=len, reverse=True)  # the longest path first
 
         def rewrite(text: str) -> str:
-            return text.replace(POD_JOB_DIR, str(job_dir)).replace(POD_SPEC_DIR, str(spec_dir))
+            for pod_path in order:
+                text = text.replace(pod_path, str(places[pod_path]))
+            return text
 
-        self._secret_to(volumes["spec"]["secret"]["secretName"], spec_dir, rewrite)
-        self._secret_to(volumes["secrets"]["secret"]["secretName"], job_dir / "secrets", rewrite)
-        (container,) = spec["containers"]
+        projected = [
+            SecretVolume(
+                volume,
+                str(secret["secretName"]),
+                into,
+                int(secret.get("defaultMode", DEFAULT_SECRET_MODE)),
+                rewrite,
+            )
+            for volume, secret, into in secrets
+        ]
+        for vol in projected:
+            self._project(vol)
         argv = [rewrite(a) for a in container["command"]]
         argv[0] = sys.executable if argv[0] == "python" else argv[0]
         env = {
@@ -204,18 +284,44 @@ class KubeletEmulator:
         )
         oom = outcome if isinstance(outcome, OomKill) else None
         self._running[name] = _Running(
-            name, meta["uid"], meta["namespace"], proc, grace, log=log, oom=oom
+            name, meta["uid"], meta["namespace"], proc, grace, log=log, oom=oom, volumes=projected
         )
         self._status(name, "Running", {"running": {"startedAt": _now()}})
 
-    def _secret_to(self, secret: str, into: Path, rewrite: Any) -> None:
+    def _project(self, vol: SecretVolume) -> None:
+        """Project the Secret into its volume if it changed since the last projection, as
+        the kubelet's atomic writer does: a new `..<stamp>` directory, `..data` swapped to
+        it by a rename, each key a link through `..data`; the old directory removed."""
         obj = json_body(
-            self.core.read_namespaced_secret(secret, self.namespace, _preload_content=False)
+            self.core.read_namespaced_secret(vol.secret, self.namespace, _preload_content=False)
         )
-        for key, value in (obj.get("data") or {}).items():
-            path = into / key
-            path.write_text(rewrite(base64.b64decode(value).decode()))
-            path.chmod(0o400)
+        data = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        if data == vol.data:
+            return
+        vol.into.mkdir(parents=True, exist_ok=True)
+        stamp = vol.into / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{next(self._stamps)}"
+        stamp.mkdir(mode=0o755)
+        for key, value in data.items():
+            path = stamp / key
+            path.write_text(vol.rewrite(base64.b64decode(value).decode()))
+            path.chmod(vol.mode)
+        link = vol.into / "..data"
+        old = os.readlink(link) if link.is_symlink() else None
+        tmp = vol.into / "..data_tmp"
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        tmp.symlink_to(stamp.name)
+        os.replace(tmp, link)  # the swap: a reader sees the old files or the new, whole
+        for key in data:
+            if not (vol.into / key).is_symlink():
+                (vol.into / key).symlink_to(f"..data/{key}")
+        for key in set(vol.data or {}) - set(data):
+            with contextlib.suppress(FileNotFoundError):
+                (vol.into / key).unlink()
+        if old is not None:
+            shutil.rmtree(vol.into / old, ignore_errors=True)
+        vol.data = data
+        vol.projections += 1
 
     def _report(self, run: _Running, ended: bool = False) -> None:
         if run.outcome is not None:

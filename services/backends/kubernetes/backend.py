@@ -6,7 +6,10 @@ Deploy steps, as the backend contract orders them (services/backends/api.py):
   so deleting it cascades) and its NetworkPolicy (learners reach each other and the
   platform only). No volume: a pod's job directory is an emptyDir, and code and
   checkpoints come from the object store named in its learner spec.
-- `write_secrets`: the data-store credentials as the Secret `rz-<job>-secrets`.
+- `write_secrets`: the data-store credentials as the Secret `rz-<job>-secrets`; on a TLS
+  platform the job's TDS client certificate as the Secret `rz-<job>-tds-tls`, which every
+  learner pod mounts as a directory. `renew_tls` patches it: the kubelet projects the new
+  certificate into the running pods, whose log collectors re-read it.
 - `start_learner`: the learner spec as a Secret and the Pod (spec.py), both labelled
   with the job, rank, generation and restart. The pod carries `schedulerName: rhizome`:
   our scheduler binds the whole gang (scheduler.py), no other scheduler touches it.
@@ -34,7 +37,11 @@ from kubernetes.client.exceptions import ApiException
 
 from contract.status import ExitCode
 from services.backends.api import Backend, JobSpec, register_backend
-from services.backends.kubernetes.api import KubernetesBackendError, KubeSettings
+from services.backends.kubernetes.api import (
+    KubernetesBackendError,
+    KubeSettings,
+    describe_api_error,
+)
 from services.backends.kubernetes.client import Calls, api_client, json_body
 from services.backends.kubernetes.spec import (
     CONTAINER,
@@ -47,6 +54,9 @@ from services.backends.kubernetes.spec import (
     pod_object,
     secrets_object,
     spec_secret_object,
+    tds_tls_data,
+    tds_tls_name,
+    tds_tls_object,
 )
 from services.backends.kubernetes.watch import HOPELESS_WAITING, PodState, PodWatch
 from services.backends.local.backend import remove_deploy_files, tail_logs
@@ -60,6 +70,8 @@ EXIT_NOTE_WAIT_S = 5.0
 
 class KubernetesBackend(Backend):
     name = "kubernetes"
+    # A renewed certificate reaches running pods through their TLS Secret volume.
+    renews_tls = True
 
     def __init__(
         self,
@@ -123,8 +135,18 @@ class KubernetesBackend(Backend):
         )
 
     def write_secrets(self, job: JobSpec) -> None:
-        body = secrets_object(job, self.namespace, self.owner(job))
-        what = f"job {job.job_id}: writing its Secret"
+        owner = self.owner(job)
+        self._write_secret(
+            f"job {job.job_id}: writing its Secret", secrets_object(job, self.namespace, owner), job
+        )
+        if job.tds_tls:
+            self._write_secret(
+                f"job {job.job_id}: writing its TDS certificate Secret",
+                tds_tls_object(job, self.namespace, owner),
+                job,
+            )
+
+    def _write_secret(self, what: str, body: dict[str, Any], job: JobSpec) -> None:
         existing = self.calls.create_or_adopt(
             what,
             self.core.create_namespaced_secret,
@@ -142,6 +164,32 @@ class KubernetesBackend(Backend):
                 {"data": body["data"]},
                 _preload_content=False,
             )
+
+    def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
+        """Patch the job's TDS certificate Secret (`rz-<job>-tds-tls`): every learner pod
+        mounts it as a directory, so the kubelet projects the new `tds-tls.json` into the
+        running pods (atomically, within its sync period: about a minute), where the
+        controller's log collector re-reads it (`RenewingStub`). Pods started later mount
+        the same Secret. Retried on 409/429/5xx; a Secret that is gone (the job was rolled
+        back, or someone deleted it) is a BackendError naming the job."""
+        name = tds_tls_name(job.job_id)
+        what = f"job {job.job_id}: renewing its learners' TDS certificate (Secret {name})"
+        try:
+            self.calls.call_retrying_conflicts(
+                what,
+                self.core.patch_namespaced_secret,
+                name,
+                self.namespace,
+                {"data": tds_tls_data(tls)},
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise KubernetesBackendError(
+                    f"{what}: the Secret is gone from namespace {self.namespace}; the job's "
+                    "pods were removed, or it was deleted by hand (redeploy the job)"
+                ) from exc
+            raise KubernetesBackendError(f"{what}: refused: {describe_api_error(exc)}") from exc
 
     def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
         what = f"job {job.job_id}: starting learner {rank}"
@@ -370,10 +418,10 @@ class KubernetesBackend(Backend):
             watch.changed.clear()
 
     def rollback(self, job_id: str, job_dir: str) -> None:
-        """Delete every pod, Secret, NetworkPolicy and ConfigMap labelled with the job;
-        then the deploy's local files. Safe at any point, any number of times. A server
-        that cannot be reached raises (after the retries): objects left running would
-        hold the cluster, so the guardian must try again."""
+        """Delete every pod, Secret (the TDS certificate's too), NetworkPolicy and
+        ConfigMap labelled with the job; then the deploy's local files. Safe at any point,
+        any number of times. A server that cannot be reached raises (after the retries):
+        objects left running would hold the cluster, so the guardian must try again."""
         kinds: list[tuple[str, Callable[..., Any], Callable[..., Any], dict[str, Any]]] = [
             (
                 "pod",

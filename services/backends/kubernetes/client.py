@@ -2,7 +2,8 @@
 call retried with backoff when the server is busy or briefly gone.
 
 429 (throttled, honouring Retry-After), 500/502/503/504 and connection failures are
-retried with exponential backoff and jitter; anything else is the caller's to handle
+retried with exponential backoff and jitter (an update also on 409 Conflict:
+`call_retrying_conflicts`); anything else is the caller's to handle
 (404, a 409 on create, a 422 for an object the server refuses). A create that got a 409
 after a retry is how a lost answer looks: the object exists, and the caller checks it is
 ours (`create_or_adopt`), so a retry never duplicates a pod.
@@ -107,6 +108,24 @@ class Calls:
             f"times, last: {last}; check that it runs and that RHIZOME_K8S_CONTEXT or "
             "RHIZOME_K8S_SERVER points at it"
         )
+
+    def call_retrying_conflicts(
+        self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """`call`, also retrying a 409 Conflict (an update that raced another writer of
+        the object) with the same backoff; after the last attempt the 409 is raised."""
+        delay = self.settings.backoff_s
+        for attempt in range(self.settings.attempts):
+            try:
+                return self.call(what, fn, *args, **kwargs)
+            except ApiException as exc:
+                if exc.status != 409 or attempt + 1 == self.settings.attempts:
+                    raise
+                self.retries += 1
+                log.info("%s: %s; retrying", what, describe_api_error(exc))
+                self.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def create_or_adopt(
         self,

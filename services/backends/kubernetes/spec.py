@@ -11,6 +11,12 @@ that only our gang scheduler binds it. Its learner spec (the same `LearnerSpec` 
 backend writes to disk) and the job's data-store credentials come from Secrets mounted
 read-only (mode 0400); code and checkpoints come from the object store named in the spec,
 so the pod needs no host path.
+
+On a TLS platform the job's TDS client certificate is also the Secret `rz-<job>-tds-tls`
+(`tds-tls.json`), mounted as a directory (never `subPath`: the kubelet refreshes a Secret
+volume in a running pod, a subPath mount never), and the controller is told where
+(`contract.credentials.TDS_TLS_DIR_ENV`): the guardian's renewal patches the Secret, the
+kubelet projects the new file, and the controller's log collector re-reads it.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from contract.credentials import TDS_TLS_DIR_ENV, TDS_TLS_FILE
 from contract.env import Role
 from contract.learner_spec import LearnerSpec
 from services.backends.api import JobSpec
@@ -49,6 +57,9 @@ CONTAINER = "learner"
 POD_JOB_DIR = "/var/lib/rhizome/job"
 POD_SPEC_DIR = "/etc/rhizome/learner"
 POD_SECRETS_DIR = f"{POD_JOB_DIR}/secrets"
+# The job's TDS certificate Secret: outside the job directory (a volume of its own, which
+# the kubelet swaps atomically when the Secret changes).
+POD_TDS_TLS_DIR = "/etc/rhizome/tds-tls"
 SECRET_MODE = 0o400
 
 
@@ -58,6 +69,10 @@ def owner_name(job_id: str) -> str:
 
 def secrets_name(job_id: str) -> str:
     return f"rz-{job_id}-secrets"
+
+
+def tds_tls_name(job_id: str) -> str:
+    return f"rz-{job_id}-tds-tls"
 
 
 def policy_name(job_id: str) -> str:
@@ -136,6 +151,23 @@ def secrets_object(job: JobSpec, namespace: str, owner: Mapping[str, Any] | None
         "type": "Opaque",
         "metadata": _meta(secrets_name(job.job_id), namespace, job_labels(job.job_id), owner),
         "data": {"env": _b64(text)},
+    }
+
+
+def tds_tls_data(tls: Mapping[str, str]) -> dict[str, str]:
+    """A TDS client certificate (`{ca, cert, key}`) as the TLS Secret's data: the file
+    the collector reads (contract.credentials.TDS_TLS_FILE)."""
+    return {TDS_TLS_FILE: _b64(json.dumps(dict(tls), sort_keys=True))}
+
+
+def tds_tls_object(job: JobSpec, namespace: str, owner: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The job's TDS client certificate, which `renew_tls` replaces in running pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(tds_tls_name(job.job_id), namespace, job_labels(job.job_id), owner),
+        "data": tds_tls_data(job.tds_tls),
     }
 
 
@@ -251,6 +283,34 @@ def pod_object(
             {"name": "home", "mountPath": LEARNER_HOME},
         ],
     }
+    volumes: list[dict[str, Any]] = [
+        {"name": "job", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "home", "emptyDir": {"sizeLimit": "256Mi"}},
+        {
+            "name": "spec",
+            "secret": {
+                "secretName": spec_secret_name(job.job_id, rank, job.generation, restart),
+                "defaultMode": SECRET_MODE,
+            },
+        },
+        {
+            "name": "secrets",
+            "secret": {"secretName": secrets_name(job.job_id), "defaultMode": SECRET_MODE},
+        },
+    ]
+    if job.tds_tls:
+        # A directory mount (no subPath), so that a renewal reaches the running pod.
+        container["volumeMounts"].append(
+            {"name": "tds-tls", "mountPath": POD_TDS_TLS_DIR, "readOnly": True}
+        )
+        container["env"].append({"name": TDS_TLS_DIR_ENV, "value": POD_TDS_TLS_DIR})
+        volumes.append(
+            {
+                "name": "tds-tls",
+                "secret": {"secretName": tds_tls_name(job.job_id), "defaultMode": SECRET_MODE},
+            }
+        )
     res = resources(job)
     if res:
         container["resources"] = res
@@ -282,22 +342,7 @@ def pod_object(
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [container],
-            "volumes": [
-                {"name": "job", "emptyDir": {}},
-                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-                {"name": "home", "emptyDir": {"sizeLimit": "256Mi"}},
-                {
-                    "name": "spec",
-                    "secret": {
-                        "secretName": spec_secret_name(job.job_id, rank, job.generation, restart),
-                        "defaultMode": SECRET_MODE,
-                    },
-                },
-                {
-                    "name": "secrets",
-                    "secret": {"secretName": secrets_name(job.job_id), "defaultMode": SECRET_MODE},
-                },
-            ],
+            "volumes": volumes,
         },
     }
 

@@ -550,8 +550,12 @@ class LocalBackend(Backend):
                     0o600,
                     user.owner if user.switches else None,
                 )
-            except OSError as exc:
-                raise BackendError(f"cannot renew learner {rank}'s certificate: {exc}") from exc
+            except (OSError, isolation.UnsafePath) as exc:
+                # UnsafePath: a link the learner planted in its own directory (refused,
+                # never followed): the guardian's error, naming the learner, as on docker.
+                raise BackendError(
+                    f"job {job.job_id}: cannot renew learner {rank}'s TDS certificate: {exc}"
+                ) from exc
 
     def start_helper(self, job: JobSpec) -> None:
         """Locally each controller ships its own logs (the collector runs inside it), so
