@@ -22,6 +22,7 @@ Written by the platform (the local backend, from the guardian's job spec):
 | `RHIZOME_JOIN_TOKEN` | `join_token` | a pipeline learner started as a replacement: its admission token (the runtime gets it as `RHIZOME_RUNTIME_JOIN_TOKEN`) | unset |
 | `RHIZOME_ELASTIC_ETCD` | `elastic_etcd` | an elastic job's learner (manifest `elastic:`): the etcd URL its workers coordinate through (`learner.elastic.join` reads it, with `RHIZOME_JOB_ID`) | unset |
 | `RHIZOME_ETCD_CREDENTIALS_FILE` | (read by `contract.etcd.EtcdClient`) | a 0600 `USER:PASSWORD` file: the etcd user of the job (never the platform's), written by the learner controller for its command when etcd requires authentication | unset: no authentication |
+| `RHIZOME_TDS_TLS_DIR` | (read by `contract.credentials.tds_tls_file`) | the directory holding the job's renewed TDS client certificate (`tds-tls.json`): a Secret volume on Kubernetes; elsewhere unset and the file is in the learner directory | unset |
 
 Checkpointing knobs (a manifest's `env` may set them; the backend passes them on):
 

@@ -26,6 +26,11 @@ class BackendError(RuntimeError):
     """A deploy step failed; the guardian rolls back and retries."""
 
 
+class RenewalUnsupported(BackendError):
+    """The backend cannot hand running learners a renewed certificate at all (not a
+    failure of one attempt): the guardian stops asking."""
+
+
 class UnknownBackend(ValueError):
     """No backend is registered under the name; the message lists those that are."""
 
@@ -94,11 +99,14 @@ class Backend(abc.ABC):
 
     def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
         """Hand the job's running learners (and its log helper) their next TDS client
-        certificate (`{ca, cert, key}`): `<learner dir>/tds-tls.json`
-        (contract.credentials.TDS_TLS_FILE), which a log collector re-reads. A backend
-        that cannot refuses; the guardian logs it once, and the learners' logs stop
-        reaching the TDS when their certificate expires."""
-        raise BackendError(f"the {type(self).__name__} cannot renew running learners' certificates")
+        certificate (`{ca, cert, key}`) where their log collector re-reads it
+        (`contract.credentials.tds_tls_file`: `<learner dir>/tds-tls.json` on the local
+        and docker backends, a Secret volume on Kubernetes). A failed attempt raises
+        `BackendError` (the guardian tries again later); a backend that cannot renew at
+        all raises `RenewalUnsupported`, and the guardian logs it once and stops asking."""
+        raise RenewalUnsupported(
+            f"the {type(self).__name__} cannot renew running learners' certificates"
+        )
 
     @abc.abstractmethod
     def learner_exited(self, handle: int) -> int | None:

@@ -48,7 +48,7 @@ from contract.status import (
     ExitCode,
     LearnerStatus,
 )
-from services.backends.api import Backend, BackendError, JobSpec
+from services.backends.api import Backend, BackendError, JobSpec, RenewalUnsupported
 from services.guardian.elastic import ElasticScaler
 from services.guardian.pipeline import PipelineFailover
 from services.guardian.replacement import ReplacementPlanner, SchedulerAccess
@@ -75,6 +75,10 @@ RESTARTS = "restarts"
 # rank -> restarts after preemptions (a command ended by SIGTERM or SIGKILL): counted apart
 # from RESTARTS (the command failed by itself), bounded by the manifest's max_preemptions.
 PREEMPTIONS = "preemptions"
+# A failed certificate renewal is tried again after this long: the certificate is renewed
+# from half its validity (12 h of a 24 h one), so there are hundreds of tries before it
+# expires, and a failing backend is not asked every round.
+RENEWAL_RETRY_S = 60.0
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
@@ -205,6 +209,7 @@ class Guardian:
         self.wake = threading.Event()
         self.handles: dict[int, int] = {}
         self._renewal_refused = False  # the backend cannot renew certificates: stop asking
+        self._renewal_retry_at = 0.0  # after a failed renewal: when to try again
         self.started_at: dict[int, float] = {}
         self.platform_restarts = 0
         self.pipeline = PipelineFailover(self)
@@ -585,17 +590,29 @@ class Guardian:
     def renew_job_certificate(self, spec: JobSpec) -> None:
         """Past half its validity, the job's TDS client certificate is re-issued and handed
         to the running learners (`Backend.renew_tls`); learners started later get it in
-        their spec. A backend that cannot is told once, and logged."""
+        their spec. A backend that cannot renew at all is told once, and logged; a failed
+        attempt (the cluster's API away, a full disk) is tried again a minute later, so
+        one bad moment in the certificate's second half does not end the job's logs when
+        it expires."""
         if not self.config.tds_tls_dir or not spec.tds_tls or self._renewal_refused:
             return
-        if not renewal_due(spec.tds_tls):
+        if not renewal_due(spec.tds_tls) or time.monotonic() < self._renewal_retry_at:
             return
         try:
             fresh = InternalTls(Path(self.config.tds_tls_dir)).job_credentials(self.job_id)
             self.backend.renew_tls(spec, fresh)
-        except (TlsError, BackendError, OSError) as exc:
-            self._renewal_refused = isinstance(exc, BackendError)
+        except RenewalUnsupported as exc:
+            self._renewal_refused = True
             log.warning("job %s: cannot renew its TDS certificate: %s", self.job_id, exc)
+            return
+        except (TlsError, BackendError, OSError) as exc:
+            self._renewal_retry_at = time.monotonic() + RENEWAL_RETRY_S
+            log.warning(
+                "job %s: renewing its TDS certificate failed (trying again in %.0f s): %s",
+                self.job_id,
+                RENEWAL_RETRY_S,
+                exc,
+            )
             return
         spec.tds_tls = self.config.tds_tls = fresh
         log.info("job %s: renewed its learners' TDS certificate", self.job_id)

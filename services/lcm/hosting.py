@@ -101,9 +101,9 @@ def guardians_per_host(env: Mapping[str, str]) -> int:
 
 def _job_certificates(internal_tls: InternalTls, backend: str) -> Callable[[str], dict[str, str]]:
     """How the LCM issues a job's TDS certificate: short-lived (24 h) where the guardian
-    can renew it in running learners (a backend whose `renews_tls`: local, docker), else
-    as long as a daemon's, since a learner there would lose its log shipping when the
-    first one expired."""
+    can renew it in running learners (a backend whose `renews_tls`: local, docker,
+    kubernetes), else as long as a daemon's, since a learner there would lose its log
+    shipping when the first one expired."""
     from services.backends.api import BACKENDS
     from services.security.tls import CLIENT_DAYS
 
