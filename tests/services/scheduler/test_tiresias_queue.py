@@ -1,15 +1,28 @@
 """The live queue in Tiresias order when the cluster config selects Elastic-Tiresias
 (issue #19): the user's priority first, then the Tiresias queue of the GPU·s a job
 attained in its earlier placements, then arrival. The default policy keeps the FCFS
-order. Unit tests on the GangScheduler, with a fake clock."""
+order. Unit tests on the GangScheduler, with a fake clock; then the daemon's scheduling
+loop (real MongoDB-wire server) placing by that order."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import pytest
+from rhizome.v1 import job_pb2
+
+from contract.procs import free_port
+from services.client.sdk import Client
+from services.config import PlatformConfig
+from services.daemon import Daemon
+from services.embedded.process import ManagedServer
 from services.scheduler.api import JobRequest
 from services.scheduler.elasticity import get_scaling_policy, scaling_from_config
 from services.scheduler.persist import MemoryPlacementStore
 from services.scheduler.quota import QuotaConfig, quota_config_from_mapping
 from services.scheduler.scheduler import GangScheduler
+from tests.integration.conftest import token_client
 from tests.services.scheduler.conftest import gpu_cluster
 
 # quanta of 100 and 1,000 GPU·s: three queues, crossed within a test's fake seconds
@@ -156,3 +169,99 @@ def test_an_elastic_jobs_scale_gangs_and_shrinks_add_to_its_attained_service() -
     sched.resize("el", 1)  # down to one learner at 20 s
     now[0] = 30.0
     assert sched.attained("el") == 60.0 + 1 * 10.0
+
+
+# -- live: the daemon's scheduling loop -----------------------------------------------------
+
+CLUSTER = """nodes:
+  - name: gpu-node
+    cpus: 8
+    memory_mb: 8192
+    gpus: 4
+    gpu_type: FAKE
+scheduler:
+  scaling: {scaling}
+  scaling_options: {options}
+"""
+GPU_JOB = (
+    "name: {name}\nlearners: 2\ngpus: 2\ngpu_type: FAKE\ncpus: 1\nmemory: 512\n"
+    "framework: {{command: 'true'}}\n"
+)
+
+
+def live_daemon(mongo: ManagedServer, data_dir: Path, scaling: str, options: str) -> Daemon:
+    (data_dir / "cluster.yaml").write_text(CLUSTER.format(scaling=scaling, options=options))
+    daemon = Daemon(
+        PlatformConfig(
+            data_dir=data_dir,
+            # a database of its own: other tests' queued jobs must not compete for its GPUs
+            mongodb_uri=mongo.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?"),
+            services=("api", "scheduler"),  # no LCM: placed jobs stay PENDING
+            grpc_address=f"127.0.0.1:{free_port()}",
+            rest_address=f"127.0.0.1:{free_port()}",
+            metrics_address="",
+            cluster_config=str(data_dir / "cluster.yaml"),
+        )
+    )
+    daemon.start()
+    return daemon
+
+
+def status_is(client: Client, job_id: str, status: int, timeout_s: float = 30) -> job_pb2.Job:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get_job(job_id)
+        if job.status == status:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} is {job_pb2.JobStatus.Name(job.status)}: {job}")
+
+
+def reason_has(client: Client, job_id: str, text: str, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    reason = ""
+    while time.monotonic() < deadline:
+        reason = client.get_job(job_id).queue_reason
+        if text in reason:
+            return reason
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id}'s queue reason lacks {text!r}: {reason!r}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("scaling", "options", "first"),
+    [("elastic-tiresias", "{quanta_gpu_s: [1.0]}", "short"), ("none", "{}", "long")],
+)
+def test_the_daemon_places_a_new_short_job_before_a_resumed_long_one_under_tiresias(
+    mongo_server: ManagedServer, tmp_path: Path, scaling: str, options: str, first: str
+) -> None:
+    daemon = live_daemon(mongo_server, tmp_path, scaling, options)
+    try:
+        with token_client(daemon, "user") as rz:
+            long = rz.create_job(GPU_JOB.format(name="long")).job_id
+            status_is(rz, long, job_pb2.PENDING)  # holds the 4 GPUs: 4 GPU·s a second
+            time.sleep(1.0)  # past the 1 GPU·s quantum
+            rz.halt_job(long)  # the scheduler releases it, adding up its service
+            holder = rz.create_job(GPU_JOB.format(name="holder")).job_id
+            status_is(rz, holder, job_pb2.PENDING)
+            # both wait for the holder's GPUs: the long job came back first (and was
+            # created first), the short one is new
+            assert rz.resume_job(long).status == job_pb2.QUEUED
+            reason_has(rz, long, "needs 2 learners")
+            short = rz.create_job(GPU_JOB.format(name="short")).job_id
+            if scaling == "elastic-tiresias":
+                reason_has(rz, long, "Elastic-Tiresias order: queue 1 of 2 (attained ")
+                assert "queue 0 of 2 (attained 0 GPU·s" in reason_has(rz, short, "queue 0")
+            else:
+                reason_has(rz, short, "needs 2 learners")
+                assert "Tiresias" not in rz.get_job(long).queue_reason
+            rz.delete_job(holder)
+            other = short if first == "long" else long
+            status_is(rz, short if first == "short" else long, job_pb2.PENDING)
+            time.sleep(1.0)  # several passes: the other one still waits
+            assert rz.get_job(other).status == job_pb2.QUEUED
+            for job_id in (long, short):
+                rz.delete_job(job_id)
+    finally:
+        daemon.stop()
