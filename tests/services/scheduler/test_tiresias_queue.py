@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rhizome.v1 import job_pb2
 
 from contract.procs import free_port
@@ -19,7 +21,9 @@ from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.scheduler.api import JobRequest
 from services.scheduler.elasticity import get_scaling_policy, scaling_from_config
+from services.scheduler.elasticity.tiresias import tiresias_queue
 from services.scheduler.persist import MemoryPlacementStore
+from services.scheduler.queue import JobQueue, QueueOrder
 from services.scheduler.quota import QuotaConfig, quota_config_from_mapping
 from services.scheduler.scheduler import GangScheduler
 from tests.integration.conftest import token_client
@@ -169,6 +173,47 @@ def test_an_elastic_jobs_scale_gangs_and_shrinks_add_to_its_attained_service() -
     sched.resize("el", 1)  # down to one learner at 20 s
     now[0] = 30.0
     assert sched.attained("el") == 60.0 + 1 * 10.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["push", "remove"]),
+            st.integers(0, 11),  # job number
+            st.integers(0, 2),  # priority
+            st.sampled_from([0.0, 50.0, 150.0, 5000.0]),  # attained GPU·s
+            st.sampled_from(["", "V100", "K80"]),
+            st.floats(0, 10),  # arrival
+        ),
+        max_size=50,
+    )
+)
+def test_the_tiresias_ordered_queue_equals_a_full_sort_after_any_pushes_and_removes(
+    steps: list[tuple[str, int, int, float, str, float]],
+) -> None:
+    policy = get_scaling_policy("elastic-tiresias", quanta_gpu_s=QUANTA)
+    assert isinstance(policy, QueueOrder)
+    queue = JobQueue(order=policy)
+    for op, n, priority, attained, gpu_type, arrival in steps:
+        job_id = f"job-{n}"
+        if op == "push":
+            gpus = 1 if gpu_type else 0
+            request = JobRequest(job_id, learners=1, gpus=gpus, gpu_type=gpu_type,
+                                 priority=priority, arrival=arrival)  # fmt: skip
+            queue.push(request, attained_gpu_s=attained)
+        else:
+            queue.remove(job_id)
+        entries = [e for e in (queue.get(f"job-{i}") for i in range(12)) if e is not None]
+        expected = sorted(entries, key=policy.queue_key)
+        assert queue.ordered() == expected
+        for entry in expected:
+            same_pool = [e for e in expected if e.job.pool == entry.job.pool]
+            assert queue.ahead_of(entry.job.job_id) == same_pool.index(entry)
+        # priority, then Tiresias queue, then arrival
+        keys = [(-e.job.priority, tiresias_queue(e.attained_gpu_s, QUANTA), e.job.arrival)
+                for e in expected]  # fmt: skip
+        assert keys == sorted(keys)
 
 
 # -- live: the daemon's scheduling loop -----------------------------------------------------
