@@ -295,11 +295,15 @@ class Controller:
         a script that ignores SIGTERM does not hold a halt up)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(ref.pid, signal.SIGTERM)
+        # and what carries the learner's label outside the group (it forked away)
+        for pid in procs.labelled(self.spec.job_id, self.spec.rank, Role.LEARNER):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.grace_s
         while procs.group_alive(ref.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         killed = procs.group_alive(ref.pid)
-        # what else carries the learner's label (forked out of the group) gets the rest
+        # the labelled processes left get the rest of the grace, then SIGKILL
         left = 0.0 if killed else max(0.0, deadline - time.monotonic())
         procs.kill_labelled(self.spec.job_id, self.spec.rank, Role.LEARNER, grace_s=left)
         return killed
