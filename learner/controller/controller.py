@@ -32,7 +32,8 @@ the runtime has failed over without it (docs/runtime.md, "On the platform").
 
 Halt: the guardian writes ``{"action": "halt"}`` to the job's control key; the controller
 sends SIGTERM to the command's process group (the checkpoint SDK saves on it), waits
-``grace_s``, then SIGKILLs what is left. SIGTERM to the controller itself (the platform is
+``grace_s``, then SIGKILLs what is left (its HALTED status then says so, exit code 137,
+for the guardian to put in the history). SIGTERM to the controller itself (the platform is
 shutting down) does the same but records nothing, so a later guardian restarts the learner.
 """
 
@@ -288,12 +289,24 @@ class Controller:
             self.wake.wait(0.1)
             self.wake.clear()
 
-    def stop_command(self, ref: procs.ProcRef) -> None:
+    def stop_command(self, ref: procs.ProcRef) -> bool:
+        """SIGTERM, ``grace_s`` to save and leave, then SIGKILL. True when the command
+        was still running once the grace was over (it was killed: the grace is bounded,
+        a script that ignores SIGTERM does not hold a halt up)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(ref.pid, signal.SIGTERM)
-        procs.kill_labelled(
-            self.spec.job_id, self.spec.rank, Role.LEARNER, grace_s=self.spec.grace_s
-        )
+        # and what carries the learner's label outside the group (it forked away)
+        for pid in procs.labelled(self.spec.job_id, self.spec.rank, Role.LEARNER):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.grace_s
+        while procs.group_alive(ref.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed = procs.group_alive(ref.pid)
+        # the labelled processes left get the rest of the grace, then SIGKILL
+        left = 0.0 if killed else max(0.0, deadline - time.monotonic())
+        procs.kill_labelled(self.spec.job_id, self.spec.rank, Role.LEARNER, grace_s=left)
+        return killed
 
     def store_results(self) -> None:
         """Copy the learner's results to the job's result store, and to each data store
@@ -431,11 +444,19 @@ class Controller:
             if code is None:
                 code = self.wait_command(ref)
             if code is None:
-                self.stop_command(ref)
+                killed = self.stop_command(ref)
                 if collector is not None:
                     collector.stop(drain=True)
                 if self.terminate.is_set() and not self.halt.is_set():
                     return EXIT_TERMINATED  # the lease goes with us: the guardian restarts us
+                if killed:  # the exit code says so to the guardian, which tells the user
+                    self.record(
+                        HALTED,
+                        exit_code=int(KILLED_EXIT_CODE),
+                        message=f"halted on request; the command did not stop within its "
+                        f"{self.spec.grace_s:g} s grace after SIGTERM and was killed",
+                    )
+                    return EXIT_OK
                 self.record(HALTED, message="halted on request")
                 return EXIT_OK
             if collector is not None:

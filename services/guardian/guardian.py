@@ -713,12 +713,16 @@ class Guardian:
             )
 
     def halt(self, spec: JobSpec) -> int:
-        """Learners save and stop (they watch the same control key); then HALTED."""
+        """Learners save and stop (they watch the same control key: SIGTERM, the grace,
+        then SIGKILL); then HALTED. Bounded: whatever still runs after the grace (and a
+        margin) is stopped here, and the history names the learners that were killed
+        rather than saving and leaving."""
         deadline = time.monotonic() + spec.grace_s + 5
+        busy: list[int] = []
         while time.monotonic() < deadline:
             entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
             busy = [
-                e
+                _rank_of(e.key)
                 for e in entries.values()
                 if e.lease
                 and isinstance(e.value, dict)
@@ -728,8 +732,27 @@ class Guardian:
                 break
             self.wake.wait(0.2)
             self.wake.clear()
+        entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
+        killed = sorted(
+            {
+                _rank_of(e.key)
+                for e in entries.values()
+                if isinstance(e.value, dict)
+                and e.value.get("status") == LearnerStatus.HALTED.value
+                and e.value.get("exit_code") == int(ExitCode.KILLED)
+            }
+            | set(busy)
+        )
         self.backend.stop_learners(self.job_id, grace_s=1.0)
-        return self.finish(states.HALTED, self.control_reason())
+        reason = self.control_reason()
+        if killed:
+            who = ", ".join(str(r) for r in killed)
+            reason += (
+                f"; learner{'s' * (len(killed) > 1)} {who} did not stop within its "
+                f"{spec.grace_s:g} s grace after SIGTERM (no save) and "
+                f"{'were' if len(killed) > 1 else 'was'} killed"
+            )
+        return self.finish(states.HALTED, reason)
 
     def fail_learner(self, rank: int, code: int, restarts: int, why: str = "") -> int:
         self.backend.stop_learners(self.job_id, grace_s=2.0)

@@ -44,7 +44,10 @@ def queued_reason(
     ahead: int,
     blocked_by: str | None,
     preemptions: int,
+    order_note: str | None = None,
 ) -> str:
+    """``order_note``: what the queue's order (a scaling policy's, e.g. Elastic-Tiresias:
+    "queue 1 of 3 (attained 12,340 GPU·s ...)") says of the job; none for FCFS."""
     parts = [f"job {job.job_id} is queued: needs {job.describe()}"]
     cls = ledger.classify(job)
     if cls == QuotaClass.OVER_LIMIT and ledger.config is not None:
@@ -82,6 +85,8 @@ def queued_reason(
         )
     elif fits_now and cls in (QuotaClass.GUARANTEED, QuotaClass.BORROW):
         parts.append("it fits now and starts at the next scheduling pass")
+    if order_note:
+        parts.append(order_note)
     if preemptions:
         parts.append(
             f"it was halted {preemptions} time{'s' if preemptions != 1 else ''} to return "

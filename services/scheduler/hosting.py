@@ -527,7 +527,9 @@ def build(ctx: DaemonContext) -> Hosted:
     def lead() -> None:
         # Placements the previous leader made since `build` are in MongoDB: a hot standby
         # re-reads them at takeover before its first pass, so nothing is double-booked.
-        fresh = GangScheduler(Cluster(source.nodes()), quotas=quotas, store=store)
+        # the scaling policy too: without it the leader's scheduler never
+        # resized elastic jobs nor ordered its queue by it
+        fresh = GangScheduler(Cluster(source.nodes()), quotas=quotas, store=store, scaling=scaling)
         with servicer._lock:
             servicer.scheduler = loop.scheduler = fresh
         loop.start()

@@ -37,12 +37,13 @@ from services.scheduler.api import (
     SchedulerError,
     ScheduleResult,
     UnknownJob,
+    scale_gang_parent,
 )
 from services.scheduler.cluster import Cluster, Node
 from services.scheduler.elasticity.api import ScalingPolicy
 from services.scheduler.elasticity.driver import ElasticDriver
 from services.scheduler.placement import get_policy
-from services.scheduler.queue import JobQueue
+from services.scheduler.queue import JobQueue, QueueOrder
 from services.scheduler.quota import QuotaClass, QuotaConfig, QuotaLedger
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ log = logging.getLogger(__name__)
 # fits elsewhere): long enough for the next placements, short enough that a node slowed
 # by a passing neighbour comes back.
 STRAGGLER_AVOID_S = 600.0
+# The attained service of jobs that left the scheduler (halted in the daemon, which
+# releases them) is remembered for their return (a resume): at most this many, oldest
+# forgotten first (most of them ended for good and never come back).
+ATTAINED_REMEMBERED = 10_000
 
 
 @dataclass
@@ -65,6 +70,27 @@ class JobRecord:
     blocked_by: str | None = None
     # elastic jobs asked to shrink to make room for this one (a scaling policy)
     waiting_for_shrink: tuple[str, ...] = ()
+    # Attained service (Tiresias): GPU·s (learner·s for CPU-only jobs) of its placements,
+    # learners × max(1, gpus) × seconds placed, banked up to `banked_at` (when a placement
+    # ended or changed size); the running placement adds the time since.
+    attained_gpu_s: float = 0.0
+    banked_at: float | None = None
+
+    def gpu_rate(self) -> int:
+        """GPU·s it attains per second while placed."""
+        return self.job.learners * max(1, self.job.gpus)
+
+    def attained(self, now: float) -> float:
+        """GPU·s attained so far: the banked service plus the running placement's."""
+        if self.placement is None:
+            return self.attained_gpu_s
+        since = max(self.placement.placed_at, self.banked_at or self.placement.placed_at)
+        return self.attained_gpu_s + max(0.0, now - since) * self.gpu_rate()
+
+    def bank(self, now: float) -> None:
+        """Add up the running placement's service so far (its end, or a change of size)."""
+        self.attained_gpu_s = self.attained(now)
+        self.banked_at = now if self.placement is not None else None
 
     def to_doc(self) -> dict[str, Any]:
         p = self.placement
@@ -79,6 +105,8 @@ class JobRecord:
             "policy": p.policy if p else "",
             "borrowing": p.borrowing if p else False,
             "preemptions": self.preemptions,
+            "attained_gpu_s": self.attained_gpu_s,
+            "banked_at": self.banked_at,
         }
 
 
@@ -120,12 +148,18 @@ class GangScheduler:
         self.ledger = QuotaLedger(quotas)
         self.seed = seed
         self.backfill = backfill
-        self.queue = JobQueue(batch_window_s)
+        # a scaling policy that orders the queue (Elastic-Tiresias) gives its key; any
+        # other keeps the FCFS order (services/scheduler/queue.py)
+        self.queue = JobQueue(
+            batch_window_s, order=scaling if isinstance(scaling, QueueOrder) else None
+        )
         self.store = store
         self.clock = clock
         self.records: dict[str, JobRecord] = {}
         self.restored_reservations: list[str] = []
         self.avoided: dict[str, float] = {}  # node name -> until when (stragglers)
+        # job id -> GPU·s attained, for jobs that left (see ATTAINED_REMEMBERED)
+        self.attained_left: dict[str, float] = {}
         # running elastic jobs resized by the scaling policy (services/scheduler/elasticity)
         self.elasticity = ElasticDriver(self, scaling)
         if store is not None:
@@ -174,8 +208,10 @@ class GangScheduler:
                 f"job {job.job_id} is already known with a different request; use a new job id"
             )
         self.check(job)
-        entry = self.queue.push(job)
-        rec = JobRecord(job, SchedState.QUEUED, entry.seq, entry.batch)
+        # a job that comes back (a resume after a halt) keeps the service it attained
+        attained = self.attained_left.pop(job.job_id, 0.0)
+        entry = self.queue.push(job, attained_gpu_s=attained)
+        rec = JobRecord(job, SchedState.QUEUED, entry.seq, entry.batch, attained_gpu_s=attained)
         self.records[job.job_id] = rec
         self._save(rec)
 
@@ -279,7 +315,7 @@ class GangScheduler:
                 rec.blocked_by = None
                 continue
             for victim in victims:
-                self._requeue_preempted(victim)
+                self._requeue_preempted(victim, now)
                 preempted.append(victim)
                 preempted_for[victim] = job
             placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
@@ -340,15 +376,18 @@ class GangScheduler:
             self.cluster.allocate(victim.job, victim.learner_idx)
         return None, []
 
-    def _requeue_preempted(self, job_id: str) -> None:
+    def _requeue_preempted(self, job_id: str, now: float) -> None:
         rec = self.records[job_id]
         assert rec.placement is not None
         self.ledger.refund(rec.job, rec.placement.borrowing)
+        rec.bank(now)
         rec.placement = None
+        rec.banked_at = None
         rec.learner_idx = ()
         rec.state = SchedState.QUEUED
         rec.preemptions += 1
-        self.queue.push(rec.job, seq=rec.seq, batch=rec.batch)
+        # re-keyed with the service it attained (Tiresias: it may go down a queue)
+        self.queue.push(rec.job, seq=rec.seq, batch=rec.batch, attained_gpu_s=rec.attained_gpu_s)
         self._save(rec)
 
     # -- lifecycle after placement -------------------------------------------------------
@@ -362,19 +401,50 @@ class GangScheduler:
             rec.state = SchedState.BOUND
             self._save(rec)
 
-    def release(self, job_id: str) -> bool:
-        """Forget a job (finished, failed, deleted): free what it holds. False if unknown."""
+    def release(self, job_id: str, now: float | None = None) -> bool:
+        """Forget a job (finished, failed, deleted, halted): free what it holds. False if
+        unknown. The service it attained is added up: a scale gang's goes to its job, a
+        job's is remembered for its return (a resume of a halted job)."""
         self.elasticity.forget(job_id)
         rec = self.records.pop(job_id, None)
         if rec is None:
             return False
         self.queue.remove(job_id)
+        attained = rec.attained(self.clock() if now is None else now)
+        parent = scale_gang_parent(job_id)
+        if parent is None:
+            self._remember_attained(job_id, attained)
+        elif parent in self.records:
+            self.records[parent].attained_gpu_s += attained
         if rec.placement is not None:
             self.cluster.release(job_id)
             self.ledger.refund(rec.job, rec.placement.borrowing)
         if self.store is not None:
             self.store.delete(job_id)
         return True
+
+    def _remember_attained(self, job_id: str, attained: float) -> None:
+        if attained <= 0:
+            return
+        self.attained_left.pop(job_id, None)
+        self.attained_left[job_id] = attained
+        while len(self.attained_left) > ATTAINED_REMEMBERED:
+            del self.attained_left[next(iter(self.attained_left))]
+
+    def attained(self, job_id: str, now: float | None = None) -> float:
+        """GPU·s a job attained so far: its own record (earlier placements included) and
+        its scale gangs (an elastic job's, services/scheduler/elasticity). The one number
+        the queue's Tiresias order and the scaling policy's queues both use."""
+        now = self.clock() if now is None else now
+        rec = self.records.get(job_id)
+        if rec is None:
+            return self.attained_left.get(job_id, 0.0)
+        gangs = [
+            r
+            for gid, r in self.records.items()
+            if scale_gang_parent(gid) == job_id and r.placement is not None
+        ]
+        return rec.attained(now) + sum(g.attained(now) for g in gangs)
 
     def place_now(self, job: JobRequest) -> Placement:
         """Place one gang at once, outside the queue (a scaling policy's growth, which it
@@ -420,6 +490,7 @@ class GangScheduler:
         borrowing = rec.placement.borrowing
         self.cluster.release(rec.job.job_id)
         self.ledger.refund(rec.job, borrowing)
+        rec.bank(self.clock())  # the service at the old size, before it shrinks
         rec.job = replace(rec.job, learners=learners)
         rec.learner_idx = rec.learner_idx[:learners]
         self.cluster.allocate(rec.job, rec.learner_idx)
@@ -526,6 +597,8 @@ class GangScheduler:
                 bound=rec.state == SchedState.BOUND,
                 borrowing=rec.placement.borrowing,
             )
+        entry = self.queue.get(job_id)
+        order = self.queue.order
         return explain_mod.queued_reason(
             rec.job,
             self.cluster,
@@ -533,6 +606,7 @@ class GangScheduler:
             ahead=self.queue.ahead_of(job_id),
             blocked_by=rec.blocked_by,
             preemptions=rec.preemptions,
+            order_note=order.queue_note(entry) if order is not None and entry else None,
         )
 
     def cluster_view(self) -> ClusterView:
@@ -555,6 +629,7 @@ class GangScheduler:
                 int(doc.get("seq", 0)),
                 int(doc.get("batch", 0)),
                 preemptions=int(doc.get("preemptions", 0)),
+                attained_gpu_s=float(doc.get("attained_gpu_s") or 0.0),
             )
             self.records[job.job_id] = rec
             state = SchedState(str(doc.get("state", "queued")))
@@ -579,9 +654,11 @@ class GangScheduler:
                         str(doc.get("policy", "")),
                         borrowing,
                     )
+                    banked_at = doc.get("banked_at")
+                    rec.banked_at = float(banked_at) if banked_at is not None else None
                     if state == SchedState.RESERVED:
                         self.restored_reservations.append(job.job_id)
                     continue
-            self.queue.push(job, seq=rec.seq, batch=rec.batch)
+            self.queue.push(job, seq=rec.seq, batch=rec.batch, attained_gpu_s=rec.attained_gpu_s)
             if state != SchedState.QUEUED:
                 self._save(rec)

@@ -162,7 +162,6 @@ class ElasticDriver:
             size = self.size(job_id)
             if job_id in self.shrinking:
                 size = min(size, self.shrinking[job_id].learners)
-            ran = max(0.0, now - rec.placement.placed_at)
             out.append(
                 ElasticJob(
                     job_id,
@@ -170,7 +169,8 @@ class ElasticDriver:
                     lo,
                     hi,
                     rec.job.gpus,
-                    attained_gpu_s=ran * size * max(1, rec.job.gpus),
+                    # the number the queue's Tiresias order uses (GangScheduler.attained)
+                    attained_gpu_s=self.s.attained(job_id, now),
                     arrival=rec.job.arrival,
                     pool=pool,
                 )

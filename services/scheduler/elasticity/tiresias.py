@@ -17,6 +17,13 @@ Elastic-Tiresias adds two rules for elastic jobs:
 - **Grow**: capacity nobody waits for goes, one learner at a time, to the elastic job
   whose throughput gains the most from one more learner (``ThroughputModel.gain``),
   up to its maximum; ties go to the higher-priority job.
+
+The policy also orders the scheduler's queue (``queue_key``, the ``QueueOrder`` hook of
+services/scheduler/queue.py): the user's explicit ``priority`` first (higher first: an
+urgent job is not held back by the service it already had), then the Tiresias queue of
+the GPU·s the job attained in its earlier placements (a job preempted or halted after a
+long run goes behind short new ones), then arrival. Every job, elastic or not, is ordered
+so; the default policy keeps the FCFS order.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from services.scheduler.elasticity.api import (
     ScalingPolicy,
     ThroughputModel,
 )
+from services.scheduler.queue import QueueEntry, SortKey
 
 # Amoeba §6 / Tiresias: three queues, thresholds 10,000 and 200,000 GPU·s.
 DEFAULT_QUANTA_GPU_S: tuple[float, ...] = (10_000.0, 200_000.0)
@@ -94,6 +102,21 @@ class ElasticTiresias(ScalingPolicy):
 
     def queue_of(self, job: ElasticJob) -> int:
         return tiresias_queue(job.attained_gpu_s, self.quanta)
+
+    # -- the queue's order (services/scheduler/queue.py, QueueOrder) ------------------------
+    def queue_key(self, entry: QueueEntry) -> SortKey:
+        """Priority (high first), then Tiresias queue, then arrival (then the unique seq)."""
+        job = entry.job
+        queue = tiresias_queue(entry.attained_gpu_s, self.quanta)
+        return (-job.priority, queue, job.arrival, entry.seq)
+
+    def queue_note(self, entry: QueueEntry) -> str:
+        queue = tiresias_queue(entry.attained_gpu_s, self.quanta)
+        # numbered from 0 as in the policy's shrink reasons ("queue 1 ... shrinks")
+        return (
+            f"Elastic-Tiresias order: queue {queue} of {len(self.quanta) + 1} (attained "
+            f"{entry.attained_gpu_s:,.0f} GPU·s; queue 0 goes first, then arrival)"
+        )
 
     def shrink(
         self, waiting_learners: int, pending: int, jobs: Sequence[ElasticJob], fits: FitsWith
