@@ -261,6 +261,10 @@ class GangScheduler:
         placements: list[Placement] = []
         preempted: list[str] = []
         blocked: dict[str, str] = {}  # pool -> the job at its head that could not fit
+        # pool -> the first borrower that could not fit: it holds back later borrowers
+        # only. A job within its owner's quota goes on past it (and may preempt borrowers
+        # to fit): a borrower at the head must not keep the quota's owner from its GPUs.
+        borrowers_blocked: dict[str, str] = {}
         # Free resources only shrink during a pass (until a preemption), so a shape that
         # failed once fails again: skip the policy for it. Keeps per-pod passes cheap.
         failed_shapes: set[tuple[Any, ...]] = set()
@@ -283,6 +287,9 @@ class GangScheduler:
             if cls in (QuotaClass.OVER_LIMIT, QuotaClass.OVER_QUOTA):
                 rec.blocked_by = None
                 continue  # its owner's business: it does not hold the pool back
+            if cls == QuotaClass.BORROW and job.pool in borrowers_blocked and not self.backfill:
+                rec.blocked_by = borrowers_blocked[job.pool]
+                continue
             shape = _shape(job)
             assignment = None if shape in failed_shapes else self._propose(job)
             victims: list[str] = []
@@ -311,7 +318,10 @@ class GangScheduler:
                     failed_shapes.clear()
             if assignment is None:
                 failed_shapes.add(shape)
-                blocked.setdefault(job.pool, job.job_id)
+                if cls == QuotaClass.BORROW:
+                    borrowers_blocked.setdefault(job.pool, job.job_id)
+                else:
+                    blocked.setdefault(job.pool, job.job_id)
                 rec.blocked_by = None
                 continue
             for victim in victims:

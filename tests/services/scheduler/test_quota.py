@@ -46,6 +46,23 @@ def test_borrowing_job_is_preempted_when_the_quota_owner_needs_it() -> None:
     assert [p.job_id for p in sched.schedule().placements] == ["bob-borrow"]
 
 
+def test_a_borrower_waiting_at_the_head_does_not_keep_the_quota_owner_waiting() -> None:
+    # bob holds his quota and borrows alice's idle half; his next borrower waits at the
+    # head of the pool (older than alice's job): alice's job, within her quota, must
+    # still preempt the placed borrower instead of queueing behind the waiting one
+    quotas = quota_config_from_mapping(QUOTAS, ["V100"])
+    sched = GangScheduler(gpu_cluster(nodes=4, gpus=4), quotas=quotas, clock=lambda: 0.0)
+    sched.submit(_job("bob-own", "bob", 2, 4, arrival=0))
+    sched.submit(_job("bob-borrow", "bob", 2, 4, arrival=1))
+    assert len(sched.schedule().placements) == 2
+    sched.submit(_job("bob-more", "bob", 2, 4, arrival=10))  # borrows too: no room
+    sched.submit(_job("alice-job", "alice", 2, 4, arrival=20))
+    result = sched.schedule()
+    assert result.preempted == ["bob-borrow"]
+    assert [p.job_id for p in result.placements] == ["alice-job"]
+    assert sched.state("bob-more") == SchedState.QUEUED
+
+
 def test_a_guaranteed_job_never_preempts_another_guaranteed_job() -> None:
     quotas = quota_config_from_mapping(QUOTAS, ["V100"])
     sched = GangScheduler(gpu_cluster(nodes=4, gpus=4), quotas=quotas, clock=lambda: 0.0)
