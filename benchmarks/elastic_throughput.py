@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{p} | {median[p]:.1f} | {each} | {speedup[p]:.2f} | {model.throughput(p):.2f} | "
             f"{100 * speedup[p] / p:.0f} %"
         )
-    print(f"CommunicationBound least-squares fit: overhead = {overhead:.4f} (simulator default 0.05)")
+    print(
+        f"CommunicationBound least-squares fit: overhead = {overhead:.4f} (simulator default 0.05)"
+    )
     if args.write:
         doc = {
             "format": THROUGHPUT_CURVE_FORMAT,

@@ -130,7 +130,8 @@ def fit_overhead(points: Mapping[int, float]) -> float:
             b = d
         else:
             a = c
-    return min(hi, max(0.0, (a + b) / 2))
+    # the bounds themselves win ties, so that linear data gives exactly 0
+    return min((0.0, (a + b) / 2, hi), key=sse)
 
 
 class MeasuredThroughput(ThroughputModel):
@@ -234,6 +235,32 @@ def load_throughput_curve(path: str | Path) -> MeasuredThroughput:
         return MeasuredThroughput([(r["learners"], r["samples_per_s"]) for r in raw])
     except ScalingConfigError as exc:
         raise ScalingConfigError(f"{p}: {exc}") from None
+
+
+def throughput_model_from_options(
+    name: str | None, overhead: float | None, curve: str | None
+) -> ThroughputModel:
+    """The model a scaling policy's ``throughput_model`` / ``throughput_overhead`` /
+    ``throughput_curve`` options name (None: not given). ``comm-bound`` (the default) is
+    ``CommunicationBound(overhead or 0.05)``; ``measured`` is the bundled curve or the
+    file ``curve`` (a path, relative to the working directory); a curve implies
+    ``measured``. A contradiction (a curve for ``comm-bound``, an overhead for
+    ``measured``) is a ``ScalingConfigError``."""
+    name = name if name is not None else ("measured" if curve is not None else "comm-bound")
+    if name == "comm-bound":
+        if curve is not None:
+            raise ScalingConfigError(
+                "throughput_curve is a measured curve; it goes with throughput_model: measured"
+            )
+        return CommunicationBound(0.05 if overhead is None else float(overhead))
+    if name == "measured":
+        if overhead is not None:
+            raise ScalingConfigError(
+                "throughput_overhead belongs to throughput_model: comm-bound; the measured "
+                "model fits its own"
+            )
+        return load_throughput_curve(BUNDLED_THROUGHPUT_CURVE if curve is None else curve)
+    raise ScalingConfigError(f"throughput_model={name!r}; use 'measured' or 'comm-bound'")
 
 
 class ScalingPolicy(abc.ABC):
