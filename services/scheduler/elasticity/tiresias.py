@@ -34,13 +34,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.scheduler.elasticity.api import (
-    CommunicationBound,
     ElasticJob,
     FitsWith,
     ScaleDecision,
     ScalingConfigError,
     ScalingPolicy,
     ThroughputModel,
+    throughput_model_from_options,
 )
 from services.scheduler.queue import QueueEntry, SortKey
 
@@ -75,8 +75,11 @@ def priority_key(job: ElasticJob, quanta: Sequence[float]) -> tuple[int, float, 
 class ElasticTiresias(ScalingPolicy):
     """See the module docstring. Options (the cluster config's ``scaling_options``):
     ``quanta_gpu_s`` (queue thresholds), ``pending_threshold`` (N: shrink when more than
-    N jobs wait; default 0), ``throughput_overhead`` (the ``CommunicationBound`` model's
-    per-learner all-reduce share)."""
+    N jobs wait; default 0), ``throughput_model`` (``comm-bound``, the default:
+    ``CommunicationBound`` with ``throughput_overhead``, its per-learner all-reduce share,
+    default 0.05; ``measured``: the curve measured on the elastic runtime, bundled with
+    the package, or the one in ``throughput_curve``, a file written by
+    benchmarks/elastic_throughput.py)."""
 
     name = "elastic-tiresias"
 
@@ -84,8 +87,10 @@ class ElasticTiresias(ScalingPolicy):
         self,
         quanta_gpu_s: Sequence[float] = DEFAULT_QUANTA_GPU_S,
         pending_threshold: int = 0,
-        throughput_overhead: float = 0.05,
+        throughput_overhead: float | None = None,
         model: ThroughputModel | None = None,
+        throughput_model: str | None = None,
+        throughput_curve: str | None = None,
     ) -> None:
         if (
             isinstance(pending_threshold, bool)
@@ -98,7 +103,9 @@ class ElasticTiresias(ScalingPolicy):
             )
         self.quanta = check_quanta(quanta_gpu_s)
         self.pending_threshold = pending_threshold
-        self.model = model or CommunicationBound(float(throughput_overhead))
+        self.model = model or throughput_model_from_options(
+            throughput_model, throughput_overhead, throughput_curve
+        )
 
     def queue_of(self, job: ElasticJob) -> int:
         return tiresias_queue(job.attained_gpu_s, self.quanta)
@@ -174,7 +181,13 @@ class ElasticTiresias(ScalingPolicy):
 
 
 def elastic_tiresias(**options: Any) -> ElasticTiresias:
-    known = {"quanta_gpu_s", "pending_threshold", "throughput_overhead"}
+    known = {
+        "quanta_gpu_s",
+        "pending_threshold",
+        "throughput_overhead",
+        "throughput_model",
+        "throughput_curve",
+    }
     unknown = sorted(set(options) - known)
     if unknown:
         raise ScalingConfigError(

@@ -179,11 +179,27 @@ def main() -> None:
     help="Offered load of the trace (demand / capacity).",
 )
 @click.option(
-    "--overhead",
-    default=0.05,
+    "--throughput",
+    "throughput",
+    default="measured",
     show_default=True,
+    type=click.Choice(["measured", "comm-bound"]),
+    help="Throughput model: the curve measured on the elastic runtime "
+    "(benchmarks/elastic_throughput.py), or p / (1 + overhead (p - 1)).",
+)
+@click.option(
+    "--throughput-curve",
+    "curve",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A curve file written by benchmarks/elastic_throughput.py --write "
+    "(--throughput measured; default: the bundled one).",
+)
+@click.option(
+    "--overhead",
+    default=None,
     type=click.FloatRange(0, 0.99),
-    help="Throughput model: p / (1 + overhead (p - 1)).",
+    help="--throughput comm-bound's overhead in p / (1 + overhead (p - 1)); default 0.05.",
 )
 @click.option(
     "--pending-threshold",
@@ -198,15 +214,37 @@ def elastic(
     jobs: int,
     gpus: int,
     load: float,
-    overhead: float,
+    throughput: str,
+    curve: str | None,
+    overhead: float | None,
     pending_threshold: int,
     as_json: bool,
 ) -> None:
     """Tiresias vs Elastic-Tiresias on the same traces and cluster: JCT mean and p99,
     utilisation, per-size JCT (services/scheduler/sim/elastic.py)."""
+    from services.scheduler.elasticity.api import ScalingConfigError
     from services.scheduler.sim.elastic import compare, format_compare
 
-    out = compare(seeds, jobs, gpus, load, overhead, pending_threshold)
+    if throughput == "measured" and overhead is not None:
+        raise click.UsageError(
+            "--overhead is the comm-bound model's; add --throughput comm-bound "
+            "(the measured model fits its own)"
+        )
+    if throughput == "comm-bound" and curve is not None:
+        raise click.UsageError("--throughput-curve goes with --throughput measured")
+    try:
+        out = compare(
+            seeds,
+            jobs,
+            gpus,
+            load,
+            0.05 if overhead is None else overhead,
+            pending_threshold,
+            throughput=throughput,
+            curve=curve,
+        )
+    except ScalingConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--throughput-curve") from None
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -16,7 +16,11 @@ simulated in ``engine.py``; here only how many GPUs each job holds matters). Eve
 
 A job's work is its duration at its requested size times the throughput of that size
 (``ThroughputModel``), so a job run wider or narrower finishes sooner or later by the
-model. A size change of a running elastic job stalls it ``rescale_s``; a job started
+model. ``compare`` takes the model by name (``throughput_model``): ``measured`` (the
+default) is the curve measured on Rhizome's elastic runtime
+(``services/scheduler/elasticity/data/elastic_regression_throughput.json``, written by
+``benchmarks/elastic_throughput.py``; or another such file), ``comm-bound`` is
+``p / (1 + overhead (p − 1))`` with a chosen overhead. A size change of a running elastic job stalls it ``rescale_s``; a job started
 again after a preemption loses ``restart_s`` (stop-resume: reload from a checkpoint).
 """
 
@@ -25,15 +29,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from services.scheduler.elasticity.api import (
+    BUNDLED_THROUGHPUT_CURVE,
     CommunicationBound,
     ElasticJob,
     FitsWith,
+    MeasuredThroughput,
     ThroughputModel,
+    load_throughput_curve,
 )
 from services.scheduler.elasticity.tiresias import (
     DEFAULT_QUANTA_GPU_S,
@@ -44,6 +52,9 @@ from services.scheduler.elasticity.tiresias import (
 TIRESIAS = "tiresias"
 ELASTIC_TIRESIAS = "elastic-tiresias"
 POLICIES = (TIRESIAS, ELASTIC_TIRESIAS)
+MEASURED = "measured"
+COMM_BOUND = "comm-bound"
+THROUGHPUT_MODELS = (MEASURED, COMM_BOUND)
 # Amoeba's measured stalls are about 1.1 s out and ~0 in; Rhizome measured 0.05 s
 # (benchmarks/RESULTS.md). The larger figure is taken, to favour the baseline.
 DEFAULT_RESCALE_S = 1.1
@@ -286,6 +297,27 @@ def _fits(free: int, need: int, running: list[ElasticJob]) -> FitsWith:
     return fits
 
 
+def throughput_model(
+    name: str = MEASURED, overhead: float = 0.05, curve: str | Path | None = None
+) -> tuple[ThroughputModel, str]:
+    """The simulator's throughput model by name, and a line that describes it: ``measured``
+    (``curve``, default the bundled one) or ``comm-bound`` (``overhead``)."""
+    if name == COMM_BOUND:
+        return CommunicationBound(overhead), f"comm-bound, overhead {overhead}"
+    if name == MEASURED:
+        path = Path(curve) if curve is not None else BUNDLED_THROUGHPUT_CURVE
+        model: MeasuredThroughput = load_throughput_curve(path)
+        label = "bundled" if curve is None else str(path)
+        pts = " ".join(f"{p}:{t:.2f}" for p, t in model.points)
+        return model, (
+            f"measured ({label}: {pts}; beyond p={model.points[-1][0]} fitted overhead "
+            f"{model.overhead:.3f})"
+        )
+    raise ValueError(
+        f"unknown throughput model {name!r}; choose one of {', '.join(THROUGHPUT_MODELS)}"
+    )
+
+
 def compare(
     seeds: int = 3,
     jobs: int = 480,
@@ -293,11 +325,14 @@ def compare(
     load: float = 1.0,
     overhead: float = 0.05,
     pending_threshold: int = 0,
+    throughput: str = MEASURED,
+    curve: str | Path | None = None,
 ) -> dict[str, Any]:
     """Tiresias and Elastic-Tiresias on the same Philly-shaped traces (one per seed) and
     cluster: per run and mean over seeds, JCT mean and p99, utilisation, makespan, and the
-    mean JCT per requested size (Amoeba's Table 2 shape)."""
-    model = CommunicationBound(overhead)
+    mean JCT per requested size (Amoeba's Table 2 shape). ``throughput`` names the model
+    (``throughput_model``); ``overhead`` is used by ``comm-bound`` only."""
+    model, described = throughput_model(throughput, overhead, curve)
     runs: list[dict[str, Any]] = []
     by_size: dict[str, dict[str, list[float]]] = {p: {} for p in POLICIES}
     for seed in range(seeds):
@@ -342,7 +377,9 @@ def compare(
         }
     return {
         "settings": {"seeds": seeds, "jobs": jobs, "gpus": gpus, "load": load,
-                     "overhead": overhead, "pending_threshold": pending_threshold},
+                     "throughput": throughput, "throughput_model": described,
+                     "overhead": overhead if throughput == COMM_BOUND else None,
+                     "pending_threshold": pending_threshold},
         "runs": runs,
         "mean": mean,
         "jct_mean_reduction_pct": round(100 * (1 - e["jct_mean_min"] / t["jct_mean_min"]), 1),
@@ -356,7 +393,7 @@ def format_compare(out: dict[str, Any]) -> list[str]:
     st = out["settings"]
     lines = [
         f"# Tiresias vs Elastic-Tiresias: {st['jobs']} jobs (Philly-shaped), {st['gpus']} GPUs, "
-        f"load {st['load']}, throughput overhead {st['overhead']}, {st['seeds']} seed(s)"
+        f"load {st['load']}, {st['seeds']} seed(s); throughput model {st['throughput_model']}"
     ]
     head = ("seed", "policy", "jct_mean_min", "jct_p99_min", "utilization_pct", "makespan_h",
             "rescales", "preemptions", "completed")  # fmt: skip
