@@ -17,11 +17,8 @@ and the history says so."""
 
 from __future__ import annotations
 
-import io
 import json
-import time
-import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +32,7 @@ from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from tests.integration.conftest import token_client
+from tests.services.guardian.helpers import code_zip, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -112,14 +110,6 @@ framework: {command: 'sleep 2'}
 """
 
 
-def code_zip(files: dict[str, str]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, text in files.items():
-            zf.writestr(name, text)
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def daemon(
     etcd_server: ManagedServer,
@@ -150,23 +140,13 @@ def daemon(
         running.stop()
 
 
-def until(what: str, probe: Callable[[], T | None], timeout_s: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def status(client: Client, job_id: str, wanted: int, timeout_s: float = 120.0) -> job_pb2.Job:
     def probe() -> job_pb2.Job | None:
         job = client.get_job(job_id)
         return job if job.status == wanted else None
 
     try:
-        return until(f"{job_id} {job_pb2.JobStatus.Name(wanted)}", probe, timeout_s)  # type: ignore[arg-type]
+        return wait_for(f"{job_id} {job_pb2.JobStatus.Name(wanted)}", probe, timeout_s)  # type: ignore[arg-type]
     except AssertionError:
         raise AssertionError(f"{job_id} is not {wanted}: {client.get_job(job_id)}") from None
 
@@ -206,7 +186,7 @@ def preempt(daemon: Daemon, files: dict[str, str], manifest: str, ready: str) ->
     with token_client(daemon, "borrower") as b, token_client(daemon, "owner") as a:
         borrowed = b.create_job(manifest, code_zip(files)).job_id
         status(b, borrowed, job_pb2.PROCESSING)
-        until(f"{ready!r} in the output", lambda: ready in stdout(daemon, borrowed))
+        wait_for(f"{ready!r} in the output", lambda: ready in stdout(daemon, borrowed), 120)
         owned = a.create_job(OWNER).job_id
         return borrowed, owned
 

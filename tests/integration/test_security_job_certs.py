@@ -16,13 +16,11 @@ import pytest
 from cryptography import x509
 from rhizome.v1 import tds_pb2
 
-from contract.procs import free_port
 from learner.controller.collector import RenewingStub
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
-from services.security.internal import SharedSecretCredentials
 from services.security.tls import JOB_CERT_VALID, InternalTls, renewal_due
+from tests.services.tds.helpers import mutual_tls_tds
 
 pytestmark = pytest.mark.integration
 
@@ -34,25 +32,8 @@ def tds(
     mongo_server: ManagedServer, es_server: ManagedServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Daemon, InternalTls, str]]:
     data_dir = Path(tmp_path_factory.mktemp("job-certs"))
-    secret = data_dir / "internal.secret"
-    running = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            mongodb_uri=mongo_server.url.replace("/?", "/job_certs?"),
-            elasticsearch_url=es_server.url,
-            services=("tds",),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            internal_secret_file=str(secret),
-            internal_tls_dir=str(data_dir / "ca"),
-        )
-    )
-    running.start()
-    try:
-        token = SharedSecretCredentials.from_file(secret, create=False).job_token(JOB)
-        yield running, InternalTls(data_dir / "ca"), token
-    finally:
-        running.stop()
+    with mutual_tls_tds(mongo_server.url, es_server.url, data_dir, "job_certs", JOB) as running:
+        yield running
 
 
 def count(stub: object) -> grpc.StatusCode:

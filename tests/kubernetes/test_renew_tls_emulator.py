@@ -27,7 +27,6 @@ import pytest
 from rhizome.v1 import tds_pb2
 
 from contract.credentials import TDS_TLS_DIR_ENV, TDS_TLS_FILE, tds_tls_file
-from contract.procs import free_port
 from learner.controller.collector import RenewingStub
 from services.backends.api import BackendError
 from services.backends.kubernetes.backend import KubernetesBackend
@@ -39,15 +38,14 @@ from services.backends.kubernetes.spec import (
     pod_name,
     tds_tls_name,
 )
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
-from services.security.internal import SharedSecretCredentials
 from services.security.tls import InternalTls
 from tests.kubernetes.conftest import Cluster, deploy, make_job, validate
 from tests.kubernetes.emulator import Emulator
 from tests.kubernetes.kubelet import KubeletEmulator
 from tests.services.guardian.helpers import wait_for
+from tests.services.tds.helpers import mutual_tls_tds
 
 pytestmark = pytest.mark.kubernetes
 
@@ -203,25 +201,8 @@ def tds(
 ) -> Iterator[tuple[Daemon, InternalTls, str]]:
     """The daemon's TDS alone, its internal port mutual TLS (the platform's own CA)."""
     data_dir = Path(tmp_path_factory.mktemp("k8s-renew"))
-    secret = data_dir / "internal.secret"
-    running = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            mongodb_uri=mongo_server.url.replace("/?", "/k8s_renew?"),
-            elasticsearch_url=es_server.url,
-            services=("tds",),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            internal_secret_file=str(secret),
-            internal_tls_dir=str(data_dir / "ca"),
-        )
-    )
-    running.start()
-    try:
-        token = SharedSecretCredentials.from_file(secret, create=False).job_token(JOB)
-        yield running, InternalTls(data_dir / "ca"), token
-    finally:
-        running.stop()
+    with mutual_tls_tds(mongo_server.url, es_server.url, data_dir, "k8s_renew", JOB) as running:
+        yield running
 
 
 def stored_lines(address: str, token: str, ca: InternalTls, none: Path) -> int:

@@ -100,3 +100,37 @@ class TDSProcess:
         if self.proc is not None and self.proc.poll() is None:
             stop_process_group(self.proc.pid)
             self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def mutual_tls_tds(
+    mongo_url: str, es_url: str, data_dir: Path, database: str, job_id: str
+) -> Iterator[tuple[Any, Any, str]]:
+    """A daemon hosting the TDS alone, its internal port on mutual TLS (the platform's own
+    CA under `data_dir/ca`), in a database of its own: yields the daemon, the CA that
+    issues job certificates, and `job_id`'s TDS token."""
+    from contract.procs import free_port
+    from services.config import PlatformConfig
+    from services.daemon import Daemon
+    from services.security.internal import SharedSecretCredentials
+    from services.security.tls import InternalTls
+
+    secret = data_dir / "internal.secret"
+    running = Daemon(
+        PlatformConfig(
+            data_dir=data_dir,
+            mongodb_uri=mongo_url.replace("/?", f"/{database}?"),
+            elasticsearch_url=es_url,
+            services=("tds",),
+            grpc_address=f"127.0.0.1:{free_port()}",
+            rest_address=f"127.0.0.1:{free_port()}",
+            internal_secret_file=str(secret),
+            internal_tls_dir=str(data_dir / "ca"),
+        )
+    )
+    running.start()
+    try:
+        token = SharedSecretCredentials.from_file(secret, create=False).job_token(job_id)
+        yield running, InternalTls(data_dir / "ca"), token
+    finally:
+        running.stop()
