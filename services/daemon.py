@@ -38,8 +38,8 @@ from services.hosting import (
     ServiceBuilder,
     SplitServer,
 )
-from services.leader.gate import StandbyGate
 from services.lcm.hosting import guardians_per_host_option
+from services.leader.gate import StandbyGate
 from services.security.api import SecurityError
 
 log = logging.getLogger("rhizomed")

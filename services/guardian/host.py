@@ -71,10 +71,21 @@ log = logging.getLogger("rhizome.guardian.host")
 STEP_CRASHED = -1
 
 
+# A host's lease TTL. A guardian process's lease is 2 s; a host's is longer because it
+# lapses for a different reason: at N=1,000 under load 20 (benchmarks/RESULTS.md) a host's
+# 2 s lease expired while its keep-alive thread waited for the GIL behind hundreds of
+# guardians' steps, and all its jobs moved at once. The lease only fences the host (its
+# jobs' guardian keys); the learners' leases are their own, so a longer TTL delays
+# nothing a learner does. Nor does it delay recovery from a dead host: the LCM revokes a
+# dead holder's lease as soon as it sees the pid gone (LifecycleManager.ensure_guardian).
+# It only lengthens how long a live host cut off from etcd keeps its jobs fenced.
+HOST_LEASE_TTL_S = 10
+
+
 @dataclass
 class HostConfig:
     host_id: str
-    lease_ttl_s: int = 2
+    lease_ttl_s: int = HOST_LEASE_TTL_S
     poll_s: float = 2.0  # a guardian with no change steps this often (the safety poll)
     step_threads: int = 4
     deploy_threads: int = 4
@@ -123,6 +134,9 @@ class GuardianHost:
 
     # -- life ---------------------------------------------------------------------------
     def start(self) -> GuardianHost:
+        # Refreshed from a thread of its own (Lease.keep_alive, every TTL/4), never from
+        # the step or deploy pools nor the main loop: a pool full of slow steps (a stuck
+        # backend call, a halt waiting out its grace period) cannot starve it.
         self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
         self._watch = PrefixWatch(self.etcd, etcd_keys.jobs_prefix(), self._on_change).start()
         return self
@@ -335,6 +349,12 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     parser.add_argument(
         "--poll", type=float, default=2.0, help="seconds between steps without a change"
     )
+    parser.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=HOST_LEASE_TTL_S,
+        help="seconds of the host's etcd lease (its jobs' guardian keys)",
+    )
     parser.add_argument("--step-threads", type=int, default=4)
     parser.add_argument("--deploy-threads", type=int, default=4)
     parser.add_argument(
@@ -343,6 +363,8 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.poll <= 0 or args.step_threads < 1 or args.deploy_threads < 1:
         parser.error("--poll must be above 0 and --step-threads, --deploy-threads at least 1")
+    if args.lease_ttl < 2:  # etcd's shortest lease (1.5 x its election timeout, rounded)
+        parser.error("--lease-ttl must be at least 2 seconds")
     etcd_url = args.etcd or os.environ.pop(GUARDIAN_ETCD_URL_ENV, "")
     mongodb_uri = args.mongodb_uri or os.environ.pop(GUARDIAN_MONGODB_URI_ENV, "")
     os.environ.pop(GUARDIAN_ETCD_URL_ENV, None)
@@ -383,6 +405,7 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     host = GuardianHost(
         HostConfig(
             args.host_id,
+            lease_ttl_s=args.lease_ttl,
             poll_s=args.poll,
             step_threads=args.step_threads,
             deploy_threads=args.deploy_threads,

@@ -93,7 +93,9 @@ class GuardiansPerHost(click.ParamType):
 
     name = "N"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
         raw = str(value).strip()
