@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 
 
 def build(ctx: DaemonContext) -> Hosted:
-    import os
-
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
     from contract.etcd import (
@@ -117,6 +116,19 @@ class GuardiansPerHost(click.ParamType):
                 ctx,
             )
         return number
+
+
+def guardians_per_host_from_env() -> int:
+    """`$RHIZOME_GUARDIANS_PER_HOST` checked as the flag is (unset or empty: the default):
+    the LcmConfig default, so an LCM built without the daemon (tests, benchmarks) follows
+    the same variable as `rhizomed`."""
+    raw = os.environ.get(GUARDIANS_PER_HOST_ENV, "").strip()
+    if not raw:
+        return DEFAULT_GUARDIANS_PER_HOST
+    try:
+        return GuardiansPerHost().convert(raw, None, None)
+    except click.BadParameter as exc:
+        raise click.UsageError(f"${GUARDIANS_PER_HOST_ENV}: {exc.message}") from exc
 
 
 GUARDIANS_PER_HOST_HELP = (

@@ -45,6 +45,7 @@ from contract.etcd import (
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.host import HOST_LEASE_TTL_S, assignment
+from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
@@ -96,7 +97,8 @@ class LcmConfig:
     service_token: Callable[[], str] | None = None
     # Guardians per guardian host (`python -m services.guardian.host`, docs/control-plane-
     # scale.md) for jobs that are neither pipeline nor elastic; 0: a process per job.
-    guardians_per_host: int = 0
+    # rhizomed passes its --guardians-per-host; unset, $RHIZOME_GUARDIANS_PER_HOST's.
+    guardians_per_host: int = field(default_factory=guardians_per_host_from_env)
     # How long a host may take to take an assigned job's guardian key before the LCM
     # gives the job out again.
     host_adopt_grace_s: float = 10.0
