@@ -66,7 +66,9 @@ def build(ctx: DaemonContext) -> Hosted:
             job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
             scheduler_address=scheduler,
             service_token=ctx.credentials.service_token if ctx.credentials else None,
-            guardians_per_host=config.guardians_per_host,
+            guardians_per_host=guardians_per_host_from_env()
+            if config.guardians_per_host is None
+            else config.guardians_per_host,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),

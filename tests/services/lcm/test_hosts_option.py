@@ -104,11 +104,32 @@ def test_the_lcm_config_receives_it(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr(manager_module, "LifecycleManager", FakeManager)
     monkeypatch.setattr(EtcdClient, "connect", classmethod(lambda cls, url: None))
     monkeypatch.setattr(lcm_hosting, "jobs_repository", lambda ctx: None)
-    config = PlatformConfig(
-        data_dir=tmp_path, etcd_url="http://127.0.0.1:1", services=("lcm",), guardians_per_host=42
-    )
-    lcm_hosting.build(DaemonContext(config, FakeServer()))  # type: ignore[arg-type]
-    assert configs and configs[0].guardians_per_host == 42
+    monkeypatch.setenv(GUARDIANS_PER_HOST_ENV, "9")
+    for given, expected in ((42, 42), (0, 0), (None, 9)):
+        config = PlatformConfig(
+            data_dir=tmp_path,
+            etcd_url="http://127.0.0.1:1",
+            services=("lcm",),
+            guardians_per_host=given,
+        )
+        lcm_hosting.build(DaemonContext(config, FakeServer()))  # type: ignore[arg-type]
+        # rhizomed's value wins; a daemon built in-process (None) follows the variable
+        assert configs.pop().guardians_per_host == expected, given
+
+
+def test_an_lcm_built_without_a_value_follows_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from services.lcm.manager import LcmConfig
+
+    monkeypatch.delenv(GUARDIANS_PER_HOST_ENV, raising=False)
+    assert LcmConfig(tmp_path, "", "").guardians_per_host == 0
+    monkeypatch.setenv(GUARDIANS_PER_HOST_ENV, "50")
+    assert LcmConfig(tmp_path, "", "").guardians_per_host == 50
+    assert LcmConfig(tmp_path, "", "", guardians_per_host=0).guardians_per_host == 0
+    monkeypatch.setenv(GUARDIANS_PER_HOST_ENV, "lots")
+    with pytest.raises(click.UsageError, match=GUARDIANS_PER_HOST_ENV):
+        LcmConfig(tmp_path, "", "")
 
 
 def test_up_passes_the_flag_to_the_daemon_it_starts(
