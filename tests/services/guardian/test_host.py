@@ -4,6 +4,7 @@ process, against real etcd and a real MongoDB-wire server."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -24,7 +25,13 @@ from services.guardian.guardian import (
     Guardian,
     GuardianConfig,
 )
-from services.guardian.host import GuardianHost, HostConfig, assignment
+from services.guardian.host import (
+    GuardianHost,
+    HostConfig,
+    JobLogHandler,
+    assignment,
+    working_for,
+)
 from services.store import states
 from tests.services.guardian.helpers import history, job_report, start_guardian, submit, wait_for
 
@@ -303,3 +310,34 @@ def test_a_host_whose_pools_are_saturated_keeps_its_lease(
     finally:
         _SlowSteps.release.set()
         host.close()
+
+
+def test_a_hosted_guardian_s_lines_go_to_its_job_s_log_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    """JobLogHandler: a line logged while working for a job lands in that job's
+    guardian.log; a link a learner left there (a symlink, a hard link) is not written
+    through; lines of no job's work stay out of every job's log."""
+    jobs = tmp_path / "jobs"
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    (jobs / "job-linked").mkdir(parents=True)
+    (jobs / "job-linked" / "guardian.log").symlink_to(victim)
+    (jobs / "job-hard").mkdir(parents=True)
+    os.link(victim, jobs / "job-hard" / "guardian.log")
+    logger = logging.getLogger("test.job-log-handler")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = JobLogHandler(jobs, "h1")
+    logger.addHandler(handler)
+    try:
+        logger.info("the host's own line")
+        for job_id in ("job-ok", "job-linked", "job-hard"):
+            with working_for(job_id):
+                logger.info("deployed %s", job_id)
+    finally:
+        logger.removeHandler(handler)
+    lines = (jobs / "job-ok" / "guardian.log").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("guardian[job-ok] host[h1]: deployed job-ok")
+    assert victim.read_text() == "root's file\n"
+    assert (jobs / "job-linked" / "guardian.log").is_symlink()
