@@ -82,9 +82,12 @@ def build(ctx: DaemonContext) -> Hosted:
 
 
 GUARDIANS_PER_HOST_ENV = "RHIZOME_GUARDIANS_PER_HOST"
-# 0: a guardian process per job (docs/control-plane-scale.md says why hosts are not the
-# default yet).
-DEFAULT_GUARDIANS_PER_HOST = 0
+# Hosts by default: at N=50 a hosted job's guardian cost x0.027 the memory and x0.134 the
+# CPU of a process per job (benchmarks/RESULTS.md), and the platform's integration tests
+# pass with hosts on (docs/control-plane-scale.md). 100 jobs a host keeps a host's crash
+# (its guardians only; learners run on) and its GIL shared by few enough jobs, and spreads
+# 1,000 jobs over 10 processes, so over cores.
+DEFAULT_GUARDIANS_PER_HOST = 100
 
 
 class GuardiansPerHost(click.ParamType):

@@ -14,7 +14,7 @@ import services.daemon as daemon_module
 from services.config import PlatformConfig
 from services.hosting import DaemonContext
 from services.lcm import hosting as lcm_hosting
-from services.lcm.hosting import GUARDIANS_PER_HOST_ENV
+from services.lcm.hosting import DEFAULT_GUARDIANS_PER_HOST, GUARDIANS_PER_HOST_ENV
 
 
 class _Captured(Exception):
@@ -48,7 +48,10 @@ def test_rhizomed_takes_the_flag_and_the_variable(
     monkeypatch: pytest.MonkeyPatch, data_dir: list[str]
 ) -> None:
     unset = {GUARDIANS_PER_HOST_ENV: ""}  # "" is unset for click
-    assert _daemon_config(monkeypatch, data_dir, unset).guardians_per_host == 0
+    default = _daemon_config(monkeypatch, data_dir, unset).guardians_per_host
+    assert default == DEFAULT_GUARDIANS_PER_HOST == 100
+    zero = _daemon_config(monkeypatch, [*data_dir, "--guardians-per-host", "0"], unset)
+    assert zero.guardians_per_host == 0  # a guardian process per job, as before
     flag = _daemon_config(monkeypatch, [*data_dir, "--guardians-per-host", "50"], unset)
     assert flag.guardians_per_host == 50
     env = _daemon_config(monkeypatch, data_dir, {GUARDIANS_PER_HOST_ENV: "7"})
@@ -123,7 +126,7 @@ def test_an_lcm_built_without_a_value_follows_the_variable(
     from services.lcm.manager import LcmConfig
 
     monkeypatch.delenv(GUARDIANS_PER_HOST_ENV, raising=False)
-    assert LcmConfig(tmp_path, "", "").guardians_per_host == 0
+    assert LcmConfig(tmp_path, "", "").guardians_per_host == DEFAULT_GUARDIANS_PER_HOST
     monkeypatch.setenv(GUARDIANS_PER_HOST_ENV, "50")
     assert LcmConfig(tmp_path, "", "").guardians_per_host == 50
     assert LcmConfig(tmp_path, "", "", guardians_per_host=0).guardians_per_host == 0
