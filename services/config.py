@@ -88,6 +88,10 @@ class PlatformConfig:
     object_store: str = ""
     object_store_endpoint: str = ""
     storage_grant_ttl_s: float = 12 * 3600
+    # Jobs whose guardians share one guardian host process (services/lcm/hosting.py's
+    # --guardians-per-host, docs/control-plane-scale.md); 0: a guardian process per job;
+    # None (a daemon built in-process): $RHIZOME_GUARDIANS_PER_HOST, else the default (100).
+    guardians_per_host: int | None = None
 
     @property
     def internal_secret_path(self) -> Path:

@@ -38,6 +38,7 @@ from services.hosting import (
     ServiceBuilder,
     SplitServer,
 )
+from services.lcm.hosting import guardians_per_host_option
 from services.leader.gate import StandbyGate
 from services.security.api import SecurityError
 
@@ -643,6 +644,7 @@ def _export_object_store(config: PlatformConfig) -> None:
     show_default=True,
     help="Seconds a job's object-store credentials last (S3: 900 to 43200).",
 )
+@guardians_per_host_option()
 @click.option(
     "--standby",
     is_flag=True,
@@ -686,6 +688,7 @@ def main(
     object_store: str,
     object_store_endpoint: str,
     storage_grant_ttl: float,
+    guardians_per_host: int,
     standby: bool,
     state_file: Path | None,
 ) -> None:
@@ -726,6 +729,7 @@ def main(
         object_store=object_store,
         object_store_endpoint=object_store_endpoint,
         storage_grant_ttl_s=storage_grant_ttl,
+        guardians_per_host=guardians_per_host,
     )
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together: pass both, or neither")

@@ -35,6 +35,7 @@ from services.client.sdk import UPLOAD_CHUNK, Client, ClientError, zip_directory
 from services.client.stages import print_stage_table, stage_rows
 from services.client.up_summary import print_up_summary
 from services.config import DEFAULT_DATA_DIR
+from services.lcm.hosting import guardians_per_host_option
 from services.manifest import ManifestError, parse_manifest
 
 out = Console(highlight=False, soft_wrap=True)
@@ -217,6 +218,7 @@ def cli(
     help="Also run a hot standby daemon: it takes over within milliseconds when the active "
     "one dies, and the CLI and SDK fail over to it (docs/high-availability.md).",
 )
+@guardians_per_host_option(daemon=False)
 @click.option("--foreground", is_flag=True, help="Stay in the foreground; Ctrl-C stops everything.")
 @click.pass_obj
 def up(
@@ -234,6 +236,7 @@ def up(
     up_tls_ca: Path | None,
     plaintext: bool,
     standby: bool,
+    guardians_per_host: int | None,
     foreground: bool,
 ) -> None:
     """Start the platform (with --embedded, its dependencies too). The API serves TLS with
@@ -259,6 +262,9 @@ def up(
             backend=backend,
             tls=tls_choice(tls_cert, tls_key, up_tls_ca, plaintext),
             standby=standby,
+            daemon_args=[f"--guardians-per-host={guardians_per_host}"]
+            if guardians_per_host is not None
+            else [],
         )
     except DependencyError as exc:
         err.print(f"[red]error:[/red] {exc}")

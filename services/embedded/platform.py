@@ -13,7 +13,7 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,12 +316,14 @@ def up(
     backend: str = "local",
     tls: TlsChoice | None = None,
     standby: bool = False,
+    daemon_args: Sequence[str] = (),
 ) -> PlatformState:
     """Start whatever of the platform is not running yet; return where everything is.
     `grpc_port`/`rest_port`: None reuses the ports of the last run (else 50051/8080, else
     any free one); a number is used exactly (0: any free port), or `up` fails saying who
     holds it. With the docker backend: an engine (DOCKER_HOST's, or our own dockerd under the data
-    directory) and the learner image (built offline if the engine lacks it)."""
+    directory) and the learner image (built offline if the engine lacks it).
+    `daemon_args`: more `rhizomed` flags (`up --guardians-per-host`), kept in its recipe."""
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     previous = read_state(data_dir)
@@ -445,6 +447,7 @@ def up(
             args.append(f"--backend={backend}")
         if state.urls.get("docker"):
             args.append(f"--docker-host={state.urls['docker']}")
+        args.extend(daemon_args)
         daemon = DaemonServer(data_dir, gport, rport, args, serving, environ)
         state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
         state.ports["rest"] = rport

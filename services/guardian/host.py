@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,11 +70,75 @@ log = logging.getLogger("rhizome.guardian.host")
 # What a guardian step that raised counts as (it is restarted inside the host).
 STEP_CRASHED = -1
 
+# The job whose guardian the current thread is working for (a step, an adoption): the
+# host's log lines of that work also go to the job's own guardian.log (JobLogHandler).
+_working_for = threading.local()
+
+
+@contextlib.contextmanager
+def working_for(job_id: str) -> Iterator[None]:
+    previous = getattr(_working_for, "job_id", None)
+    _working_for.job_id = job_id
+    try:
+        yield
+    finally:
+        _working_for.job_id = previous
+
+
+class JobLogHandler(logging.Handler):
+    """Writes each log line of a hosted guardian's work to `<data-dir>/jobs/<job>/
+    guardian.log` too, where a guardian process's lines go: an operator debugging one job
+    reads the same file whether its guardian ran in a process or in a host (whose own log,
+    `<data-dir>/guardian-hosts/<host>.log`, has every job's lines). Lines logged outside a
+    guardian's step (the watch, the lease, the pools' bookkeeping) are the host's alone.
+    The file is opened for each line, so a host of many jobs holds no descriptor per job;
+    as the LCM opens a guardian process's log, a link left at guardian.log (the job
+    directory may belong to the job's learner uid) is refused, not followed."""
+
+    def __init__(self, jobs_dir: Path, host_id: str) -> None:
+        super().__init__(logging.INFO)
+        self.jobs_dir = jobs_dir
+        self.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s %(levelname)s guardian[%(job)s] host[{host_id}]: %(message)s"
+            )
+        )
+
+    def emit(self, record: logging.LogRecord) -> None:
+        job_id = getattr(_working_for, "job_id", None)
+        if not job_id or "/" in job_id or job_id.startswith("."):
+            return
+        record.job = job_id
+        try:
+            line = (self.format(record) + "\n").encode(errors="replace")
+            job_dir = self.jobs_dir / job_id
+            job_dir.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(job_dir / "guardian.log", flags, 0o600)
+            try:
+                if os.fstat(fd).st_nlink == 1:
+                    os.write(fd, line)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):  # the job's file is unusable: the host's log has it
+            pass
+
+
+# A host's lease TTL. A guardian process's lease is 2 s; a host's is longer because it
+# lapses for a different reason: at N=1,000 under load 20 (benchmarks/RESULTS.md) a host's
+# 2 s lease expired while its keep-alive thread waited for the GIL behind hundreds of
+# guardians' steps, and all its jobs moved at once. The lease only fences the host (its
+# jobs' guardian keys); the learners' leases are their own, so a longer TTL delays
+# nothing a learner does. Nor does it delay recovery from a dead host: the LCM revokes a
+# dead holder's lease as soon as it sees the pid gone (LifecycleManager.ensure_guardian).
+# It only lengthens how long a live host cut off from etcd keeps its jobs fenced.
+HOST_LEASE_TTL_S = 10
+
 
 @dataclass
 class HostConfig:
     host_id: str
-    lease_ttl_s: int = 2
+    lease_ttl_s: int = HOST_LEASE_TTL_S
     poll_s: float = 2.0  # a guardian with no change steps this often (the safety poll)
     step_threads: int = 4
     deploy_threads: int = 4
@@ -123,6 +187,9 @@ class GuardianHost:
 
     # -- life ---------------------------------------------------------------------------
     def start(self) -> GuardianHost:
+        # Refreshed from a thread of its own (Lease.keep_alive, every TTL/4), never from
+        # the step or deploy pools nor the main loop: a pool full of slow steps (a stuck
+        # backend call, a halt waiting out its grace period) cannot starve it.
         self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
         self._watch = PrefixWatch(self.etcd, etcd_keys.jobs_prefix(), self._on_change).start()
         return self
@@ -165,14 +232,21 @@ class GuardianHost:
             guardian.poll_s = self.config.poll_s
             return guardian
 
-        guardian = make()
-        if not guardian.acquire(self.lease, host=self.config.host_id):
-            log.info("job %s already has a live guardian", job_id)
-            self.ended[job_id] = EXIT_ALREADY_GUARDED
-            return False
-        with self._lock:
-            self.guardians[job_id] = Hosted(job_id, guardian, make)
-        log.info("job %s: guarded in host %s", job_id, self.config.host_id)
+        with working_for(job_id):
+            guardian = make()
+            if not guardian.acquire(self.lease, host=self.config.host_id):
+                log.info("job %s already has a live guardian", job_id)
+                self.ended[job_id] = EXIT_ALREADY_GUARDED
+                return False
+            with self._lock:
+                self.guardians[job_id] = Hosted(job_id, guardian, make)
+            log.info(
+                "job %s: guarded in host %s (pid %d; the host's log: guardian-hosts/%s.log)",
+                job_id,
+                self.config.host_id,
+                os.getpid(),
+                self.config.host_id,
+            )
         self._schedule(job_id, now=True)
         return True
 
@@ -204,12 +278,13 @@ class GuardianHost:
             hosted.running = False
 
     def _step(self, hosted: Hosted) -> None:
-        try:
-            hosted.guardian.wake.clear()
-            code = hosted.guardian.step()
-        except Exception:
-            log.exception("job %s: the guardian's step failed", hosted.job_id)
-            code = STEP_CRASHED
+        with working_for(hosted.job_id):
+            try:
+                hosted.guardian.wake.clear()
+                code = hosted.guardian.step()
+            except Exception:
+                log.exception("job %s: the guardian's step failed", hosted.job_id)
+                code = STEP_CRASHED
         with self._lock:
             hosted.running = False
             hosted.next_step = time.monotonic() + self.config.poll_s
@@ -232,7 +307,8 @@ class GuardianHost:
                 if hosted.failures <= 1
                 else min(self.config.max_backoff_s, 0.25 * 2**hosted.failures)
             )
-            log.warning("job %s: guardian restarted in the host in %.1fs", job_id, delay)
+            with working_for(job_id):
+                log.warning("job %s: guardian restarted in the host in %.1fs", job_id, delay)
             hosted.guardian = hosted.make()
             hosted.started = time.monotonic()
             hosted.next_step = time.monotonic() + delay
@@ -248,7 +324,8 @@ class GuardianHost:
                 held = self.etcd.get(etcd_keys.guardian_lease(job_id))
                 if held is not None and self.lease is not None and held.lease == self.lease.id:
                     self.etcd.delete_if(held.key, held.mod_revision)
-        log.info("job %s: its guardian ended with %d", job_id, code)
+        with working_for(job_id):
+            log.info("job %s: its guardian ended with %d", job_id, code)
         self.changed.set()
         return False
 
@@ -335,6 +412,12 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     parser.add_argument(
         "--poll", type=float, default=2.0, help="seconds between steps without a change"
     )
+    parser.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=HOST_LEASE_TTL_S,
+        help="seconds of the host's etcd lease (its jobs' guardian keys)",
+    )
     parser.add_argument("--step-threads", type=int, default=4)
     parser.add_argument("--deploy-threads", type=int, default=4)
     parser.add_argument(
@@ -343,6 +426,8 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.poll <= 0 or args.step_threads < 1 or args.deploy_threads < 1:
         parser.error("--poll must be above 0 and --step-threads, --deploy-threads at least 1")
+    if args.lease_ttl < 2:  # etcd's shortest lease (1.5 x its election timeout, rounded)
+        parser.error("--lease-ttl must be at least 2 seconds")
     etcd_url = args.etcd or os.environ.pop(GUARDIAN_ETCD_URL_ENV, "")
     mongodb_uri = args.mongodb_uri or os.environ.pop(GUARDIAN_MONGODB_URI_ENV, "")
     os.environ.pop(GUARDIAN_ETCD_URL_ENV, None)
@@ -356,6 +441,7 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s guardian-host[{args.host_id}] %(threadName)s: %(message)s",
     )
+    logging.getLogger().addHandler(JobLogHandler(args.data_dir / "jobs", args.host_id))
 
     def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
         return GuardianConfig.from_env(
@@ -383,6 +469,7 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     host = GuardianHost(
         HostConfig(
             args.host_id,
+            lease_ttl_s=args.lease_ttl,
             poll_s=args.poll,
             step_threads=args.step_threads,
             deploy_threads=args.deploy_threads,

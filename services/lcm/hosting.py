@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 
 
 def build(ctx: DaemonContext) -> Hosted:
-    import os
-
     from rhizome.v1 import lcm_pb2, lcm_pb2_grpc
 
     from contract.etcd import (
@@ -67,7 +66,9 @@ def build(ctx: DaemonContext) -> Hosted:
             job_tls_dir=ctx.internal_tls.directory if ctx.internal_tls else None,
             scheduler_address=scheduler,
             service_token=ctx.credentials.service_token if ctx.credentials else None,
-            guardians_per_host=guardians_per_host(os.environ),
+            guardians_per_host=guardians_per_host_from_env()
+            if config.guardians_per_host is None
+            else config.guardians_per_host,
         ),
         jobs_repository(ctx),
         EtcdClient.connect(config.etcd_url),
@@ -81,22 +82,84 @@ def build(ctx: DaemonContext) -> Hosted:
 
 
 GUARDIANS_PER_HOST_ENV = "RHIZOME_GUARDIANS_PER_HOST"
+# Hosts by default: at N=50 a hosted job's guardian cost x0.027 the memory and x0.134 the
+# CPU of a process per job (benchmarks/RESULTS.md), and the platform's integration tests
+# pass with hosts on (docs/control-plane-scale.md). 100 jobs a host keeps a host's crash
+# (its guardians only; learners run on) and its GIL shared by few enough jobs, and spreads
+# 1,000 jobs over 10 processes, so over cores.
+DEFAULT_GUARDIANS_PER_HOST = 100
 
 
-def guardians_per_host(env: Mapping[str, str]) -> int:
-    """`RHIZOME_GUARDIANS_PER_HOST`: how many jobs' guardians share a guardian host
-    (docs/control-plane-scale.md); 0 or unset: a guardian process per job."""
-    raw = env.get(GUARDIANS_PER_HOST_ENV, "").strip() or "0"
+class GuardiansPerHost(click.ParamType):
+    """A whole number of jobs per guardian host, 0 or more; anything else is a usage error
+    naming the flag (click adds `--guardians-per-host`, and the variable when it came
+    from there)."""
+
+    name = "N"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raw = str(value).strip()
+        try:
+            number = int(raw)
+        except ValueError:
+            number = -1
+        if number < 0:
+            source = ctx.get_parameter_source(param.name) if ctx and param and param.name else None
+            where = (
+                f" (from ${GUARDIANS_PER_HOST_ENV})"
+                if source == click.core.ParameterSource.ENVIRONMENT
+                else ""
+            )
+            self.fail(
+                f"{raw!r}{where} is not a whole number of jobs per guardian host "
+                "(0: a guardian process per job)",
+                param,
+                ctx,
+            )
+        return number
+
+
+def guardians_per_host_from_env() -> int:
+    """`$RHIZOME_GUARDIANS_PER_HOST` checked as the flag is (unset or empty: the default):
+    the LcmConfig default, so an LCM built without the daemon (tests, benchmarks) follows
+    the same variable as `rhizomed`."""
+    raw = os.environ.get(GUARDIANS_PER_HOST_ENV, "").strip()
+    if not raw:
+        return DEFAULT_GUARDIANS_PER_HOST
     try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise click.UsageError(
-            f"${GUARDIANS_PER_HOST_ENV} must be a whole number of jobs per guardian host, "
-            f"0 for a guardian process per job (got {raw!r})"
-        )
-    return value
+        return GuardiansPerHost().convert(raw, None, None)
+    except click.BadParameter as exc:
+        raise click.UsageError(f"${GUARDIANS_PER_HOST_ENV}: {exc.message}") from exc
+
+
+GUARDIANS_PER_HOST_HELP = (
+    "Run the guardians of up to N jobs in one guardian host process (one etcd lease, one "
+    "watch, one MongoDB client for all of them; pipeline and elastic jobs keep a process "
+    "each); 0: a guardian process per job. docs/control-plane-scale.md."
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guardians_per_host_option(daemon: bool = True) -> Callable[[F], F]:
+    """`--guardians-per-host N`, the one definition `rhizomed` and `rhizome up` share.
+    The daemon's reads `$RHIZOME_GUARDIANS_PER_HOST` too and defaults to
+    DEFAULT_GUARDIANS_PER_HOST; `up`'s (daemon=False) defaults to None: the flag goes on
+    to the daemon `up` starts only when given (that daemon inherits `up`'s environment,
+    the variable included)."""
+    return click.option(
+        "--guardians-per-host",
+        "guardians_per_host",
+        type=GuardiansPerHost(),
+        default=DEFAULT_GUARDIANS_PER_HOST if daemon else None,
+        show_default=daemon,
+        envvar=GUARDIANS_PER_HOST_ENV if daemon else None,
+        help=GUARDIANS_PER_HOST_HELP,
+    )
 
 
 def _job_certificates(internal_tls: InternalTls, backend: str) -> Callable[[str], dict[str, str]]:

@@ -44,7 +44,8 @@ from contract.etcd import (
 )
 from contract.status import ExitCode
 from services.backends.api import get_backend
-from services.guardian.host import assignment
+from services.guardian.host import HOST_LEASE_TTL_S, assignment
+from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
@@ -96,10 +97,14 @@ class LcmConfig:
     service_token: Callable[[], str] | None = None
     # Guardians per guardian host (`python -m services.guardian.host`, docs/control-plane-
     # scale.md) for jobs that are neither pipeline nor elastic; 0: a process per job.
-    guardians_per_host: int = 0
+    # rhizomed passes its --guardians-per-host; unset, $RHIZOME_GUARDIANS_PER_HOST's.
+    guardians_per_host: int = field(default_factory=guardians_per_host_from_env)
     # How long a host may take to take an assigned job's guardian key before the LCM
     # gives the job out again.
     host_adopt_grace_s: float = 10.0
+    # A guardian host's etcd lease (services/guardian/host.py HOST_LEASE_TTL_S says why it
+    # is longer than a guardian process's `lease_ttl_s`).
+    host_lease_ttl_s: int = HOST_LEASE_TTL_S
 
 
 @dataclass
@@ -325,7 +330,7 @@ class LifecycleManager:
     def start_host(self) -> GuardianHostProcess | None:
         host_id = f"{self.id}-{uuid.uuid4().hex[:6]}"
         argv = [sys.executable, "-m", "services.guardian.host", f"--host-id={host_id}"]
-        argv += self.guardian_args()
+        argv += [f"--lease-ttl={self.config.host_lease_ttl_s}", *self.guardian_args()]
         log_dir = self.config.data_dir / "guardian-hosts"
         log_dir.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW

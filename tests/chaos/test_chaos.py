@@ -91,7 +91,9 @@ def guardian_pids(data_dir: Path) -> list[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
-                ours = b"services.guardian" in cmd and f"--data-dir={data_dir}".encode() in cmd
+                # a guardian process, or a guardian host (--guardians-per-host): all its jobs'
+                guardian = b"services.guardian" in cmd or b"services.guardian.host" in cmd
+                ours = guardian and f"--data-dir={data_dir}".encode() in cmd
                 if ours and procs.start_ticks(int(entry.name)) is not None:
                     found.append(int(entry.name))
     return found

@@ -103,12 +103,18 @@ def test_a_guardians_command_line_holds_no_store_uri_and_its_learners_inherit_no
         ).job_id
         marker = f"--job-id={job_id}".encode()
 
+        lcm = daemon.ctx.shared["lcm"]
+
         def guardian() -> tuple[int, bytes] | None:
+            # A guardian process names its job; a guardian host (--guardians-per-host)
+            # names none: it is the process the LCM gave the job to.
+            supervised = lcm.guardians.get(job_id)
+            hosted = {supervised.ref.pid} if supervised and supervised.host else set()
             return next(
                 (
                     (pid, cmd)
                     for pid, cmd in _processes()
-                    if b"services.guardian" in cmd and marker in cmd
+                    if b"services.guardian" in cmd and (marker in cmd or pid in hosted)
                 ),
                 None,
             )

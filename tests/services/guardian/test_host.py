@@ -4,10 +4,12 @@ process, against real etcd and a real MongoDB-wire server."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +19,19 @@ import pytest
 
 from contract import etcd_keys
 from services.backends.api import get_backend
-from services.guardian.guardian import EXIT_ALREADY_GUARDED, Guardian, GuardianConfig
-from services.guardian.host import GuardianHost, HostConfig, assignment
+from services.guardian.guardian import (
+    EXIT_ALREADY_GUARDED,
+    EXIT_TERMINATED,
+    Guardian,
+    GuardianConfig,
+)
+from services.guardian.host import (
+    GuardianHost,
+    HostConfig,
+    JobLogHandler,
+    assignment,
+    working_for,
+)
 from services.store import states
 from tests.services.guardian.helpers import history, job_report, start_guardian, submit, wait_for
 
@@ -216,3 +229,115 @@ def test_a_guardian_whose_step_raises_is_restarted_inside_the_host(
     for job in jobs:  # the crash cost neither job: both ended as they should
         assert stores["repo"].get(job.job_id).status == states.COMPLETED
         assert host.ended[job.job_id] == 0
+
+
+class _SlowSteps(Guardian):
+    """A guardian whose every step blocks until the test lets it go: the host's pools
+    saturated, as by stuck backend calls or halts waiting out their grace period. The jobs
+    in `deployed` pretend to be deployed, so their steps take the step pool (the others',
+    the deploy pool)."""
+
+    deployed: set[str] = set()
+    release = threading.Event()
+    blocked: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.job_id in self.deployed:
+            self.watching = ("pretend", "deployed")  # type: ignore[assignment]
+
+    def step(self) -> int | None:
+        _SlowSteps.blocked.append(threading.current_thread().name)
+        _SlowSteps.release.wait(120)
+        return EXIT_TERMINATED
+
+
+def test_a_host_whose_pools_are_saturated_keeps_its_lease(
+    stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's lease is refreshed from a thread of its own: with one step thread and one
+    deploy thread both held by slow steps (and more jobs queued behind them), it is
+    refreshed on and on, and every job's guardian key outlives several TTLs. A lease
+    refreshed from the pools or the host's loop would lapse here after 2 s."""
+    monkeypatch.setattr("services.guardian.host.Guardian", _SlowSteps)
+    jobs = [submit(stores["repo"], tmp_path, "simulated", place=False).job_id for _ in range(4)]
+    _SlowSteps.deployed = set(jobs[:2])
+    _SlowSteps.release = threading.Event()
+    _SlowSteps.blocked = []
+
+    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
+        return GuardianConfig(job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
+
+    ttl = 2  # etcd's shortest, so that the test waits out several of them quickly
+    host = GuardianHost(
+        HostConfig("busy", lease_ttl_s=ttl, poll_s=0.2, step_threads=1, deploy_threads=1),
+        stores["etcd"],
+        stores["repo"],
+        get_backend("simulated"),
+        make_config,
+    ).start()
+    assert host.lease is not None
+    lease = host.lease
+    refreshed_on: list[str] = []
+    refresh = lease.refresh
+
+    def recording() -> bool:
+        refreshed_on.append(threading.current_thread().name)
+        return refresh()
+
+    monkeypatch.setattr(lease, "refresh", recording)
+    try:
+        for job_id in jobs:
+            assert host.adopt(job_id)
+        wait_for(
+            "one slow step on each pool",
+            lambda: sorted(n.split("_")[0] for n in _SlowSteps.blocked) == ["deploy", "step"],
+        )
+        saturated = len(refreshed_on)
+        # 4 refreshes a TTL: 12 more is 3 TTLs with both pools held the whole time
+        wait_for(
+            "12 refreshes while the pools are held",
+            lambda: len(refreshed_on) >= saturated + 12,
+            explain=lambda: f"refreshes on {refreshed_on}",
+        )
+        assert len(_SlowSteps.blocked) == 2  # still held: the other jobs wait their turn
+        assert not lease.lost.is_set()
+        for job_id in jobs:
+            entry = stores["etcd"].get(etcd_keys.guardian_lease(job_id))
+            assert entry is not None and entry.lease == lease.id, job_id
+        pools = {"step", "deploy", "MainThread"}
+        assert refreshed_on and not {n.split("_")[0] for n in refreshed_on} & pools
+    finally:
+        _SlowSteps.release.set()
+        host.close()
+
+
+def test_a_hosted_guardian_s_lines_go_to_its_job_s_log_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    """JobLogHandler: a line logged while working for a job lands in that job's
+    guardian.log; a link a learner left there (a symlink, a hard link) is not written
+    through; lines of no job's work stay out of every job's log."""
+    jobs = tmp_path / "jobs"
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    (jobs / "job-linked").mkdir(parents=True)
+    (jobs / "job-linked" / "guardian.log").symlink_to(victim)
+    (jobs / "job-hard").mkdir(parents=True)
+    os.link(victim, jobs / "job-hard" / "guardian.log")
+    logger = logging.getLogger("test.job-log-handler")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = JobLogHandler(jobs, "h1")
+    logger.addHandler(handler)
+    try:
+        logger.info("the host's own line")
+        for job_id in ("job-ok", "job-linked", "job-hard"):
+            with working_for(job_id):
+                logger.info("deployed %s", job_id)
+    finally:
+        logger.removeHandler(handler)
+    lines = (jobs / "job-ok" / "guardian.log").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("guardian[job-ok] host[h1]: deployed job-ok")
+    assert victim.read_text() == "root's file\n"
+    assert (jobs / "job-linked" / "guardian.log").is_symlink()

@@ -86,3 +86,20 @@ def test_jobs_share_hosts_and_a_killed_host_s_jobs_finish_under_a_new_one(
         assert history(stores["repo"], job_id).count("DEPLOYING") == 1  # resumed, not redeployed
     # the LCM lets go of ended jobs whose host lives on
     wait_for("the LCM to drop the ended jobs", lambda: not set(ids) & set(lcm.guardians))
+
+
+def test_a_hosted_job_s_guardian_lines_are_in_its_own_guardian_log(
+    stores: dict[str, Any], tmp_path: Path, lcm: LifecycleManager
+) -> None:
+    """Where an operator looks for one job's guardian (docs/control-plane-scale.md): its
+    `guardian.log`, as with a guardian process; the host's log has them too."""
+    job_id = submit(stores["repo"], tmp_path, "echo hosted", place=False).job_id
+    wait_for("COMPLETED", lambda: stores["repo"].get(job_id).status == states.COMPLETED)
+    log = tmp_path / "jobs" / job_id / "guardian.log"
+    wait_for("the guardian's last line", lambda: log.exists() and "ended with 0" in log.read_text())
+    lines = log.read_text().splitlines()
+    assert all(f"guardian[{job_id}] host[" in line for line in lines), lines
+    assert "guarded in host" in lines[0] and "guardian-hosts/" in lines[0]
+    assert sum("deployed (generation" in line for line in lines) == 1
+    (host_log,) = (tmp_path / "guardian-hosts").glob("*.log")
+    assert f"job {job_id} deployed (generation" in host_log.read_text()
