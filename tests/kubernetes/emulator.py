@@ -6,7 +6,8 @@ filled in HERE (test code), never in the product:
   (kmock stores the body as sent), so owner references are realistic;
 - the Binding subresource (`POST pods/NAME/binding`) sets the pod's `spec.nodeName`,
   answering 409 when the pod is already bound, as the real API server does;
-- faults on demand: the next N requests answer 429/500 (`fail_next`), the next watch
+- faults on demand: the next N requests (of one resource: `fail_only`) answer
+  429/500 (`fail_next`), the next watch
   ends with a 410 Gone ERROR event (`gone_next`), and the server can be stopped and
   started again on the same port with its objects kept (`restart`), like an API server
   restarting over the same etcd.
@@ -39,6 +40,9 @@ from contract.procs import free_port
 @attrs.define(kw_only=True)
 class RhizomeEmulator(KubernetesEmulator):
     fail_next: list[int] = attrs.field(factory=list)
+    # when set, only requests for this resource (plural) get `fail_next`'s answers: the
+    # product's own watches run meanwhile and would take a fault meant for one call
+    fail_only: str = ""
     gone_next: int = 0
     gone_only: str = ""  # when set, only watches of this resource (plural) get the 410
     # Graceful pod deletion as the real API server does it when a kubelet runs the pod: a
@@ -51,7 +55,11 @@ class RhizomeEmulator(KubernetesEmulator):
     closing: asyncio.Event = attrs.field(factory=asyncio.Event)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
-        if self.fail_next and request.resource is not None:
+        if (
+            self.fail_next
+            and request.resource is not None
+            and (not self.fail_only or request.resource.plural == self.fail_only)
+        ):
             status = self.fail_next.pop(0)
             raise KubernetesError(status=status, reason="Injected", message=f"injected {status}")
         if request.resource is not None and request.action == enums.action.CREATE:

@@ -132,8 +132,17 @@ class KubeletEmulator:
         self._thread.join(timeout=10)
         for run in list(self._running.values()):
             if run.proc is not None and run.proc.poll() is None:
+                # a container's end takes every process in it, as its cgroup does: the
+                # controller runs the command in a process group of its own, which a
+                # SIGKILL of the controller's group alone would leave running
+                descendants: list[psutil.Process] = []
+                with contextlib.suppress(psutil.Error):
+                    descendants = psutil.Process(run.proc.pid).children(recursive=True)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(run.proc.pid, signal.SIGKILL)
+                for child in descendants:
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
                 run.proc.wait(timeout=10)
 
     def process(self, pod: str) -> subprocess.Popen[bytes] | None:

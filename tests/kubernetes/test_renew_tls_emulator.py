@@ -132,6 +132,7 @@ def test_emulator_renew_tls_patches_the_secret_through_429_500_and_409(
     job = make_job(tmp_path, learners=1, tds_tls=FIRST)
     deploy(backend, job)
     before = backend.calls.retries
+    emulator.km.fail_only = "secrets"  # the backend's pod watch must not take them
     emulator.km.fail_next = [429, 500, 409]  # throttled, a server error, a racing update
     backend.renew_tls(job, RENEWED)
     assert backend.calls.retries - before == 3
@@ -147,6 +148,7 @@ def test_emulator_renew_tls_without_its_secret_is_a_backend_error_naming_the_job
     backend = cluster.backend()
     job = make_job(tmp_path, learners=1, tds_tls=FIRST)
     deploy(backend, job)
+    emulator.km.fail_only = "secrets"  # the backend's pod watch must not take it
     emulator.km.fail_next = [403]  # not retried: the server's refusal, said
     with pytest.raises(BackendError, match=rf"job {job.job_id}: .*refused: HTTP 403"):
         backend.renew_tls(job, RENEWED)
