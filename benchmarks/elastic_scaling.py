@@ -45,6 +45,7 @@ machine measure the runtime, not CPU contention. Stops processes by pid only.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -103,13 +104,47 @@ def n_samples(rec: Record) -> int:
     return sum(len(ids) for ids in rec["samples"].values())
 
 
-def stall(times: dict[int, float], last_before: int) -> tuple[float, float]:
-    """(seconds, iterations) lost between step `last_before` and the next one: the gap
-    minus the median of the (up to 9) step intervals before it."""
+def stall(
+    times: dict[int, float], last_before: int, first_after: int | None = None
+) -> tuple[float, float]:
+    """(seconds, iterations) lost between step `last_before` and `first_after` (default:
+    the next step): the time between them minus as many ordinary steps (the median of
+    the up to 9 step intervals before `last_before`). A scale-out whose two joiners
+    arrive one after the other re-forms twice (2 -> 3 -> 4): both re-forms count, the
+    steps on 3 between them as ordinary steps."""
+    first_after = last_before + 1 if first_after is None else first_after
     steps = sorted(s for s in times if s <= last_before)[-10:]
     median = statistics.median(times[b] - times[a] for a, b in itertools.pairwise(steps))
-    gap = times[last_before + 1] - times[last_before] - median
+    gap = times[first_after] - times[last_before] - (first_after - last_before) * median
     return gap, gap / median
+
+
+def around_change(records: Iterable[Record], requested_at: int, n: int) -> tuple[int, int, int]:
+    """A resize to `n` workers asked while step `requested_at` was the newest: (the last
+    step of the generation then current, the first step on `n` workers after it, how
+    many re-forms happened between them). Widths alone mislead at an epoch's end, where
+    some workers get no samples."""
+    steps = [r for r in committed(records) if r["step"] >= requested_at]
+    # the generation's steps from the request on (a later restart of the job, e.g. a
+    # halt and resume, numbers its generations from 1 again)
+    g0 = steps[0]["generation"]
+    last_before = next(
+        (a["step"] for a, b in itertools.pairwise(steps) if b["generation"] != g0),
+        steps[-1]["step"],
+    )
+    after = [r for r in steps if r["step"] > last_before]
+    first_after = next(r["step"] for r in after if width(r) == n)
+    reforms = len({r["generation"] for r in after if r["step"] <= first_after})
+    return last_before, first_after, reforms
+
+
+def stall_of_change(
+    records: Iterable[Record], requested_at: int, n: int
+) -> tuple[float, float, int]:
+    """(seconds, iterations, re-forms) of a resize to `n` asked at step `requested_at`."""
+    recs = list(records)
+    last_before, first_after, reforms = around_change(recs, requested_at, n)
+    return (*stall(step_times(recs), last_before, first_after), reforms)
 
 
 def first_step_of_width(records: Iterable[Record], n: int, after: int = -1) -> int | None:
@@ -224,9 +259,14 @@ class Run:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.jobs: dict[str, str] = {}  # worker -> the job id it ran in
 
-    def start(self, worker: str, *extra: str) -> None:
+    def start(self, worker: str, *extra: str, trigger: Path | None = None) -> None:
+        """Start `worker`; with `trigger`, started ahead: it waits for that file to exist
+        (imports done) before it builds its model and joins."""
+        head = [sys.executable, str(EXAMPLE / "train.py")]
+        if trigger is not None:
+            head = [sys.executable, str(Path(__file__).resolve()), "--warm-worker", str(trigger)]
         argv = [
-            sys.executable, str(EXAMPLE / "train.py"), "--job", self.job, "--etcd", self.etcd,
+            *head, "--job", self.job, "--etcd", self.etcd,
             "--worker", worker, "--epochs", "1000", "--samples", "4096",
             "--batch-size", str(BATCH), "--step-delay", str(self.step_delay),
             "--sample-log", str(self.tmp / f"log-{worker}.jsonl"), *extra,
@@ -284,19 +324,21 @@ def bare_stalls(etcd: str, tmp: Path, step_delay: float) -> None:
     for w in ("w0", "w1"):
         el.start(w, "--min-workers", "2")
     el.wait_steps(20)
+    asked_out = max(el.times())
     for w in ("w2", "w3"):
         el.start(w)
-    while (first_four := first_step_of_width(el.records(), 4)) is None:
+    while (first_four := first_step_of_width(el.records(), 4, after=asked_out)) is None:
         time.sleep(0.05)
     el.wait_steps(first_four + 20)
+    asked_in = max(el.times())
     el.terminate("w2", "w3")
-    first_two = first_step_of_width(el.records(), 2, after=first_four)
-    assert first_two is not None
+    while (first_two := first_step_of_width(el.records(), 2, after=asked_in)) is None:
+        time.sleep(0.05)
     el.wait_steps(first_two + 12)
     el.terminate("w0", "w1")
-    times = el.times()
-    out_s, out_it = stall(times, first_four - 1)
-    in_s, in_it = stall(times, first_two - 1)
+    records = el.records()
+    out_s, out_it, out_re = stall_of_change(records, asked_out, 4)
+    in_s, in_it, in_re = stall_of_change(records, asked_in, 2)
 
     sr = Run(etcd, tmp / "stop-resume", "stop-resume", step_delay)
     sr.tmp.mkdir()
@@ -315,8 +357,10 @@ def bare_stalls(etcd: str, tmp: Path, step_delay: float) -> None:
 
     print("== bare processes (private etcd, no platform)")
     print(f"step compute {step_delay:.3f} s (sleep); shared 2-core machine")
-    print(f"elastic scale-out 2->4 stall: {out_s:.3f} s = {out_it:.2f} iterations")
-    print(f"elastic scale-in  4->2 stall: {in_s:.3f} s = {in_it:.2f} iterations")
+    print(
+        f"elastic scale-out 2->4 stall: {out_s:.3f} s = {out_it:.2f} iterations ({out_re} re-forms)"
+    )
+    print(f"elastic scale-in  4->2 stall: {in_s:.3f} s = {in_it:.2f} iterations ({in_re} re-forms)")
     print(f"stop-resume 2->4 stall:       {sr_s:.3f} s = {sr_it:.2f} iterations")
     print(f"stop-resume / elastic scale-out: {sr_s / max(out_s, 1e-3):.1f}x", flush=True)
 
@@ -360,16 +404,20 @@ def platform_stalls(step_delay: float) -> None:
             return max((r["step"] for r in committed(records())), default=-1) + 1
 
         wait_for("20 steps on 2 learners", lambda: steps() >= 20, timeout=600)
+        asked_out = steps() - 1
         t = time.monotonic()
         rz("scale", job, "4", "--timeout", "300")
         scale_out_cmd = time.monotonic() - t
-        first_four = wait_for("a step on 4", lambda: first_step_of_width(records(), 4))
+        first_four = wait_for(
+            "a step on 4", lambda: first_step_of_width(records(), 4, after=asked_out)
+        )
         wait_for("20 steps on 4", lambda: steps() >= first_four + 20)
+        asked_in = steps() - 1
         t = time.monotonic()
         rz("scale", job, "2", "--timeout", "300")
         scale_in_cmd = time.monotonic() - t
         first_two = wait_for(
-            "a step on 2 again", lambda: first_step_of_width(records(), 2, after=first_four)
+            "a step on 2 again", lambda: first_step_of_width(records(), 2, after=asked_in)
         )
         wait_for("12 steps on 2", lambda: steps() >= first_two + 12)
 
@@ -389,8 +437,8 @@ def platform_stalls(step_delay: float) -> None:
         resumed_width = next(width(r) for r in after if r["step"] == last + 1)
         rz("delete", job, "--timeout", "120")
 
-    out_s, out_it = stall(times, first_four - 1)
-    in_s, in_it = stall(times, first_two - 1)
+    out_s, out_it, out_re = stall_of_change(after, asked_out, 4)
+    in_s, in_it, in_re = stall_of_change(after, asked_in, 2)
     sr_s, sr_it = stall(times, last)
     print("== through the platform (rhizome up --embedded, local backend, CLI)")
     print(f"step compute {step_delay:.3f} s (sleep); shared 2-core machine")
@@ -399,8 +447,10 @@ def platform_stalls(step_delay: float) -> None:
         f"{scale_in_cmd:.2f} s; halt after {halt_cmd:.2f} s ({status}, checkpoint saved: "
         f"{'yes' if saved else 'NO'}); resume -> 12 steps {resume_to_steps:.2f} s"
     )
-    print(f"elastic scale-out 2->4 stall: {out_s:.3f} s = {out_it:.2f} iterations")
-    print(f"elastic scale-in  4->2 stall: {in_s:.3f} s = {in_it:.2f} iterations")
+    print(
+        f"elastic scale-out 2->4 stall: {out_s:.3f} s = {out_it:.2f} iterations ({out_re} re-forms)"
+    )
+    print(f"elastic scale-in  4->2 stall: {in_s:.3f} s = {in_it:.2f} iterations ({in_re} re-forms)")
     print(
         f"stop-resume (halt, resume at 4) stall: {sr_s:.3f} s = {sr_it:.2f} iterations "
         f"(first step after it on {resumed_width} workers)"
@@ -412,6 +462,11 @@ def platform_stalls(step_delay: float) -> None:
 
 
 class Transient:
+    """One run per configuration, each on its own job ids. `warm`: every worker process
+    that a resize needs is started ahead (at the previous resize, or before the span),
+    imports torch and waits for its trigger file (`--warm-worker`): what a resize then
+    costs is the runtime's part, not a Python process's start."""
+
     def __init__(self, etcd: str, tmp: Path, step_delay: float, span: float) -> None:
         self.etcd, self.tmp, self.step_delay, self.span = etcd, tmp, step_delay, span
         self.n = 0
@@ -437,8 +492,7 @@ class Transient:
 
     def _count(self, run: Run, t0: float) -> list[Record]:
         self._until(t0 + self.span + 0.5)  # a step committed at the end is logged by then
-        workers = run.alive()
-        run.terminate(*workers)
+        run.terminate(*run.alive())
         return run.records()
 
     def baseline(self) -> tuple[int, list[Record]]:
@@ -449,86 +503,174 @@ class Transient:
         recs = self._count(run, t0)
         return samples_in(recs, t0, t0 + self.span), recs
 
-    def elastic(self, wins: Sequence[tuple[float, float]]) -> tuple[int, list[Record]]:
-        run = self._run("elastic")
+    def elastic(self, wins: Sequence[tuple[float, float]], warm: bool) -> tuple[int, list[Record]]:
+        run = self._run("elastic-warm" if warm else "elastic")
+
+        def extras(k: int) -> tuple[str, str]:
+            names = (f"x{k}a", f"x{k}b")
+            for w in names:
+                run.start(w, trigger=run.tmp / f"go-{k}" if warm else None)
+            return names
+
         for w in ("b0", "b1"):
             run.start(w, "--min-workers", "2")
+        ready = extras(0) if warm and wins else ()
         t0 = self._first_step(run)
         for k, (s, e) in enumerate(wins):
             self._until(t0 + s)
-            extra = (f"x{k}a", f"x{k}b")
-            for w in extra:
-                run.start(w)
+            if warm:
+                (run.tmp / f"go-{k}").touch()
+                now = ready
+            else:
+                now = extras(k)
             self._until(t0 + e)
-            run.signal(*extra)  # they leave at the end of a mini-batch; reaped at the end
+            run.signal(*now)  # they leave at the end of a mini-batch; reaped at the end
+            if warm and k + 1 < len(wins):
+                ready = extras(k + 1)
         recs = self._count(run, t0)
         return samples_in(recs, t0, t0 + self.span), recs
 
-    def stop_resume(self, wins: Sequence[tuple[float, float]]) -> tuple[int, list[Record]]:
+    def stop_resume(
+        self, wins: Sequence[tuple[float, float]], warm: bool
+    ) -> tuple[int, list[Record]]:
         """Every resize is: SIGTERM every worker (each saves the checkpoint on leaving),
         wait for them to exit, start the new size from the checkpoint (a new job id:
         a fresh rendezvous, as a restarted job gets)."""
-        run = self._run("stop-resume")
+        run = self._run("stop-resume-warm" if warm else "stop-resume")
         ckpt = run.tmp / "ckpt.pt"
         gen = 0
+        current: list[str] = []
+        ready: list[str] = []
 
-        def restart(size: int) -> None:
+        def launch(size: int) -> list[str]:
             nonlocal gen
-            run.terminate(*run.alive())
             gen += 1
             run.job = f"t{self.n}-stop-resume-{gen}"
-            for i in range(size):
-                run.start(f"g{gen}w{i}", "--min-workers", str(size), "--checkpoint", str(ckpt))
+            trigger = run.tmp / f"go-{gen}" if warm else None
+            names = [f"g{gen}w{i}" for i in range(size)]
+            for w in names:
+                run.start(w, "--min-workers", str(size), "--checkpoint", str(ckpt), trigger=trigger)
+            return names
 
-        restart(2)
+        def resize(size: int) -> None:
+            nonlocal current, ready
+            run.terminate(*current)
+            if warm:
+                (run.tmp / f"go-{gen}").touch()  # the set started ahead loads the checkpoint
+                current = ready
+                ready = launch(2 if size == 4 else 4)
+            else:
+                current = launch(size)
+
+        current = launch(2)
+        if warm:
+            (run.tmp / f"go-{gen}").touch()
+            ready = launch(4)
         t0 = self._first_step(run)
         for s, e in wins:
             self._until(t0 + s)
-            restart(4)
+            resize(4)
             self._until(t0 + e)
-            restart(2)
+            resize(2)
         recs = self._count(run, t0)
         return samples_in(recs, t0, t0 + self.span), recs
 
 
+def join_delays(
+    records: Iterable[Record], t0: float, wins: Sequence[tuple[float, float]]
+) -> list[float | None]:
+    """Per window: seconds from its opening to the first step on 4 workers within it
+    (None: the extras never trained together in it)."""
+    steps = committed(records)
+    out: list[float | None] = []
+    for s, e in wins:
+        first = next(
+            (r["time"] for r in steps if t0 + s <= r["time"] < t0 + e and width(r) == 4), None
+        )
+        out.append(None if first is None else first - (t0 + s))
+    return out
+
+
 def transient(
-    etcd: str, tmp: Path, step_delay: float, span: float, period: float, lengths: Sequence[float]
+    etcd: str,
+    tmp: Path,
+    step_delay: float,
+    span: float,
+    period: float,
+    lengths: Sequence[float],
+    warm: bool,
 ) -> None:
     tr = Transient(etcd, tmp / "transient", step_delay, span)
     base, base_recs = tr.baseline()
-    measured: dict[float, tuple[int, int, list[tuple[float, float]]]] = {}
     runs = [base_recs]
+    cold: list[tuple[float, int, int, list[tuple[float, float]]]] = []
+    warmed: list[tuple[float, int, int, list[tuple[float, float]]]] = []
+    delays: list[str] = []
     for length in lengths:
         wins = windows(span, period, length)
-        sr, sr_recs = tr.stop_resume(wins)
-        el, el_recs = tr.elastic(wins)
-        measured[length] = (sr, el, wins)
-        runs += [el_recs, sr_recs]
-        print(f"  W={length:g} s done: stop-resume {sr}, elastic {el}", file=sys.stderr)
+        for variant, out in ((False, cold), (True, warmed)) if warm else ((False, cold),):
+            sr, sr_recs = tr.stop_resume(wins, variant)
+            el, el_recs = tr.elastic(wins, variant)
+            out.append((length, sr, el, wins))
+            runs += [el_recs, sr_recs]
+            t0 = min(step_times(el_recs).values())
+            joins = ", ".join(
+                "never" if d is None else f"{d:.1f} s" for d in join_delays(el_recs, t0, wins)
+            )
+            label = "warm" if variant else "cold"
+            delays.append(f"  W={length:g} s, {label}: window open -> first step on 4: {joins}")
+            print(f"  W={length:g} s {label} done: stop-resume {sr}, elastic {el}", file=sys.stderr)
     rates = sample_rates(runs)
     if 2 not in rates or 4 not in rates:
         raise SystemExit(f"no steady 2- and 4-worker steps to measure the speedup: {rates}")
     speedup = rates[4] / rates[2]
-    rows = [
-        Row(length, base, sr, el, ideal_samples(base, span, wins, speedup))
-        for length, (sr, el, wins) in measured.items()
-    ]
     print("== transient idle workers (Amoeba Fig. 8 shape): bare processes, private etcd")
     print(
         f"span {span:g} s; 2 base workers; 2 extra workers for W s centred in every "
         f"{period:g} s; step compute {step_delay:.3f} s (sleep: 4 workers on 2 cores "
-        f"measure the runtime, not CPU contention); extras start cold when a window opens"
+        "measure the runtime, not CPU contention); samples trained over the span"
     )
     print(
-        f"measured steady rates: 2 workers {rates[2]:.1f} samples/s, 4 workers "
-        f"{rates[4]:.1f} samples/s: speedup {speedup:.3f}"
+        f"measured steady rates (every run of this part): 2 workers {rates[2]:.1f} "
+        f"samples/s, 4 workers {rates[4]:.1f} samples/s: speedup {speedup:.3f}; ideal = "
+        "baseline rate x (span - A + speedup x A), A = seconds extras are available"
     )
-    for line in table(rows):
+    for label, got in (("cold", cold), ("warm", warmed)):
+        if not got:
+            continue
+        how = (
+            "every new process starts when its resize happens (imports, model, data)"
+            if label == "cold"
+            else "every new process is started ahead and waits, imported, for its resize"
+        )
+        print(f"-- {label}: {how}")
+        rows = [
+            Row(length, base, sr, el, ideal_samples(base, span, wins, speedup))
+            for length, sr, el, wins in got
+        ]
+        for line in table(rows):
+            print(line)
+    print("elastic joins (the elastic runs):")
+    for line in delays:
         print(line)
     sys.stdout.flush()
 
 
+def warm_worker(trigger: Path, argv: list[str]) -> int:
+    """`--warm-worker TRIGGER ARGS`: import the example (torch, the elastic library),
+    wait until TRIGGER exists, then run it with ARGS: a worker prepared ahead."""
+    spec = importlib.util.spec_from_file_location("elastic_regression_train", EXAMPLE / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    while not trigger.exists():
+        time.sleep(0.01)
+    return int(module.main(argv))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--warm-worker"]:
+        sys.exit(warm_worker(Path(sys.argv[2]), sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bare", action="store_true", help="stalls with bare processes")
     parser.add_argument("--platform", action="store_true", help="stalls through the platform")
@@ -538,6 +680,11 @@ def main() -> None:
     parser.add_argument("--period", type=float, default=40.0, help="transient: window period")
     parser.add_argument(
         "--windows", default="5,10,30", help="transient: window lengths W in seconds"
+    )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="transient: also with every new process started ahead (imports done)",
     )
     args = parser.parse_args()
     if not (args.bare or args.platform or args.transient):
@@ -556,7 +703,9 @@ def main() -> None:
             if args.bare:
                 bare_stalls(etcd.url, tmp, args.step_delay)
             if args.transient:
-                transient(etcd.url, tmp, args.step_delay, args.span, args.period, lengths)
+                transient(
+                    etcd.url, tmp, args.step_delay, args.span, args.period, lengths, args.warm
+                )
         finally:
             etcd.stop()
 

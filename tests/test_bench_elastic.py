@@ -106,3 +106,31 @@ def test_ideal_and_the_table_ratios_and_verdicts(bench: ModuleType) -> None:
     assert lines[0].startswith("W (s) | baseline | stop-resume | elastic | ideal")
     assert "0.982" in lines[1] and "0.900" in lines[1]
     assert "0.893" in lines[2] and "1.050" in lines[2]
+
+
+def test_a_scale_out_in_two_reforms_counts_both_and_the_steps_between_as_ordinary(
+    bench: ModuleType,
+) -> None:
+    # generation 1 on 2 workers every 0.1 s to step 9 (t=0.9); the first joiner re-forms
+    # (0.3 s gap) to 3 workers for steps 10-11, the second (0.4 s gap) to 4 from step 12
+    recs = [step(s, 0.1 * s, 2) for s in range(10)]
+    recs += [step(10, 1.2, 3, gen=2), step(11, 1.3, 3, gen=2)]
+    recs += [step(12 + s, 1.7 + 0.1 * s, 4, gen=3) for s in range(5)]
+    # at an epoch's end a step on 2 members can have one worker's samples only
+    recs[5] = step(5, 0.5, 1)
+    # a halt and resume later: the restarted job numbers its generations from 1 again
+    recs += [step(30 + s, 20 + 0.1 * s, 2, gen=1) for s in range(5)]
+    assert bench.around_change(recs, 7, 4) == (9, 12, 2)
+    seconds, iterations, reforms = bench.stall_of_change(recs, 7, 4)
+    # 0.9 -> 1.7 is 0.8 s for 3 steps of 0.1 s: 0.5 s lost
+    assert (seconds, iterations, reforms) == (pytest.approx(0.5), pytest.approx(5.0), 2)
+    assert bench.stall(bench.step_times(recs), 9, 12) == (pytest.approx(0.5), pytest.approx(5.0))
+
+
+def test_join_delays_say_when_the_extras_first_trained_in_each_window(bench: ModuleType) -> None:
+    recs = [step(s, 100 + 0.5 * s, 4 if 6 <= s < 10 else 2) for s in range(40)]
+    # windows open at 2 s and 12 s after t0=100: on 4 from step 6 (103.0), never in the second
+    assert bench.join_delays(recs, 100.0, [(2.0, 5.0), (12.0, 15.0)]) == [
+        pytest.approx(1.0),
+        None,
+    ]
