@@ -663,6 +663,9 @@ def warm_worker(trigger: Path, argv: list[str]) -> int:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # `elastic.join` imports the worker (torch.distributed, the etcd client) only when
+    # called: seconds on a loaded machine, which a worker prepared ahead has behind it
+    importlib.import_module("learner.elastic.worker")
     while not trigger.exists():
         time.sleep(0.01)
     return int(module.main(argv))
