@@ -33,13 +33,14 @@ Parts (any combination; none given: --bare):
              boundary), ideal (computed: the baseline's rate, times the measured speedup
              of 4 vs 2 workers while extras are available: an instant, free resize).
              The extras' processes start when their window opens (cold: imports, model,
-             data), as a freshly available machine would.
+             data), as a freshly available machine would; with --warm also with every
+             new process started ahead (imported, a model and optimizer built once).
 
 Step compute is the example's fixed --step-delay (a sleep), so 4 workers on a 2-core
 machine measure the runtime, not CPU contention. Stops processes by pid only.
 
     .venv/bin/python benchmarks/elastic_scaling.py [--bare] [--platform] [--transient]
-        [--step-delay 0.05] [--span 80 --period 40 --windows 5,10,30]
+        [--warm] [--step-delay 0.05] [--span 80 --period 40 --windows 5,10,30]
 """
 
 from __future__ import annotations
@@ -464,8 +465,10 @@ def platform_stalls(step_delay: float) -> None:
 class Transient:
     """One run per configuration, each on its own job ids. `warm`: every worker process
     that a resize needs is started ahead (at the previous resize, or before the span),
-    imports torch and waits for its trigger file (`--warm-worker`): what a resize then
-    costs is the runtime's part, not a Python process's start."""
+    imports torch and the elastic worker, builds a throwaway model and optimizer (torch's
+    first optimizer imports more of torch) and waits for its trigger file
+    (`--warm-worker`): what a resize then costs is the runtime's part, not a Python
+    process's start."""
 
     def __init__(self, etcd: str, tmp: Path, step_delay: float, span: float) -> None:
         self.etcd, self.tmp, self.step_delay, self.span = etcd, tmp, step_delay, span
