@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -97,6 +98,50 @@ class BenchPlatform:
         self.mongo.stop()
         self.etcd.stop()
         os.environ.pop(ETCD_CREDENTIALS_FILE, None)
+        if os.environ.get("RHIZOME_BENCH_KEEP") != "1":
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        else:
+            print(f"kept {self.data_dir}", file=sys.stderr)
+
+
+RHIZOME_CLI = [sys.executable, "-m", "services.client.cli"]
+
+
+def rz(data_dir: Path, *args: str, timeout_s: float = 300) -> str:
+    """`rhizome --data-dir DATA_DIR ARGS` as a user types it (the CLI finds the embedded
+    platform's admin token by itself); its stdout, or the run ends naming the command."""
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("RHIZOME_TOKEN", None)
+    proc = subprocess.run(
+        [*RHIZOME_CLI, "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout_s,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+class EmbeddedUp:
+    """`rhizome up --embedded` in a temporary data directory (every service: api,
+    scheduler, lcm, tds, the local backend; what a user runs), `rhizome down` on exit.
+    The directory is removed unless RHIZOME_BENCH_KEEP=1."""
+
+    def __init__(self) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-up-"))
+
+    def __enter__(self) -> EmbeddedUp:
+        rz(self.data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+        return self
+
+    def __call__(self, *args: str, timeout_s: float = 300) -> str:
+        return rz(self.data_dir, *args, timeout_s=timeout_s)
+
+    def __exit__(self, *exc: object) -> None:
+        rz(self.data_dir, "down")
         if os.environ.get("RHIZOME_BENCH_KEEP") != "1":
             shutil.rmtree(self.data_dir, ignore_errors=True)
         else:
