@@ -88,7 +88,7 @@ def runtime_ticket(job_id: str, worker: int) -> str:
 
 # -- elastic data-parallel jobs (learner/elastic/, docs/elastic.md) ------------------------------
 def elastic_prefix(job_id: str) -> str:
-    """An elastic job's coordination keys: `state`, `leader`, `abort`, `plan`,
+    """An elastic job's coordination keys: `state`, `leader`, `abort`, `plan`, `expect`,
     `workers/<w>`, `joins/<w>`, `acks/<w>`, `refused/<w>`, `leaves/<w>`."""
     return f"{job_prefix(job_id)}elastic/"
 
@@ -112,6 +112,13 @@ def elastic_abort(job_id: str) -> str:
 def elastic_plan(job_id: str) -> str:
     """The leader's copy of the data assignment (epoch, cursors, returned ranges) and step."""
     return f"{elastic_prefix(job_id)}plan"
+
+
+def elastic_expect(job_id: str) -> str:
+    """`{count, deadline}`, written by the guardian while it adds `count` learners: the
+    leader admits pending joiners once `count` of them wait (one re-form for all), or at
+    `deadline` (wall-clock seconds) with those that came."""
+    return f"{elastic_prefix(job_id)}expect"
 
 
 def elastic_worker(job_id: str, worker: str) -> str:

@@ -125,6 +125,7 @@ class ElasticWorker(ElasticJob):
         self._graveyard: list[Any] = []
         self._pending: tuple[DataPlan, dict[str, Range | None]] | None = None
         self._leave_reason: str | None = None
+        self._joins_held = False  # the leader holds joiners until the expected ones came
         self._left = False
         self._slow_streak = 0
         self._batch_started = 0.0
@@ -407,11 +408,15 @@ class ElasticWorker(ElasticJob):
     def _wants_reform(self) -> float:
         if self._leave_reason is not None:
             return 1.0
-        if self.rdzv.joins_changed.is_set():
+        if self.rdzv.joins_changed.is_set() or self._joins_held:
             self.rdzv.joins_changed.clear()
             joins = self.rdzv.pending_joins()
+            self._joins_held = False
             if joins and self.rdzv.is_leader():
-                return 1.0
+                if self.rdzv.joins_ready(joins):
+                    self.rdzv.expectation_met()
+                    return 1.0
+                self._joins_held = True  # looked at again every step until ready
         return 0.0
 
     def _check_straggler(self, reports: torch.Tensor) -> None:

@@ -48,6 +48,10 @@ INCARNATIONS = "scale_incarnations"  # rank -> times the rank was added by a sca
 # file (`exit-<generation>-<restart>`): each addition gets restart numbers of its own.
 INCARNATION_STRIDE = 1000
 JOIN_TIMEOUT_S = 180.0
+# How long the leader holds the first ready learners of a scale-out for the others (they
+# train meanwhile): a cold learner took 2.6-6.1 s from start to ready on a loaded 2-core
+# machine (benchmarks/RESULTS.md, elastic_scaling.py); past it, those that came enter.
+JOIN_TOGETHER_S = 15.0
 _JOINED = (LearnerStatus.PROCESSING, LearnerStatus.STORING, LearnerStatus.COMPLETED)
 
 
@@ -220,6 +224,13 @@ class ElasticScaler:
         for rank in ranks:
             incarnations[str(rank)] = incarnations.get(str(rank), 0) + 1
         self._put(INCARNATIONS, incarnations)
+        # the learners start together but get ready at different times: the leader admits
+        # them together (one re-form), waiting for the last at most JOIN_TOGETHER_S
+        if len(ranks) > 1:
+            self.etcd.put(
+                etcd_keys.elastic_expect(self.job_id),
+                {"count": len(ranks), "deadline": time.time() + JOIN_TOGETHER_S},
+            )
         now = time.monotonic()
         for rank in ranks:
             self.etcd.delete(etcd_keys.learner_status(self.job_id, rank))  # a retired one's
@@ -228,7 +239,10 @@ class ElasticScaler:
             self.g.started_at[rank] = now
         # a learner joins once its script imported torch and built its model: on a busy
         # machine that takes a while
-        self._wait_processing(ranks, now + JOIN_TIMEOUT_S)
+        try:
+            self._wait_processing(ranks, now + JOIN_TIMEOUT_S)
+        finally:  # admitted (the leader deleted it) or failed: hold nobody for them
+            self.etcd.delete(etcd_keys.elastic_expect(self.job_id))
         fields: dict[str, Any] = {
             "resources.learners": target,
             "placement.learner_nodes": nodes,

@@ -262,6 +262,41 @@ def test_scale_out_2_to_4_and_in_4_to_2_while_training(job: Job) -> None:
     assert not [r for r in records if "redone" in r], "a graceful scale event redid a step"
 
 
+def test_joiners_added_together_enter_in_one_re_form(job: Job) -> None:
+    # the guardian's `expect` (services/guardian/elastic.py): two learners are being
+    # added; the first ready one waits (the others train on) until the second asks too
+    def generation() -> int:
+        entry = client.get(keys.elastic_state(job.id))
+        return int(entry.value["generation"]) if entry is not None else 0
+
+    for w in ("w0", "w1"):
+        job.start(w, "--min-workers", "2", "--step-delay", "0.03")
+    job.wait_for("5 steps on 2 workers", lambda: job.steps() >= 5)
+    client = EtcdClient.connect(job.etcd_url)
+    try:
+        client.put(keys.elastic_expect(job.id), {"count": 2, "deadline": time.time() + 300})
+        before = generation()
+        job.start("w2", "--step-delay", "0.03")
+        job.wait_for(
+            "w2's join request", lambda: client.get(keys.elastic_join(job.id, "w2")) is not None
+        )
+        asked = job.steps()
+        job.wait_for("10 more steps while w2 waits", lambda: job.steps() >= asked + 10)
+        assert generation() == before, "w2 entered alone: two re-forms for one scale-out"
+        job.start("w3", "--step-delay", "0.03")
+        job.wait_for(
+            "a 4-worker generation",
+            lambda: any(len(r.get("samples", {})) == 4 for r in job.records()),
+        )
+        assert generation() == before + 1, "the two joiners did not enter in one re-form"
+        assert client.get(keys.elastic_expect(job.id)) is None, "later joins would be held"
+    finally:
+        client.close()
+    codes = job.stop()
+    assert codes == {"w0": 0, "w1": 0, "w2": 0, "w3": 0}, job.outputs()
+    check(job, ["w0", "w1", "w2", "w3"])
+
+
 def test_a_worker_sigkilled_mid_epoch_is_removed_and_its_batch_redone(job: Job) -> None:
     for w in ("w0", "w1", "w2"):
         job.start(w, "--min-workers", "3", "--step-delay", "0.03")
