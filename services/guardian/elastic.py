@@ -283,6 +283,15 @@ class ElasticScaler:
                         + (f": {lines[-1]}" if lines else "")
                     )
                 if status not in _JOINED or rank not in joined:
+                    # a controller that died before it wrote any status (at its start)
+                    # would otherwise be waited for until JOIN_TIMEOUT_S
+                    handle = self.g.handles.get(rank)
+                    code = None if handle is None else self.g.backend.learner_exited(handle)
+                    if code is not None:
+                        raise ScaleFailed(
+                            f"learner {rank}'s controller exited with code {code} before it "
+                            f"joined (its log: {self.g.job_dir}/learners/{rank}/controller.log)"
+                        )
                     waiting.append(rank)
             if not waiting:
                 return

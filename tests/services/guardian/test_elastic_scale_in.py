@@ -7,6 +7,7 @@ survivors instead of one per rank (benchmarks/elastic_scaling.py --platform meas
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from contract import etcd_keys
 from services.backends.api import JobSpec
-from services.guardian.elastic import ElasticScaler, request_scale
+from services.guardian.elastic import ElasticScaler, ScaleFailed, request_scale
 from services.store import states
 from tests.services.guardian.helpers import submit
 
@@ -77,3 +78,29 @@ def test_a_scale_in_by_two_stops_both_retired_ranks_together(
     assert record.history[-1].message == (
         "scaled 3 → 1 learners: learners 1, 2 left at a mini-batch boundary"
     )
+
+
+class DeadAtStartBackend:
+    """The added learner's controller died before it wrote any status."""
+
+    def learner_exited(self, handle: str) -> int | None:
+        return 1 if handle == "h2" else None
+
+
+def test_a_scale_out_whose_learner_dies_at_start_fails_at_once_not_at_the_timeout(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    guardian = SimpleNamespace(
+        etcd=stores["etcd"],
+        jobs=stores["repo"],
+        job_id="dead-at-start",
+        backend=DeadAtStartBackend(),
+        handles={2: "h2"},
+        job_dir=str(tmp_path),
+        terminate=threading.Event(),
+        wake=threading.Event(),
+        control=dict,
+    )
+    scaler = ElasticScaler(guardian)  # type: ignore[arg-type]
+    with pytest.raises(ScaleFailed, match="learner 2's controller exited with code 1 before"):
+        scaler._wait_processing([2], deadline=time.monotonic() + 300)
