@@ -52,9 +52,14 @@ def get_scaling_policy(name: str, **options: Any) -> ScalingPolicy:
 _KEYS = {"scaling", "scaling_options"}
 
 
-def scaling_from_config(config: Any, source: str = "cluster config") -> ScalingPolicy:
+def scaling_from_config(
+    config: Any, source: str = "cluster config", base_dir: Path | None = None
+) -> ScalingPolicy:
     """The scaling policy of a parsed cluster config (its optional ``scheduler:``
-    section); ``none`` when there is none. Every error names the key and the fix."""
+    section); ``none`` when there is none. Every error names the key and the fix. A
+    relative ``throughput_curve`` is taken from ``base_dir`` (the config file's folder),
+    as a user who keeps the curve beside the config expects, not from wherever the daemon
+    was started."""
     if not isinstance(config, Mapping):
         return StaticScaling()
     section = config.get("scheduler")
@@ -73,8 +78,12 @@ def scaling_from_config(config: Any, source: str = "cluster config") -> ScalingP
     options = section.get("scaling_options") or {}
     if not isinstance(options, Mapping):
         raise ScalingConfigError(f"{source}: scheduler.scaling_options must be a mapping")
+    options = {str(k): v for k, v in options.items()}
+    curve = options.get("throughput_curve")
+    if base_dir is not None and isinstance(curve, str) and not Path(curve).is_absolute():
+        options["throughput_curve"] = str(base_dir / curve)
     try:
-        return get_scaling_policy(name, **{str(k): v for k, v in options.items()})
+        return get_scaling_policy(name, **options)
     except UnknownScalingPolicy as exc:
         raise ScalingConfigError(f"{source}: scheduler.scaling: {exc}") from None
     except ScalingConfigError as exc:
@@ -90,7 +99,7 @@ def load_scaling_config(path: str | Path) -> ScalingPolicy:
         config = yaml.safe_load(p.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ScalingConfigError(f"cannot read cluster config {p}: {exc}") from None
-    return scaling_from_config(config, str(p))
+    return scaling_from_config(config, str(p), base_dir=p.parent)
 
 
 __all__ = [

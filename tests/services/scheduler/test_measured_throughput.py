@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from services.scheduler.elasticity import scaling_from_config
+from services.scheduler.elasticity import load_scaling_config, scaling_from_config
 from services.scheduler.elasticity.api import (
     BUNDLED_THROUGHPUT_CURVE,
     THROUGHPUT_CURVE_FORMAT,
@@ -230,6 +230,23 @@ def test_the_policy_takes_a_curve_file_from_scaling_options(tmp_path: Path) -> N
         model = policy_with(**options).model
         assert isinstance(model, MeasuredThroughput)
         assert model.points == ((1, 1.0), (2, 1.5), (3, 1.7))
+
+
+def test_a_relative_curve_path_in_a_config_file_is_taken_beside_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    write_curve(config_dir / "curve.json", [(1, 1.0), (2, 1.9)])
+    (config_dir / "cluster.yaml").write_text(
+        "nodes: []\nscheduler:\n  scaling: elastic-tiresias\n"
+        "  scaling_options: {throughput_curve: curve.json}\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the daemon's working directory is not the config's
+    policy = load_scaling_config(config_dir / "cluster.yaml")
+    assert isinstance(policy, ElasticTiresias)
+    assert isinstance(policy.model, MeasuredThroughput)
+    assert policy.model.points == ((1, 1.0), (2, 1.9))
 
 
 def test_without_those_options_the_policy_keeps_the_communication_bound_model() -> None:
