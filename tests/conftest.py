@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,13 @@ from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServ
 # tests (tests/integration/test_isolation.py) turn it back on with a data directory others
 # may traverse. An explicit setting in the environment wins.
 os.environ.setdefault("RHIZOME_LEARNER_UIDS", "off")
+
+# Learner uid claims are also marked machine-wide (services/backends/local/isolation.py,
+# `/var/lib/rhizome-uid-claims`); the session's platforms keep their marks in a directory
+# of the session's own, removed at exit, so a test run leaves nothing in /var/lib.
+_UID_MARKS = tempfile.mkdtemp(prefix="rhizome-test-uid-marks-")
+atexit.register(shutil.rmtree, _UID_MARKS, True)
+os.environ.setdefault("RHIZOME_MACHINE_UID_CLAIMS", _UID_MARKS)
 
 
 # The session's servers that are running, by name: the per-module reset below empties

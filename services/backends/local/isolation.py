@@ -6,7 +6,9 @@ own from a configured range; nothing is added to /etc/passwd: the learner contro
 started with `setgid`/`setuid` (subprocess's `user=`/`group=`/`extra_groups=[]`). The
 uid a job got is recorded as a claim file `<data dir>/jobs/.uids/<uid>` holding the job
 id, created with O_EXCL so that two guardians never hand out the same uid, and found
-again by a restarted guardian or daemon. A uid is never handed to another job while the
+again by a restarted guardian or daemon; a machine-wide mark (`machine_claims_dir()`,
+`/var/lib/rhizome-uid-claims/<uid>` naming the jobs directory) keeps another platform of
+the same machine (another data directory) from handing out the same uid. A uid is never handed to another job while the
 claim exists (the first job's files would become the second's). A job that ends for good
 (completed, failed, deleted) releases its uid (`release_uid`): every process of the uid is
 killed, every file of the uid in the job's trees is handed to the daemon, then the claim
@@ -47,6 +49,13 @@ from pathlib import Path
 UIDS_VARIABLE = "RHIZOME_LEARNER_UIDS"
 DEFAULT_UID_RANGE = (20000, 29999)
 CLAIMS_DIR = ".uids"  # under <data dir>/jobs, owned by the daemon, mode 0700
+# Every platform of this machine marks the uids its jobs claimed here (`<uid>` holding the
+# claiming jobs directory): two data directories must never hand out the same uid, or
+# their jobs could read each other's files and one's release (which kills every process
+# of the uid) would kill the other's learners. Persistent, like the claims it mirrors: a
+# halted job keeps its uid across a reboot.
+MACHINE_CLAIMS_VARIABLE = "RHIZOME_MACHINE_UID_CLAIMS"
+DEFAULT_MACHINE_CLAIMS = "/var/lib/rhizome-uid-claims"
 
 
 class IsolationError(RuntimeError):
@@ -130,11 +139,61 @@ def claimed_uid(jobs_dir: Path, job_id: str) -> int | None:
     return None
 
 
+def machine_claims_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    return Path(environ.get(MACHINE_CLAIMS_VARIABLE) or DEFAULT_MACHINE_CLAIMS)
+
+
+def _read_mark(mark: Path) -> str:
+    """A mark's jobs directory (a path: longer than a claim's job id)."""
+    try:
+        return mark.read_text(encoding="utf-8")[:4096].strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _mark_for_machine(uid: int, jobs_dir: Path) -> bool:
+    """Mark `uid` as this jobs directory's for every platform of the machine: True if it
+    is now (or already was) ours, False if another data directory holds it. A mark whose
+    data directory no longer claims the uid (released, or the directory removed) is
+    stale and taken over."""
+    marks = machine_claims_dir()
+    marks.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mark = marks / str(uid)
+    me = str(jobs_dir.resolve())
+    for _ in range(2):
+        try:
+            fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            holder = _read_mark(mark)
+            if holder == me:
+                return True
+            if holder and (Path(holder) / CLAIMS_DIR / str(uid)).exists():
+                return False
+            # stale; re-read just before removing it, so a fresh mark is not taken
+            if _read_mark(mark) == holder:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(mark)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(me)
+        return True
+    return False
+
+
+def _unmark_for_machine(uid: int, jobs_dir: Path) -> None:
+    mark = machine_claims_dir() / str(uid)
+    with contextlib.suppress(FileNotFoundError):
+        if _read_mark(mark) == str(jobs_dir.resolve()):
+            os.unlink(mark)
+
+
 def claim_uid(jobs_dir: Path, job_id: str, first: int, last: int) -> int:
     """Job `job_id`'s uid: the one it claimed before, else the lowest free one in range
-    that no account of this machine uses."""
+    that no account of this machine uses and no other platform of the machine claimed
+    (`machine_claims_dir`)."""
     earlier = claimed_uid(jobs_dir, job_id)
     if earlier is not None:
+        _mark_for_machine(earlier, jobs_dir)  # a claim made before the machine-wide marks
         return earlier
     claims = jobs_dir / CLAIMS_DIR
     claims.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -142,6 +201,8 @@ def claim_uid(jobs_dir: Path, job_id: str, first: int, last: int) -> int:
     for uid in range(first, last + 1):
         if uid in taken or _is_account(uid):
             continue
+        if not _mark_for_machine(uid, jobs_dir):
+            continue  # another platform's job runs under it
         try:
             fd = os.open(claims / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:  # another guardian took it a moment ago
@@ -176,6 +237,7 @@ def release_uid(
     kill(uid)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(jobs_dir / CLAIMS_DIR / str(uid))
+    _unmark_for_machine(uid, jobs_dir)
     return uid
 
 
@@ -220,6 +282,7 @@ def release_stale_claims(
             kill(uid)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(jobs_dir / CLAIMS_DIR / str(uid))
+            _unmark_for_machine(uid, jobs_dir)
             released.append(uid)
             continue
         if release_uid(jobs_dir, job_id, trees(job_id), kill) is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,37 @@ def test_config_names_a_bad_setting_and_the_fix(value: str, says: str) -> None:
 def test_a_range_without_root_says_root_is_needed() -> None:
     with pytest.raises(IsolationError, match="needs the daemon to run as root"):
         IsolationConfig.from_env({"RHIZOME_LEARNER_UIDS": "40000-40009"}, root=False)
+
+
+@pytest.fixture(autouse=True)
+def _machine_marks_of_this_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the machine-wide marks of these tests only: other tests' claims must not count here
+    monkeypatch.setenv(isolation.MACHINE_CLAIMS_VARIABLE, str(tmp_path / "machine-marks"))
+
+
+def test_another_platform_on_the_machine_never_gets_the_same_uid(tmp_path: Path) -> None:
+    one, other = tmp_path / "one" / "jobs", tmp_path / "other" / "jobs"
+    assert isolation.claim_uid(one, "job-a", 40000, 40001) == 40000
+    # another data directory, nothing in its own claims: it must still skip 40000
+    assert isolation.claim_uid(other, "job-a", 40000, 40001) == 40001
+    with pytest.raises(IsolationError, match="every learner uid of 40000-40000 is claimed"):
+        isolation.claim_uid(other, "job-b", 40000, 40000)
+
+
+def test_a_uid_released_by_one_platform_is_free_for_another(tmp_path: Path) -> None:
+    one, other = tmp_path / "one" / "jobs", tmp_path / "other" / "jobs"
+    isolation.claim_uid(one, "job-a", 40000, 40000)
+    assert isolation.release_uid(one, "job-a", [], lambda uid: None) == 40000
+    assert isolation.claim_uid(other, "job-b", 40000, 40000) == 40000
+
+
+def test_a_mark_whose_data_directory_is_gone_is_taken_over(tmp_path: Path) -> None:
+    one, other = tmp_path / "one" / "jobs", tmp_path / "other" / "jobs"
+    isolation.claim_uid(one, "job-a", 40000, 40000)
+    shutil.rmtree(tmp_path / "one")  # a platform whose data directory was deleted
+    assert isolation.claim_uid(other, "job-b", 40000, 40000) == 40000
+    mark = tmp_path / "machine-marks" / "40000"
+    assert mark.read_text() == str(other.resolve())
 
 
 def test_uids_are_one_per_job_reused_and_exhaustion_is_named(tmp_path: Path) -> None:
