@@ -22,10 +22,12 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RHIZOME = [sys.executable, "-m", "services.client.cli"]
+# a user's environment, but the test session's machine-wide uid marks (tests/conftest.py)
+KEPT = {"RHIZOME_MACHINE_UID_CLAIMS"}
 
 
 def rz(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_") or k in KEPT}
     proc = subprocess.run(
         [*RHIZOME, "--data-dir", str(data), *args],
         capture_output=True,

@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 RHIZOME = [sys.executable, "-m", "services.client.cli"]
+# a user's environment, but the test session's machine-wide uid marks (tests/conftest.py)
+KEPT = {"RHIZOME_MACHINE_UID_CLAIMS"}
 UNREACHABLE = "127.0.0.1:1"  # nothing listens on port 1
 
 
 def rz(*args: str | bytes, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_") or k in KEPT}
     proc = subprocess.run(
         [*RHIZOME, *args],
         capture_output=True,

@@ -20,11 +20,13 @@ from contract.procs import free_port
 pytestmark = pytest.mark.integration
 
 RHIZOME = [sys.executable, "-m", "services.client.cli"]
+# a user's environment, but the test session's machine-wide uid marks (tests/conftest.py)
+KEPT = {"RHIZOME_MACHINE_UID_CLAIMS"}
 
 
 def rz(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """`rhizome ARGS`, the data directory given after the command (a global option)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_") or k in KEPT}
     proc = subprocess.run(
         [*RHIZOME, *args],
         capture_output=True,
