@@ -52,6 +52,24 @@ PIPELINE_LOSS_CODES = PREEMPTION_EXIT_CODES | {int(ExitCode.EVICTED)}
 Outcome = tuple[JobRecord, dict[str, dict[str, Any]]] | int
 
 
+# How long a round waits for an admitted joiner's ticket to be marked used (see
+# `_ticket_holder`'s caller): the runtime writes it milliseconds after the admission.
+TICKET_LOOKS = 20
+TICKET_LOOK_S = 0.1
+
+
+def _ticket_holder(tickets: dict[int, dict[str, Any]], slot: str, generation: int) -> int | None:
+    """The learner whose admission ticket was used for `slot` at `generation`, if any."""
+    return next(
+        (
+            rank
+            for rank, t in sorted(tickets.items())
+            if t.get("used_at") == generation and str(t.get("slot")) == slot
+        ),
+        None,
+    )
+
+
 class PipelineFailover:
     """The pipeline part of one job's guardian (it uses the guardian's etcd, records,
     backend and learner handles, and ends the job through it)."""
@@ -287,15 +305,20 @@ class PipelineFailover:
             info = replaced.setdefault(slot_s, {})
             if gen <= int(info.get("joined", -1)):
                 continue
-            # who took the slot: the learner whose ticket was used for it at `gen`
-            joiner = next(
-                (
-                    r
-                    for r, t in sorted(tickets.items())
-                    if t.get("used_at") == gen and str(t.get("slot")) == slot_s
-                ),
-                int(slot_s),
-            )
+            # who took the slot: the learner whose ticket was used for it at `gen`. The
+            # joiner marks its ticket just after its compare-and-set on the state, so a
+            # round between the two sees the slot joined and no ticket used yet: look
+            # again for a moment rather than name the slot's own learner (a standby's
+            # admission was once written as "replaced by its own learner")
+            joiner = _ticket_holder(tickets, slot_s, gen)
+            for _ in range(TICKET_LOOKS):
+                if joiner is not None:
+                    break
+                time.sleep(TICKET_LOOK_S)
+                tickets = self.tickets()
+                joiner = _ticket_holder(tickets, slot_s, gen)
+            if joiner is None:
+                joiner = int(slot_s)
             stages = int(state["stages"])
             stage, pipeline = int(slot_s) % stages, int(slot_s) // stages
             if joiner == int(slot_s):
