@@ -63,9 +63,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _platform import rz
+
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "examples" / "pipeline-gpt"
-RHIZOME = [sys.executable, "-m", "services.client.cli"]
 STEP = re.compile(r"^step (\d+) loss \S+ generation (\d+) time (\S+)")
 
 
@@ -229,21 +230,6 @@ def bare(a: argparse.Namespace) -> tuple[float, dict[str, float]]:
     if proc.returncode != 0:
         sys.exit(f"bare run failed:\n{err[-3000:]}")
     return steady_throughput(out)[0], profile.seconds()
-
-
-def rz(data_dir: Path, *args: str) -> str:
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("RHIZOME_TOKEN", None)
-    proc = subprocess.run(
-        [*RHIZOME, "--data-dir", str(data_dir), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    if proc.returncode != 0:
-        sys.exit(f"rhizome {' '.join(args)} failed: {proc.stderr[-2000:]}")
-    return proc.stdout
 
 
 def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> tuple[float, dict[str, float]]:
