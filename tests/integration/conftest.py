@@ -6,12 +6,14 @@ mints one (straight into the token store, as an admin's `rhizome token create` w
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rhizome.v1 import job_pb2
 
 from contract.procs import free_port
 from services.client.sdk import Client
@@ -94,3 +96,16 @@ def token_client(daemon: Daemon, user: str, role: str = "user", **kwargs: Any) -
     """An SDK client of `daemon`'s API authenticated as `user`."""
     token = mint_token(daemon.config.mongodb_uri, user, role)
     return Client(daemon.config.grpc_address, token=token, **kwargs)
+
+
+def wait_job_status(client: Client, job_id: str, status: int, timeout_s: float = 20) -> job_pb2.Job:
+    """Poll the job until it has `status`; on time-out, say what it is instead."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get_job(job_id)
+        if job.status == status:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(
+        f"{job_id} is {job_pb2.JobStatus.Name(job.status)}, expected {job_pb2.JobStatus.Name(status)}"
+    )

@@ -13,12 +13,12 @@ import pytest
 from rhizome.v1 import job_pb2
 
 from contract.procs import free_port
-from services.client.sdk import Client, ClientError
+from services.client.sdk import ClientError
 from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.scheduler.api import QuotaConfigError
-from tests.integration.conftest import token_client
+from tests.integration.conftest import token_client, wait_job_status
 
 pytestmark = pytest.mark.integration
 
@@ -53,24 +53,12 @@ def daemon(mongo_server: ManagedServer, tmp_path: Path) -> Iterator[Daemon]:
         d.stop()
 
 
-def wait_for(client: Client, job_id: str, status: int, timeout_s: float = 20) -> job_pb2.Job:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get_job(job_id)
-        if job.status == status:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(
-        f"{job_id} is {job_pb2.JobStatus.Name(job.status)}, expected {job_pb2.JobStatus.Name(status)}"
-    )
-
-
 def test_gangs_are_placed_whole_and_a_waiting_job_says_why(
     daemon: Daemon, mongo_server: ManagedServer, tmp_path: Path
 ) -> None:
     with token_client(daemon, f"s-{uuid.uuid4().hex[:6]}") as rz:
         first = rz.create_job(GPU_JOB.format(name="first")).job_id
-        placed = wait_for(rz, first, job_pb2.PENDING)
+        placed = wait_job_status(rz, first, job_pb2.PENDING)
         nodes = dict(placed.placement.learner_nodes)
         assert sorted(nodes) == [0, 1] and all(
             n.startswith("local-fakegpu") for n in nodes.values()
@@ -84,7 +72,7 @@ def test_gangs_are_placed_whole_and_a_waiting_job_says_why(
         assert "needs 2 learners × 2 FAKE" in waiting.queue_reason
         # Deleting the first frees its GPUs, and the second gets them.
         rz.delete_job(first)
-        wait_for(rz, second, job_pb2.PENDING)
+        wait_job_status(rz, second, job_pb2.PENDING)
         rz.delete_job(second)
 
 
@@ -93,10 +81,10 @@ def test_a_resumed_job_is_queued_and_placed_by_the_scheduler_like_a_new_one(
 ) -> None:
     with token_client(daemon, f"s-{uuid.uuid4().hex[:6]}") as rz:
         first = rz.create_job(GPU_JOB.format(name="first")).job_id
-        wait_for(rz, first, job_pb2.PENDING)
+        wait_job_status(rz, first, job_pb2.PENDING)
         rz.halt_job(first)  # releases its GPUs
         second = rz.create_job(GPU_JOB.format(name="second")).job_id
-        wait_for(rz, second, job_pb2.PENDING)
+        wait_job_status(rz, second, job_pb2.PENDING)
         # Resumed, the first waits for the GPUs the second now holds, instead of being
         # redeployed on its old nodes outside the scheduler's view.
         assert rz.resume_job(first).status == job_pb2.QUEUED
@@ -105,7 +93,7 @@ def test_a_resumed_job_is_queued_and_placed_by_the_scheduler_like_a_new_one(
             time.sleep(0.1)
         assert "needs 2 learners × 2 FAKE" in rz.get_job(first).queue_reason
         rz.delete_job(second)
-        placed = wait_for(rz, first, job_pb2.PENDING)
+        placed = wait_job_status(rz, first, job_pb2.PENDING)
         assert sorted(dict(placed.placement.learner_nodes)) == [0, 1]
         rz.delete_job(first)
 
@@ -129,7 +117,7 @@ def test_a_restarted_scheduler_keeps_its_reservations(
     try:
         with token_client(d1, user) as rz:
             first = rz.create_job(GPU_JOB.format(name="keep")).job_id
-            wait_for(rz, first, job_pb2.PENDING)
+            wait_job_status(rz, first, job_pb2.PENDING)
     finally:
         d1.stop()
     d2 = start_daemon(mongo_server, tmp_path)
@@ -140,7 +128,7 @@ def test_a_restarted_scheduler_keeps_its_reservations(
             # The restored reservation still holds the FAKE GPUs: no double-booking.
             assert rz.get_job(second).status == job_pb2.QUEUED
             rz.delete_job(first)
-            wait_for(rz, second, job_pb2.PENDING)
+            wait_job_status(rz, second, job_pb2.PENDING)
             rz.delete_job(second)
     finally:
         d2.stop()
@@ -164,10 +152,10 @@ def test_a_borrowing_job_is_halted_when_the_quota_owner_needs_it(
             token_client(d, "owner-a") as a,
         ):
             borrowed = b.create_job(GPU_JOB.format(name="borrows")).job_id
-            wait_for(b, borrowed, job_pb2.PENDING)  # all 4 FAKE GPUs, borrowed
+            wait_job_status(b, borrowed, job_pb2.PENDING)  # all 4 FAKE GPUs, borrowed
             owned = a.create_job(GPU_JOB.format(name="owns")).job_id
-            wait_for(a, owned, job_pb2.PENDING)
-            halted = wait_for(b, borrowed, job_pb2.HALTED)
+            wait_job_status(a, owned, job_pb2.PENDING)
+            halted = wait_job_status(b, borrowed, job_pb2.HALTED)
             assert "quota it borrowed" in halted.status_message
             a.delete_job(owned)
             b.delete_job(borrowed)

@@ -26,7 +26,7 @@ from services.scheduler.persist import MemoryPlacementStore
 from services.scheduler.queue import JobQueue, QueueOrder
 from services.scheduler.quota import QuotaConfig, quota_config_from_mapping
 from services.scheduler.scheduler import GangScheduler
-from tests.integration.conftest import token_client
+from tests.integration.conftest import token_client, wait_job_status
 from tests.services.scheduler.conftest import gpu_cluster
 
 # quanta of 100 and 1,000 GPU·s: three queues, crossed within a test's fake seconds
@@ -252,16 +252,6 @@ def live_daemon(mongo: ManagedServer, data_dir: Path, scaling: str, options: str
     return daemon
 
 
-def status_is(client: Client, job_id: str, status: int, timeout_s: float = 30) -> job_pb2.Job:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get_job(job_id)
-        if job.status == status:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} is {job_pb2.JobStatus.Name(job.status)}: {job}")
-
-
 def reason_has(client: Client, job_id: str, text: str, timeout_s: float = 30) -> str:
     deadline = time.monotonic() + timeout_s
     reason = ""
@@ -285,11 +275,13 @@ def test_the_daemon_places_a_new_short_job_before_a_resumed_long_one_under_tires
     try:
         with token_client(daemon, "user") as rz:
             long = rz.create_job(GPU_JOB.format(name="long")).job_id
-            status_is(rz, long, job_pb2.PENDING)  # holds the 4 GPUs: 4 GPU·s a second
+            wait_job_status(
+                rz, long, job_pb2.PENDING, timeout_s=30
+            )  # holds the 4 GPUs: 4 GPU·s a second
             time.sleep(1.0)  # past the 1 GPU·s quantum
             rz.halt_job(long)  # the scheduler releases it, adding up its service
             holder = rz.create_job(GPU_JOB.format(name="holder")).job_id
-            status_is(rz, holder, job_pb2.PENDING)
+            wait_job_status(rz, holder, job_pb2.PENDING, timeout_s=30)
             # both wait for the holder's GPUs: the long job came back first (and was
             # created first), the short one is new
             assert rz.resume_job(long).status == job_pb2.QUEUED
@@ -303,7 +295,7 @@ def test_the_daemon_places_a_new_short_job_before_a_resumed_long_one_under_tires
                 assert "Tiresias" not in rz.get_job(long).queue_reason
             rz.delete_job(holder)
             other = short if first == "long" else long
-            status_is(rz, short if first == "short" else long, job_pb2.PENDING)
+            wait_job_status(rz, short if first == "short" else long, job_pb2.PENDING, timeout_s=30)
             time.sleep(1.0)  # several passes: the other one still waits
             assert rz.get_job(other).status == job_pb2.QUEUED
             for job_id in (long, short):
