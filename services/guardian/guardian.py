@@ -749,7 +749,7 @@ class Guardian:
             who = ", ".join(str(r) for r in killed)
             reason += (
                 f"; learner{'s' * (len(killed) > 1)} {who} did not stop within its "
-                f"{spec.grace_s:g} s grace after SIGTERM (no save) and "
+                f"{spec.grace_s:g} s grace after SIGTERM and "
                 f"{'were' if len(killed) > 1 else 'was'} killed"
             )
         return self.finish(states.HALTED, reason)
