@@ -258,6 +258,7 @@ _RETRY_WITH_NEW_TOKEN = (
 
 
 _TOKEN_RETRIES = 3
+_AUTH_ATTEMPTS = 4
 
 
 def _token_refused(exc: BaseException | None) -> bool:
@@ -385,30 +386,24 @@ class EtcdClient:
         self.timeout_s = timeout_s
         self._credentials = credentials
         self.reauthentications = 0  # times an expired auth token was replaced
+        self._token_lock = threading.Lock()
+        self._token_generation = 0  # bumped by each new token; see _refresh_token
         host, port = parse_url(url)
         ca = tls_ca_file(url)
         user = credentials.user if credentials else None
-        try:
-            self.raw = pyetcd.client(
-                host=host,
-                port=port,
-                timeout=timeout_s,
-                ca_cert=ca or None,
-                user=user,
-                password=credentials.password if credentials else None,
-            )
-        except _UNREACHABLE as exc:  # authenticating is the first call when there are credentials
-            reason = _auth_refusal(exc)
-            if reason:
+        # The library would authenticate in its constructor, once, with no retry; this
+        # client authenticates itself (`_authenticate`), so that the first token is got the
+        # same way as every later one.
+        self.raw = pyetcd.client(host=host, port=port, timeout=timeout_s, ca_cert=ca or None)
+        if credentials is not None:
+            try:
+                self._authenticate()
+            except EtcdAuthError as exc:
+                reason = _auth_refusal(exc.__cause__) if exc.__cause__ else ""
                 raise EtcdAuthError(
                     f"etcd at {redact_uri(url)} refused user {user!r} ({reason}): check the "
                     "password in the platform's etcd credentials file"
-                ) from exc
-            raise StoreUnavailable(
-                f"etcd at {redact_uri(url)} is unreachable (authenticate: "
-                f"{type(exc).__name__}); start it with `rhizome up --embedded` or point --etcd "
-                "/ RHIZOME_ETCD at a running one"
-            ) from exc
+                ) from exc.__cause__
         if credentials is not None and not self.raw.uses_secure_channel:
             # gRPC refuses call credentials on a plaintext channel; the library sends the
             # same etcd token in each call's metadata too, which is what etcd reads.
@@ -459,6 +454,7 @@ class EtcdClient:
         while the LCM adds many jobs' users). A retry is safe: etcd refused the call before
         doing anything."""
         for attempt in range(_TOKEN_RETRIES + 1):
+            generation = self._token_generation
             try:
                 with self._errors(what):
                     return call()
@@ -469,11 +465,27 @@ class EtcdClient:
                     or not _token_refused(exc.__cause__)
                 ):
                     raise
-            self._authenticate()
+            self._refresh_token(generation)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _refresh_token(self, refused_generation: int) -> None:
+        """A new token in place of the one of `refused_generation`, which etcd refused.
+        Threads of this client that were refused the same token together get one new
+        token, not one each: every auth change refuses every token at once, and each
+        authentication costs etcd a password hash."""
+        with self._token_lock:
+            if self._token_generation == refused_generation:
+                self._authenticate()
+                self.reauthentications += 1
+
     def _authenticate(self) -> None:
-        """A fresh auth token for every later call (and watch) of this client."""
+        """A fresh auth token for every later call (and watch) of this client.
+
+        etcd answers an authentication only once no auth change (a job's user added or
+        removed) was applied while it checked the password; it checks again after each
+        one, so while the LCM adds users back to back one authentication can take
+        seconds and run past its deadline. Such an attempt is tried again, up to
+        `_AUTH_ATTEMPTS` in all: a busy etcd is not an unreachable one."""
         from pyetcd import etcdrpc
         from pyetcd.client import EtcdTokenCallCredentials
 
@@ -481,8 +493,19 @@ class EtcdClient:
         request = etcdrpc.AuthenticateRequest(
             name=self._credentials.user, password=self._credentials.password
         )
-        with self._errors(f"authenticate as {self._credentials.user}"):
-            token = self.raw.authstub.Authenticate(request, self.raw.timeout).token
+        for attempt in range(_AUTH_ATTEMPTS):
+            try:
+                with self._errors(f"authenticate as {self._credentials.user}"):
+                    token = self.raw.authstub.Authenticate(request, self.raw.timeout).token
+                break
+            except StoreUnavailable as exc:
+                cause = exc.__cause__
+                if (
+                    attempt == _AUTH_ATTEMPTS - 1
+                    or not isinstance(cause, grpc.RpcError)
+                    or cause.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                ):
+                    raise
         self.raw.metadata = (("token", token),)
         if self.raw.uses_secure_channel:
             self.raw.call_credentials = grpc.metadata_call_credentials(
@@ -492,7 +515,7 @@ class EtcdClient:
         if watcher is not None:  # it copied the old token when it was made
             watcher._metadata = self.raw.metadata
             watcher._credentials = self.raw.call_credentials
-        self.reauthentications += 1
+        self._token_generation += 1
 
     # -- read -----------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:

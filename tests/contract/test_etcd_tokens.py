@@ -1,0 +1,112 @@
+"""How an etcd client gets and replaces its auth token (contract/etcd.py `_authenticate`,
+`_refresh_token`), with a stand-in for etcd's Auth service: the timings these tests need
+(an authentication that runs past its deadline, threads refused together) cannot be
+produced on demand by a real etcd. tests/integration/test_security_etcd_auth.py runs the
+same paths against a real one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from contract.etcd import EtcdClient, EtcdCredentials, StoreUnavailable
+from contract.procs import free_port
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class _AuthService:
+    """Answers Authenticate with the errors it is given, in order, then with tokens."""
+
+    def __init__(self, errors: list[_RpcError], delay_s: float = 0.0) -> None:
+        self.errors = list(errors)
+        self.delay_s = delay_s
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def Authenticate(self, request: object, timeout: float) -> SimpleNamespace:
+        with self._lock:
+            self.calls += 1
+            error = self.errors.pop(0) if self.errors else None
+            number = self.calls
+        time.sleep(self.delay_s)
+        if error is not None:
+            raise error
+        return SimpleNamespace(token=f"token-{number}")
+
+
+def _client(auth: _AuthService) -> EtcdClient:
+    """A client of an etcd that is not there (nothing is called but `auth`), given
+    credentials after construction so that its first token comes from `auth` too."""
+    client = EtcdClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5, anonymous=True)
+    client._credentials = EtcdCredentials("rhizome", "pw")
+    client.raw._stubs["authstub"] = auth
+    return client
+
+
+def test_an_authentication_past_its_deadline_is_tried_again() -> None:
+    """etcd checks a password again after every auth change applied meanwhile: while
+    the LCM adds job users back to back, one authentication can outlast its deadline."""
+    late = _RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    auth = _AuthService([late, late])
+    client = _client(auth)
+    client._authenticate()
+    assert auth.calls == 3
+    assert client.raw.metadata == (("token", "token-3"),)
+
+
+def test_an_authentication_that_keeps_running_late_fails_naming_etcd() -> None:
+    late = _RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    auth = _AuthService([late] * 10)
+    client = _client(auth)
+    with pytest.raises(StoreUnavailable, match="authenticate as rhizome"):
+        client._authenticate()
+    assert auth.calls == 4  # _AUTH_ATTEMPTS, not forever
+
+
+def test_an_unreachable_etcd_is_not_asked_again() -> None:
+    down = _RpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
+    auth = _AuthService([down, down])
+    client = _client(auth)
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        client._authenticate()
+    assert auth.calls == 1
+
+
+def test_threads_refused_the_same_token_get_one_new_token() -> None:
+    """Every auth change refuses every token at once; eight threads of one client that
+    were refused together must not cost etcd eight password checks."""
+    auth = _AuthService([], delay_s=0.05)
+    client = _client(auth)
+    client._authenticate()
+    refused = client._token_generation
+    start = threading.Barrier(8)
+
+    def refresh() -> None:
+        start.wait()
+        client._refresh_token(refused)
+
+    threads = [threading.Thread(target=refresh) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert auth.calls == 2  # the first token and one replacement
+    assert client.reauthentications == 1
+    assert client.raw.metadata == (("token", "token-2"),)
+    client._refresh_token(client._token_generation)  # a later refusal: a new token again
+    assert auth.calls == 3
