@@ -15,8 +15,12 @@ Emergency timing: after a notice the script trains on while one more step plus t
 the checkpoint then holds every step done before the preemption.
 
 Save kinds: a `backup()` that follows a `should_save()` that said "emergency" or
-"insurance" is of that kind; any other `backup()` is the script's own periodic save, which
-resets the insurance clock like any save. Periodic and insurance backups run on one
+"insurance" is of that kind. A `backup()` after a notice from a script that has not asked
+`should_save()` since the notice came is the emergency one too: such a script saves on its
+own schedule (every epoch, say) and would otherwise train on through the grace and be
+killed at its end with its last save behind it (a halt of the MNIST example did exactly
+that). Any other `backup()` is the script's own periodic save, which resets the insurance
+clock like any save. Periodic and insurance backups run on one
 background thread (so they commit in order); an emergency backup runs in the caller,
 after the queued ones, then the notice is acknowledged and — unless
 `RHIZOME_EMERGENCY_EXIT=0` — the process exits at once (`os._exit`) with status 143.
@@ -102,6 +106,7 @@ class CheckpointManager:
         self._notice: PreemptionNotice | None = None
         self._notice_source: PreemptionNoticeSource | None = None
         self._emergency_done = False
+        self._asked_since_notice = False  # should_save() called with a notice pending
         self._periodic_points: deque[float] = deque(maxlen=2)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rhizome-backup")
         self._futures: list[Future[CommittedCheckpoint]] = []
@@ -189,6 +194,7 @@ class CheckpointManager:
             return False
         notice = self._notice
         if notice is not None and not self._emergency_done:
+            self._asked_since_notice = True
             left = notice.time_left(time.time())
             # Train on while the next step and twice (step + save + backup) still fit —
             # a safety factor of 2 on estimates that may be priors: the emergency
@@ -241,6 +247,14 @@ class CheckpointManager:
         source = Path(path)
         reason = self._pending_reason if self._pending_reason != "emergency-missed" else None
         self._pending_reason = None
+        if (
+            reason is None
+            and self._notice is not None
+            and not self._emergency_done
+            and not self._asked_since_notice
+            and self.env.checkpoint_policy != "none"
+        ):
+            reason = "emergency"  # a script that never asks: its save after the notice
         kind = {
             "emergency": CheckpointKind.EMERGENCY,
             "insurance": CheckpointKind.INSURANCE,

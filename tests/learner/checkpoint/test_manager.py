@@ -88,6 +88,59 @@ def test_emergency_save_exits_with_the_preempted_status(
     assert latest is not None and latest.kind is CheckpointKind.EMERGENCY
 
 
+def test_a_backup_after_a_notice_from_a_script_that_never_asks_is_the_emergency_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script that saves every epoch and never calls should_save() (examples/mnist):
+    its first save after the notice holds every step done, so it is the emergency one and
+    the learner leaves, instead of training on until the grace ends and it is killed."""
+    m = _manager(tmp_path, insurance="never", save_s=1.0, backup_s=1.0)
+    with m.step():
+        pass
+    m.backup(_save(m, "epoch 1")).result()
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))  # plenty of time left
+    with m.step():
+        pass
+    exits: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr("learner.checkpoint.manager.os._exit", fake_exit)
+    with pytest.raises(SystemExit):
+        m.backup(_save(m, "epoch 2"))
+    assert exits == [ExitCode.PREEMPTED]
+    latest = m.latest_checkpoint()
+    assert latest is not None and latest.kind is CheckpointKind.EMERGENCY and latest.step == 2
+
+
+def test_a_script_that_asks_keeps_its_own_saves_periodic_while_told_to_train_on(
+    tmp_path: Path,
+) -> None:
+    m = _manager(tmp_path, insurance="never", emergency_exit=False, save_s=1.0, backup_s=1.0)
+    with m.step():
+        pass
+    m._step_times.append(1.0)
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))
+    assert not m.should_save()  # emergency-deferred: train on
+    periodic = m.backup(_save(m, "own schedule")).result()
+    assert periodic.kind is CheckpointKind.PERIODIC
+    m.close()
+
+
+def test_policy_none_keeps_an_unasked_save_after_a_notice_periodic(tmp_path: Path) -> None:
+    m = _manager(tmp_path, checkpoint_policy="none", emergency_exit=False)
+    now = time.time()
+    m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))
+    with m.step():
+        pass
+    assert m.backup(_save(m, "mine")).result().kind is CheckpointKind.PERIODIC
+    m.close()
+
+
 def test_notice_with_no_time_left_falls_back_to_insurance(tmp_path: Path) -> None:
     # save_s = 0 makes the Daly interval 0, so insurance is due at every boundary.
     m = _manager(tmp_path, insurance="auto", save_s=0.0, backup_s=0.0, grace_s=0.0)
