@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from contract.procs import free_port
 from services.client.sdk import Client
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.store.tokens import TokensRepository
+from tests.daemons import running_daemon
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking"]
 INSTALL_CHROMIUM = (
@@ -66,26 +65,12 @@ def platform(
     data_dir = Path(tmp_path_factory.mktemp("dashboard"))
     # A database of its own: other modules' queued jobs must not compete for this cluster.
     uri = mongo_server.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?")
-    daemon = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            mongodb_uri=uri,
-            etcd_url=etcd_server.url,
-            elasticsearch_url=es_server.url,
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            metrics_address="",
-        )
-    )
-    daemon.start()
     from services.store.mongo import connect
 
-    try:
+    with running_daemon(data_dir, uri, etcd=etcd_server, es=es_server) as daemon:
         yield Platform(
             f"http://{daemon.config.rest_address}", daemon, TokensRepository(connect(uri))
         )
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 from rhizome.v1 import job_pb2
 
-from contract.procs import free_port
 from services.client.sdk import Client
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.store.tokens import TokensRepository
+from tests.daemons import start_daemon
 
 
 @dataclass
@@ -48,16 +47,7 @@ class RunningApi:
 
 def start_api(mongo_url: str, data_dir: Path, **config: Any) -> RunningApi:
     """A daemon hosting the API alone; `config` overrides PlatformConfig fields."""
-    settings: dict[str, Any] = {
-        "data_dir": data_dir,
-        "mongodb_uri": mongo_url,
-        "services": ("api",),
-        "grpc_address": f"127.0.0.1:{free_port()}",
-        "rest_address": f"127.0.0.1:{free_port()}",
-        **config,
-    }
-    daemon = Daemon(PlatformConfig(**settings))
-    daemon.start()
+    daemon = start_daemon(data_dir, mongo_url, **{"services": ("api",), **config})
     from services.store.mongo import connect
 
     tokens = TokensRepository(connect(mongo_url))

@@ -24,12 +24,11 @@ from rhizome.v1 import (
 )
 
 from contract.credentials import with_bearer
-from contract.procs import free_port
 from services.client.sdk import ClientError
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.security.internal import SharedSecretCredentials
+from tests.daemons import running_daemon, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -41,23 +40,15 @@ def daemon(
     es_server: ManagedServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Daemon]:
-    data_dir = Path(tmp_path_factory.mktemp("internal"))
-    running = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            mongodb_uri=mongo_server.url.replace("/?", "/internal_port?"),
-            etcd_url=etcd_server.url,
-            elasticsearch_url=es_server.url,
-            services=("api", "scheduler", "lcm", "tds"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-        )
-    )
-    running.start()
-    try:
+    with running_daemon(
+        Path(tmp_path_factory.mktemp("internal")),
+        mongo_server,
+        database="internal_port",
+        etcd=etcd_server,
+        es=es_server,
+        services=("api", "scheduler", "lcm", "tds"),
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def internal_calls(channel: grpc.Channel) -> dict[str, object]:
@@ -250,20 +241,14 @@ def test_daemons_reach_each_others_internal_port_with_the_shared_secret_only(
     uri = mongo_server.url.replace("/?", "/internal_peers?")
 
     def daemon(name: str, services: tuple[str, ...], secret: Path, **extra: object) -> Daemon:
-        d = Daemon(
-            PlatformConfig(
-                data_dir=tmp_path / name,
-                mongodb_uri=uri,
-                elasticsearch_url=es_server.url,
-                services=services,
-                grpc_address=f"127.0.0.1:{free_port()}",
-                rest_address=f"127.0.0.1:{free_port()}",
-                internal_secret_file=str(secret),
-                **extra,  # type: ignore[arg-type]
-            )
+        return start_daemon(
+            tmp_path / name,
+            uri,
+            es=es_server,
+            services=services,
+            internal_secret_file=str(secret),
+            **extra,
         )
-        d.start()
-        return d
 
     (tmp_path / "tds").mkdir()
     (tmp_path / "api").mkdir()
@@ -304,17 +289,7 @@ def test_a_restarted_daemon_answers_on_the_same_internal_port(
     """Running learners keep the TDS address they were deployed with."""
 
     def start() -> Daemon:
-        d = Daemon(
-            PlatformConfig(
-                data_dir=tmp_path,
-                mongodb_uri=mongo_server.url,
-                services=("api",),
-                grpc_address=f"127.0.0.1:{free_port()}",
-                rest_address=f"127.0.0.1:{free_port()}",
-            )
-        )
-        d.start()
-        return d
+        return start_daemon(tmp_path, mongo_server, services=("api",))
 
     first = start()
     port = first.internal_port

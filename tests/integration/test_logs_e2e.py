@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.embedded.process import ManagedServer
+from tests.daemons import start_daemon
 from tests.integration.test_cli import rz
 
 pytestmark = pytest.mark.integration
@@ -89,24 +90,10 @@ def test_deleting_a_job_deletes_its_logs_after_the_retention(
 
     from rhizome.v1 import tds_pb2
 
-    from contract.procs import free_port
-    from services.config import PlatformConfig
-    from services.daemon import Daemon
     from tests.integration.conftest import token_client
 
     monkeypatch.setenv("RHIZOME_LOG_RETENTION_S", "0")
-    daemon = Daemon(
-        PlatformConfig(
-            data_dir=tmp_path,
-            mongodb_uri=mongo_server.url,
-            elasticsearch_url=es_server.url,
-            services=("api", "tds"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            metrics_address="",
-        )
-    )
-    daemon.start()
+    daemon = start_daemon(tmp_path, mongo_server, es=es_server, services=("api", "tds"))
     try:
         with token_client(daemon, "forgetful") as rz:
             job_id = rz.create_job("name: forget\nframework: {command: 'true'}\n").job_id

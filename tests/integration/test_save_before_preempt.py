@@ -26,11 +26,10 @@ import pytest
 from rhizome.v1 import job_pb2
 
 from contract import procs
-from contract.procs import free_port
 from services.client.sdk import Client
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
+from tests.daemons import running_daemon
 from tests.integration.conftest import token_client
 from tests.services.guardian.helpers import code_zip, wait_for
 
@@ -119,25 +118,17 @@ def daemon(
     data_dir = Path(tmp_path_factory.mktemp("preempt"))
     (data_dir / "cluster.yaml").write_text(CLUSTER)
     (data_dir / "quotas.yaml").write_text(QUOTAS)
-    running = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            # a database of its own: other tests' jobs must not compete for its GPUs
-            mongodb_uri=mongo_server.url.replace("/?", "/save_before_preempt?"),
-            etcd_url=etcd_server.url,
-            services=("api", "scheduler", "lcm"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            metrics_address="",
-            cluster_config=str(data_dir / "cluster.yaml"),
-            quota_config=str(data_dir / "quotas.yaml"),
-        )
-    )
-    running.start()
-    try:
+    with running_daemon(
+        data_dir,
+        mongo_server,
+        # a database of its own: other tests' jobs must not compete for its GPUs
+        database="save_before_preempt",
+        etcd=etcd_server,
+        services=("api", "scheduler", "lcm"),
+        cluster_config=str(data_dir / "cluster.yaml"),
+        quota_config=str(data_dir / "quotas.yaml"),
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def status(client: Client, job_id: str, wanted: int, timeout_s: float = 120.0) -> job_pb2.Job:

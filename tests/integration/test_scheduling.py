@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import job_pb2
 
-from contract.procs import free_port
 from services.client.sdk import ClientError
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.scheduler.api import QuotaConfigError
+from tests.daemons import own_database, start_daemon
 from tests.integration.conftest import token_client, wait_job_status
 
 pytestmark = pytest.mark.integration
@@ -25,28 +24,21 @@ pytestmark = pytest.mark.integration
 GPU_JOB = "name: {name}\nlearners: 2\ngpus: 2\ngpu_type: FAKE\ncpus: 1\nmemory: 512\nframework: {{command: 'true'}}\n"
 
 
-def start_daemon(mongo: ManagedServer, data_dir: Path, quota_config: str = "") -> Daemon:
-    # A database of its own per test (named in the URI's path): reservations are
-    # cluster-wide, and other tests' queued jobs must not compete for this cluster.
-    uri = mongo.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?")
-    daemon = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            mongodb_uri=uri,
-            services=("api", "scheduler"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            metrics_address="",
-            quota_config=quota_config,
-        )
+def scheduling_daemon(mongo: ManagedServer, data_dir: Path, quota_config: str = "") -> Daemon:
+    # A database of its own per test: reservations are cluster-wide, and other tests'
+    # queued jobs must not compete for this cluster.
+    return start_daemon(
+        data_dir,
+        mongo,
+        database=own_database(data_dir),
+        services=("api", "scheduler"),
+        quota_config=quota_config,
     )
-    daemon.start()
-    return daemon
 
 
 @pytest.fixture()
 def daemon(mongo_server: ManagedServer, tmp_path: Path) -> Iterator[Daemon]:
-    d = start_daemon(mongo_server, tmp_path)
+    d = scheduling_daemon(mongo_server, tmp_path)
     try:
         yield d
     finally:
@@ -113,14 +105,14 @@ def test_a_restarted_scheduler_keeps_its_reservations(
     mongo_server: ManagedServer, tmp_path: Path
 ) -> None:
     user = f"s-{uuid.uuid4().hex[:6]}"
-    d1 = start_daemon(mongo_server, tmp_path)
+    d1 = scheduling_daemon(mongo_server, tmp_path)
     try:
         with token_client(d1, user) as rz:
             first = rz.create_job(GPU_JOB.format(name="keep")).job_id
             wait_job_status(rz, first, job_pb2.PENDING)
     finally:
         d1.stop()
-    d2 = start_daemon(mongo_server, tmp_path)
+    d2 = scheduling_daemon(mongo_server, tmp_path)
     try:
         with token_client(d2, user) as rz:
             second = rz.create_job(GPU_JOB.format(name="after-restart")).job_id
@@ -145,7 +137,7 @@ def test_a_borrowing_job_is_halted_when_the_quota_owner_needs_it(
     mongo_server: ManagedServer, tmp_path: Path
 ) -> None:
     (tmp_path / "quotas.yaml").write_text(QUOTAS)
-    d = start_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))
+    d = scheduling_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))
     try:
         with (
             token_client(d, "borrower") as b,
@@ -168,4 +160,4 @@ def test_a_quota_config_with_a_typo_stops_the_daemon_with_the_reason(
 ) -> None:
     (tmp_path / "quotas.yaml").write_text("borowing: true\n")
     with pytest.raises(QuotaConfigError, match="borowing"):
-        start_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))
+        scheduling_daemon(mongo_server, tmp_path, quota_config=str(tmp_path / "quotas.yaml"))

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import job_pb2
 
-from contract.procs import free_port
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.security.api import (
@@ -23,6 +21,7 @@ from services.security.api import (
     GUARDIAN_MONGODB_URI_ENV,
     GUARDIAN_SERVICE_TOKEN_ENV,
 )
+from tests.daemons import running_daemon
 from tests.integration.conftest import token_client
 
 pytestmark = pytest.mark.integration
@@ -40,22 +39,15 @@ def daemon(
     # The etcd client takes host and port from the URL and ignores its userinfo, so the
     # password rides along as it would in a deployment's URL.
     etcd_url = etcd_server.url.replace("://", f"://rzuser:{PASSWORD}@", 1)
-    running = Daemon(
-        PlatformConfig(
-            data_dir=Path(tmp_path_factory.mktemp("guardian-argv")),
-            mongodb_uri=mongo_server.url.replace("/?", "/guardian_argv?"),
-            etcd_url=etcd_url,
-            elasticsearch_url=es_server.url,
-            services=("api", "scheduler", "lcm", "tds"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-        )
-    )
-    running.start()
-    try:
+    with running_daemon(
+        Path(tmp_path_factory.mktemp("guardian-argv")),
+        mongo_server,
+        database="guardian_argv",
+        etcd=etcd_url,
+        es=es_server,
+        services=("api", "scheduler", "lcm", "tds"),
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _processes() -> Iterator[tuple[int, bytes]]:

@@ -30,6 +30,7 @@ from services.security.tls import (
     ensure_local_certificates,
     internal_channel_credentials,
 )
+from tests.daemons import start_daemon
 from tests.integration.test_cli import rz
 
 pytestmark = pytest.mark.integration
@@ -140,9 +141,7 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
     """The API in one daemon, the TDS in another, sharing the CA directory and the secret:
     the API's log reads cross the wire to the TDS's mutual-TLS port with the API daemon's
     certificate; a daemon with the right secret but another CA is refused there."""
-    from contract.procs import free_port
     from services.client.sdk import ClientError
-    from services.config import PlatformConfig
     from services.daemon import Daemon
     from tests.integration.conftest import token_client
 
@@ -151,21 +150,15 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
 
     def daemon(name: str, services: tuple[str, ...], ca_dir: Path, **extra: object) -> Daemon:
         (tmp_path / name).mkdir()
-        d = Daemon(
-            PlatformConfig(
-                data_dir=tmp_path / name,
-                mongodb_uri=uri,
-                elasticsearch_url=es_server.url,
-                services=services,
-                grpc_address=f"127.0.0.1:{free_port()}",
-                rest_address=f"127.0.0.1:{free_port()}",
-                internal_secret_file=str(secret),
-                internal_tls_dir=str(ca_dir),
-                **extra,  # type: ignore[arg-type]
-            )
+        return start_daemon(
+            tmp_path / name,
+            uri,
+            es=es_server,
+            services=services,
+            internal_secret_file=str(secret),
+            internal_tls_dir=str(ca_dir),
+            **extra,
         )
-        d.start()
-        return d
 
     tds = daemon("tds", ("tds",), tmp_path / "ca")
     started = [tds]

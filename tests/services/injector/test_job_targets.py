@@ -16,14 +16,13 @@ from click.testing import CliRunner
 from contract import etcd_keys, procs
 from contract.env import Role
 from contract.etcd import EtcdClient
-from contract.procs import free_port
 from services.client.sdk import Client
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.injector.cli import inject
 from services.injector.injector import Injector
 from services.injector.targets import JobTargets
+from tests.daemons import running_daemon
 from tests.integration.conftest import token_client
 
 pytestmark = pytest.mark.integration
@@ -39,21 +38,14 @@ def daemon(
     mongo_server: ManagedServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Daemon]:
-    running = Daemon(
-        PlatformConfig(
-            data_dir=Path(tmp_path_factory.mktemp("inject")),
-            mongodb_uri=mongo_server.url.replace("/?", "/inject_job?"),
-            etcd_url=etcd_server.url,
-            services=("api", "lcm"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-        )
-    )
-    running.start()
-    try:
+    with running_daemon(
+        Path(tmp_path_factory.mktemp("inject")),
+        mongo_server,
+        database="inject_job",
+        etcd=etcd_server,
+        services=("api", "lcm"),
+    ) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def until(probe: Callable[[], object], what: str, timeout_s: float = 90) -> None:

@@ -14,9 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rhizome.v1 import job_pb2
 
-from contract.procs import free_port
 from services.client.sdk import Client
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.scheduler.api import JobRequest
@@ -26,6 +24,7 @@ from services.scheduler.persist import MemoryPlacementStore
 from services.scheduler.queue import JobQueue, QueueOrder
 from services.scheduler.quota import QuotaConfig, quota_config_from_mapping
 from services.scheduler.scheduler import GangScheduler
+from tests.daemons import own_database, start_daemon
 from tests.integration.conftest import token_client, wait_job_status
 from tests.services.scheduler.conftest import gpu_cluster
 
@@ -236,20 +235,14 @@ GPU_JOB = (
 
 def live_daemon(mongo: ManagedServer, data_dir: Path, scaling: str, options: str) -> Daemon:
     (data_dir / "cluster.yaml").write_text(CLUSTER.format(scaling=scaling, options=options))
-    daemon = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            # a database of its own: other tests' queued jobs must not compete for its GPUs
-            mongodb_uri=mongo.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?"),
-            services=("api", "scheduler"),  # no LCM: placed jobs stay PENDING
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            metrics_address="",
-            cluster_config=str(data_dir / "cluster.yaml"),
-        )
+    return start_daemon(
+        data_dir,
+        mongo,
+        # a database of its own: other tests' queued jobs must not compete for its GPUs
+        database=own_database(data_dir),
+        services=("api", "scheduler"),  # no LCM: placed jobs stay PENDING
+        cluster_config=str(data_dir / "cluster.yaml"),
     )
-    daemon.start()
-    return daemon
 
 
 def reason_has(client: Client, job_id: str, text: str, timeout_s: float = 30) -> str:

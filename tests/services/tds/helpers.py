@@ -18,6 +18,7 @@ from contract.procs import stop_process_group
 from services.tds.api import TrainingDataStore
 from services.tds.server import serve
 from services.tds.servicer import TrainingDataServicer
+from tests.daemons import running_daemon
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -109,28 +110,18 @@ def mutual_tls_tds(
     """A daemon hosting the TDS alone, its internal port on mutual TLS (the platform's own
     CA under `data_dir/ca`), in a database of its own: yields the daemon, the CA that
     issues job certificates, and `job_id`'s TDS token."""
-    from contract.procs import free_port
-    from services.config import PlatformConfig
-    from services.daemon import Daemon
     from services.security.internal import SharedSecretCredentials
     from services.security.tls import InternalTls
 
     secret = data_dir / "internal.secret"
-    running = Daemon(
-        PlatformConfig(
-            data_dir=data_dir,
-            mongodb_uri=mongo_url.replace("/?", f"/{database}?"),
-            elasticsearch_url=es_url,
-            services=("tds",),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            internal_secret_file=str(secret),
-            internal_tls_dir=str(data_dir / "ca"),
-        )
-    )
-    running.start()
-    try:
+    with running_daemon(
+        data_dir,
+        mongo_url,
+        database=database,
+        elasticsearch_url=es_url,
+        services=("tds",),
+        internal_secret_file=str(secret),
+        internal_tls_dir=str(data_dir / "ca"),
+    ) as running:
         token = SharedSecretCredentials.from_file(secret, create=False).job_token(job_id)
         yield running, InternalTls(data_dir / "ca"), token
-    finally:
-        running.stop()

@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import job_pb2
 
-from contract.procs import free_port
 from services.client.sdk import Client
-from services.config import PlatformConfig
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.scheduler.cluster import load_cluster_config
 from services.scheduler.sim.engine import simulate
 from services.scheduler.sim.trace import TraceJob
+from tests.daemons import own_database, running_daemon
 from tests.integration.conftest import token_client
 
 pytestmark = pytest.mark.integration
@@ -63,24 +62,15 @@ def cluster_file(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def daemon(mongo_server: ManagedServer, tmp_path: Path, cluster_file: Path) -> Iterator[Daemon]:
-    # A database of its own (named in the URI's path): reservations are cluster-wide.
-    uri = mongo_server.url.replace("/?", f"/{tmp_path.name.replace('.', '_')}?")
-    d = Daemon(
-        PlatformConfig(
-            data_dir=tmp_path / "data",
-            mongodb_uri=uri,
-            services=("api", "scheduler"),
-            grpc_address=f"127.0.0.1:{free_port()}",
-            rest_address=f"127.0.0.1:{free_port()}",
-            metrics_address="",
-            cluster_config=str(cluster_file),
-        )
-    )
-    d.start()
-    try:
+    # A database of its own: reservations are cluster-wide.
+    with running_daemon(
+        tmp_path / "data",
+        mongo_server,
+        database=own_database(tmp_path),
+        services=("api", "scheduler"),
+        cluster_config=str(cluster_file),
+    ) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def _placed(rz: Client, job_id: str, timeout_s: float = 20.0) -> tuple[str, ...]:
