@@ -14,7 +14,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_clients(
-    clients: int, per_client: int, submit: Callable[[int, int], None]
+    clients: int, per_client: int, submit: Callable[[int, int], object]
 ) -> tuple[float, list[float]]:
     """`clients` threads, each calling `submit(client, i)` for i < `per_client`; the wall
     time of the whole run and every call's latency. The first error of any client is

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -330,14 +331,14 @@ def main() -> None:
                         wait_end(repo, job_id)
                         return throughput_of(stdout_of(daemon, job_id))
 
-                    arms = {
+                    arms: dict[str, Callable[[], float]] = {
                         "bare": lambda: bare_throughput(args.core),
                         "container": partial(container_throughput, docker_client, pinned),
                         "container, no quota": partial(container_throughput, docker_client, free),
                         "job": job_run,
                     }
-                    for arm in arms.values():  # warm-up: page cache, first imports
-                        arm()
+                    for warm_up in arms.values():  # page cache, first imports
+                        warm_up()
                     for r in range(args.rounds):
                         order = list(ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)])
                         for arm_name in order:

@@ -61,6 +61,11 @@ def until(probe: Callable[[], bool], timeout_s: float = 60) -> float:
     raise SystemExit("component did not come back within 60 s")
 
 
+def moved_on(etcd: EtcdClient, key: str, old: int) -> Callable[[], bool]:
+    """A probe: `key` is held by a process other than `old` (a successor took over)."""
+    return lambda: holder(etcd, key) not in (0, old)
+
+
 def holder(etcd: EtcdClient, key: str) -> int:
     entry = etcd.get(key)
     if entry is None or not isinstance(entry.value, dict):
@@ -119,9 +124,9 @@ def run(standby: bool, reps: int) -> dict[str, list[float]]:
                 daemons = [platform.daemon]  # type: ignore[list-item]
             until(api_serves)
             results["api"].append(time.perf_counter() - killed)
-            until(lambda o=old_daemon: holder(etcd, daemon_key) not in (0, o))
+            until(moved_on(etcd, daemon_key, old_daemon))
             results["scheduler"].append(time.perf_counter() - killed)
-            until(lambda o=old_lcm: holder(etcd, lcm_key) not in (0, o))
+            until(moved_on(etcd, lcm_key, old_lcm))
             results["lcm"].append(time.perf_counter() - killed)
             if standby:  # the supervisor starts the killed daemon again, as the next standby
                 again = StandbyDaemonServer(
@@ -137,12 +142,10 @@ def run(standby: bool, reps: int) -> dict[str, list[float]]:
 
             old = holder(etcd, guardian_key)
             os.kill(old, signal.SIGKILL)
-            results["guardian"].append(
-                until(lambda o=old: holder(etcd, guardian_key) not in (0, o))
-            )
+            results["guardian"].append(until(moved_on(etcd, guardian_key, old)))
             old = holder(etcd, learner_key)
             os.kill(old, signal.SIGKILL)
-            results["learner"].append(until(lambda o=old: holder(etcd, learner_key) not in (0, o)))
+            results["learner"].append(until(moved_on(etcd, learner_key, old)))
             time.sleep(0.5)
         client.delete_job(job_id)
         until(lambda: repo.get(job_id).status == "DELETED")

@@ -109,7 +109,12 @@ def tab(browser: Any, tmp_path: Path) -> Iterator[Tab]:
     page = context.new_page()
     page.set_default_timeout(30_000)
     found = Tab(page, [], tmp_path)
-    page.on("console", lambda msg: msg.type == "error" and found.errors.append(msg.text))
+
+    def console_error(msg: Any) -> None:
+        if msg.type == "error":
+            found.errors.append(msg.text)
+
+    page.on("console", console_error)
     page.on("pageerror", lambda exc: found.errors.append(f"uncaught: {exc}"))
     try:
         yield found

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import ssl
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -36,7 +37,12 @@ def test_up_prints_a_one_time_login_link_that_signs_the_admin_in(
         httpx.get(found.group(1) + "/healthz", verify=ssl.create_default_context(cafile=ca))
         context = tab.page.context.browser.new_context(ignore_https_errors=True)
         page = context.new_page()
-        page.on("console", lambda msg: msg.type == "error" and tab.errors.append(msg.text))
+
+        def console_error(msg: Any) -> None:
+            if msg.type == "error":
+                tab.errors.append(msg.text)
+
+        page.on("console", console_error)
         tab.page = page
         page.goto(found.group(2))
         page.get_by_role("button", name="Continue to the dashboard").click()

@@ -226,19 +226,19 @@ def chaos_scenario(platform: Platform, etcd_url: str, mongo_url: str) -> list[st
 
         for job_id, action in ((halt_id, "halt"), (delete_id, "delete")):
             if job_id not in requested:
-                wait_for(
-                    f"{job_id} PROCESSING",
-                    lambda j=job_id: repo.get(j).status == states.PROCESSING,
-                    120,
-                )
+
+                def processing(j: str = job_id) -> bool:
+                    return repo.get(j).status == states.PROCESSING
+
+                wait_for(f"{job_id} PROCESSING", processing, 120)
                 (client.halt_job if action == "halt" else client.delete_job)(job_id, "chaos test")
 
         for job_id in expected:
-            wait_for(
-                f"{job_id} to end",
-                lambda j=job_id: repo.get(j).status in states.TERMINAL_STATES | {states.HALTED},
-                180,
-            )
+
+            def ended(j: str = job_id) -> bool:
+                return repo.get(j).status in states.TERMINAL_STATES | {states.HALTED}
+
+            wait_for(f"{job_id} to end", ended, 180)
         stop_sampling.set()
         sampler.join(timeout=5)
         for job_id, end in expected.items():
@@ -252,12 +252,15 @@ def chaos_scenario(platform: Platform, etcd_url: str, mongo_url: str) -> list[st
                 assert record.exit_code == 3
                 assert any("broken" in line for line in record.last_log_lines)
         for job_id in expected:
-            wait_for(f"no processes of {job_id}", lambda j=job_id: procs.labelled(j) == [], 30)
-            wait_for(
-                f"no keys of {job_id}",
-                lambda j=job_id: etcd.get_prefix(etcd_keys.job_prefix(j)) == {},
-                30,
-            )
+
+            def no_processes(j: str = job_id) -> bool:
+                return procs.labelled(j) == []
+
+            def no_keys(j: str = job_id) -> bool:
+                return etcd.get_prefix(etcd_keys.job_prefix(j)) == {}
+
+            wait_for(f"no processes of {job_id}", no_processes, 30)
+            wait_for(f"no keys of {job_id}", no_keys, 30)
         wait_for("guardians to exit", lambda: guardian_pids(platform.data_dir) == [], 30)
         assert violations == []
         client.close()

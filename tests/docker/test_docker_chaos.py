@@ -50,8 +50,8 @@ def test_jobs_survive_repeated_sigkills_on_the_docker_backend(
     )
     job_ids = chaos_scenario(platform, etcd_server.url, mongo_server.url)
     for job_id in job_ids:
-        wait_for(
-            f"nothing of {job_id} in the engine",
-            lambda j=job_id: labelled(docker_client, j) == [],
-            60,
-        )
+
+        def gone(j: str = job_id) -> bool:
+            return labelled(docker_client, j) == []
+
+        wait_for(f"nothing of {job_id} in the engine", gone, 60)

@@ -185,7 +185,7 @@ def fuzz(
 def conforms(headers: dict[str, str]) -> Callable[[Case, Any], None]:
     def verify(case: Case, response: Any) -> None:
         error_shape(response)
-        checks = [not_a_server_error]
+        checks: list[Callable[..., bool | None]] = [not_a_server_error]
         if case.meta is None or case.meta.generation.mode.is_positive:
             # What the document says of each answer holds for requests that fit it;
             # a request that breaks it only has to be refused cleanly.

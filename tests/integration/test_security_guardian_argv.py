@@ -6,7 +6,6 @@ guardian and learners are read back from /proc."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from services.security.api import (
 )
 from tests.daemons import running_daemon
 from tests.integration.conftest import token_client
+from tests.services.guardian.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +57,6 @@ def _processes() -> Iterator[tuple[int, bytes]]:
                 yield int(entry.name), (entry / "cmdline").read_bytes()
             except OSError:  # it exited while we looked
                 continue
-
-
-def _wait_for(what: str, find: object, timeout_s: float = 90) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = find()  # type: ignore[operator]
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not appear within {timeout_s:.0f} s")
 
 
 def _descendants(pid: int) -> set[int]:
@@ -111,11 +101,12 @@ def test_a_guardians_command_line_holds_no_store_uri_and_its_learners_inherit_no
                 None,
             )
 
-        pid, cmdline = _wait_for(f"job {job_id}'s guardian", guardian)  # type: ignore[misc]
+        pid, cmdline = wait_for(f"job {job_id}'s guardian", guardian, 90)
         # The guardian works with the URIs it was given (it got the job running)...
-        _wait_for(
+        wait_for(
             f"job {job_id} PROCESSING",
             lambda: rz.get_job(job_id).status == job_pb2.PROCESSING,
+            90,
         )
         # ...and none of them is on its command line, the password least of all.
         argv = cmdline.decode(errors="replace")
@@ -130,8 +121,8 @@ def test_a_guardians_command_line_holds_no_store_uri_and_its_learners_inherit_no
         assert service_token not in argv
         # What the guardian starts (the learner's controller and command) does not inherit
         # them either: the guardian pops them from its environment.
-        learners = _wait_for(f"job {job_id}'s learner processes", lambda: _descendants(pid))
-        for child in learners:  # type: ignore[attr-defined]
+        learners = wait_for(f"job {job_id}'s learner processes", lambda: _descendants(pid), 90)
+        for child in learners:
             try:
                 environ = (Path("/proc") / str(child) / "environ").read_bytes()
                 child_cmd = (Path("/proc") / str(child) / "cmdline").read_bytes()

@@ -44,6 +44,7 @@ def test_local_certificates_are_generated_once_with_private_keys_0600(tmp_path: 
     assert "127.0.0.1" in {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
     before = files.cert.read_bytes(), files.ca.read_bytes()
     again = ensure_local_certificates(tmp_path)
+    assert again.ca is not None
     assert (again.cert.read_bytes(), again.ca.read_bytes()) == before  # reused, not renewed
 
 

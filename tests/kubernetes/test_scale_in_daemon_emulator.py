@@ -40,11 +40,12 @@ def test_emulator_scale_in_deletes_the_retired_ranks_pod_and_the_job_runs_on(
         job_id = c.create_job(MANIFEST, code_zip({"run.sh": STEPPER})).job_id
         try:
             platform.wait_status(job_id, {states.PROCESSING}, 120)
-            pods = wait_for(
-                "both pods running",
-                lambda: (r := running_pods(platform, job_id)) and len(r) == 2 and r,
-                120,
-            )
+
+            def both_running() -> list[str] | None:
+                pods = running_pods(platform, job_id)
+                return pods if len(pods) == 2 else None
+
+            pods = wait_for("both pods running", both_running, 120)
             c.scale_job(job_id, 1)
             record = wait_for(
                 "the scale-in applied",

@@ -56,7 +56,7 @@ class Twin:
             for w in self.members:
                 self.replicas[w] = (plan.next_epoch(), step)
 
-    def step(self, dies: str | None = None, finishers: set[str] = frozenset()) -> None:
+    def step(self, dies: str | None = None, finishers: frozenset[str] = frozenset()) -> None:
         plan, step = self.replicas[self.members[0]]
         new, got = self._assignments()
         if dies is None:
@@ -125,7 +125,7 @@ def test_every_epoch_covers_each_sample_exactly_once(
             twin.leave(event[1])
         elif kind == "die" and len(twin.members) > 1:
             victim = twin.members[event[1] % len(twin.members)]
-            finishers = {twin.members[i % len(twin.members)] for i in event[2]}
+            finishers = frozenset(twin.members[i % len(twin.members)] for i in event[2])
             twin.step(dies=victim, finishers=finishers)
         twin.boundary()
     while len(twin.epochs_done) < 2:  # train the rest of the epoch, then check it whole

@@ -106,7 +106,7 @@ def test_arbitrary_bytes_give_a_clear_error_never_a_crash(data: bytes) -> None:
             # zipfile cuts a name at NUL (and cannot write the empty name that leaves) and
             # cannot encode a lone surrogate: names no archive tool could produce
             st.text(
-                st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]),
                 min_size=1,
                 max_size=20,
             ),

@@ -185,8 +185,8 @@ def test_the_event_view_follows_start_oom_die_destroy() -> None:
     watch.apply(event("oom"))
     watch.apply(event("die", exitCode="137"))
     watch.apply(event("die", exitCode="137"))  # seen twice (stream re-listed): the same
-    state = watch.find("abc")
-    assert state is not None and not state.running and state.exit_code == 137 and state.oom
+    found = watch.find("abc")
+    assert found is not None and not found.running and found.exit_code == 137 and found.oom
     watch.apply(event("destroy"))
     assert watch.find("abc").removed  # type: ignore[union-attr]
     other = {"Action": "start", "id": "zzz", "Actor": {"Attributes": {"rhizome.job": "job-2"}}}

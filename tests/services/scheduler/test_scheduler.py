@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -66,7 +68,7 @@ def _run(
     n = 0
     for op, arg in ops_list:
         if op == "submit":
-            learners, gpus, prio = arg  # type: ignore[misc]
+            learners, gpus, prio = cast(tuple[int, int, int], arg)
             trace.append(
                 sched.submit(_job(f"j{n}", learners, gpus, priority=prio, arrival=float(n)))
             )

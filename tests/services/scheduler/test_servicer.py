@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import grpc
 import pymongo
@@ -15,7 +15,7 @@ from services.store.placements import PlacementRepository
 from tests.services.scheduler.conftest import gpu_cluster
 
 
-def _serve(sched: GangScheduler) -> Iterator[scheduler_pb2_grpc.SchedulerStub]:
+def _serve(sched: GangScheduler) -> Generator[scheduler_pb2_grpc.SchedulerStub, None, None]:
     server, port = build_server(sched)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")

@@ -59,19 +59,24 @@ def test_a_started_daemon_moves_inline_credentials_out_of_old_records(
         daemon.start()
         try:
             # In the background, once the daemon leads (it must not delay serving).
+            def migrated() -> JobRecord | None:
+                record = old.get(job.job_id)
+                return record if record.secrets == SECRETS_IN_FILE else None
+
+            def logged() -> str | None:
+                text = daemon.log_path.read_text()
+                return text if "moved the inline" in text else None
+
             record = wait_for(
                 "the record to be migrated",
-                lambda: (r := old.get(job.job_id)).secrets == SECRETS_IN_FILE and r,
+                migrated,
                 explain=lambda: daemon.log_path.read_text()[-2000:],
             )
             assert "old-pw" not in repr(record.manifest)
             secrets = JobSecrets.in_data_dir(tmp_path)
             resolved = secrets.resolve(job.job_id, record.manifest)
             assert resolved["data_stores"][0]["connection"] == {"password": "old-pw"}
-            log = wait_for(
-                "the daemon to log the migration",
-                lambda: (text := daemon.log_path.read_text()).count("moved the inline") and text,
-            )
+            log = wait_for("the daemon to log the migration", logged)
             assert "moved the inline data-store credentials of 1 job record" in log
             assert job.job_id in log and "old-pw" not in log
         finally:

@@ -18,7 +18,7 @@ from services.store.job_secrets import SECRETS_IN_FILE, JobSecrets, JobSecretsEr
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
 from services.store.mongo import connect
 
-MANIFEST = {
+MANIFEST: dict[str, Any] = {
     "name": "x",
     "framework": {"command": "true"},
     "data_stores": [

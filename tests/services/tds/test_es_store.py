@@ -94,7 +94,9 @@ def test_metrics_round_trip_and_delete(store: ElasticsearchStore) -> None:
     assert list(store.query_metrics(Query(job))) == []
 
 
-def test_scheduled_deletions_survive_a_new_store(store: ElasticsearchStore, es_server) -> None:
+def test_scheduled_deletions_survive_a_new_store(
+    store: ElasticsearchStore, es_server: ManagedServer
+) -> None:
     job = _job()
     store.schedule_deletion(job, 100.0)
     again = ElasticsearchStore(es_server.url, prefix=store.prefix)

@@ -62,9 +62,12 @@ def test_follow_shows_lines_while_printed_and_returns_when_the_job_ends(
         ldir = learner_dir(tmp_path, 0)
         ldir.mkdir(parents=True)
         collector = Collector(job, 0, tmp_path, addr).start()
-        with open(ldir / "stdout.log", "ab") as out, open(ldir / "stderr.log", "ab") as err:
+        with (
+            open(ldir / "stdout.log", "ab") as out_file,
+            open(ldir / "stderr.log", "ab") as err_file,
+        ):
             printer = subprocess.Popen(
-                [sys.executable, "-c", PRINTER], stdout=out, stderr=err, cwd=tmp_path
+                [sys.executable, "-c", PRINTER], stdout=out_file, stderr=err_file, cwd=tmp_path
             )
         assert printer.wait(90) == 0, "line 10 never reached the follower while printing"
         # What the learner controller does when the user command exits:

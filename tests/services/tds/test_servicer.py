@@ -11,6 +11,7 @@ import pytest
 from rhizome.v1 import tds_pb2
 
 from services.tds.memory_store import MemoryStore
+from services.tds.servicer import TrainingDataServicer
 from tests.services.tds.helpers import log_line, stub, tds_in_process
 
 T0 = 1_700_000_000_000_000
@@ -21,6 +22,9 @@ def _lines(job: str, learner: int, stream: str, n: int, start: int = 0) -> list[
         log_line(job, learner, stream, i, f"{stream} line {i} of learner {learner}", T0 + i * 10)
         for i in range(start, start + n)
     ]
+
+
+Tds = tuple[str, TrainingDataServicer]
 
 
 @pytest.fixture
@@ -34,14 +38,14 @@ def finished() -> set[str]:
 
 
 @pytest.fixture
-def tds(store: MemoryStore, finished: set[str]) -> Iterator[tuple[str, object]]:
+def tds(store: MemoryStore, finished: set[str]) -> Iterator[Tds]:
     with tds_in_process(
         store, lambda job: job in finished, follow_poll_s=0.05, finish_grace_s=0.2
     ) as (addr, servicer):
         yield addr, servicer
 
 
-def test_lines_come_back_in_time_then_learner_order_with_learner_filter(tds) -> None:
+def test_lines_come_back_in_time_then_learner_order_with_learner_filter(tds: Tds) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     s.AddLogLines(tds_pb2.AddLogLinesRequest(lines=_lines("j", 1, "stdout", 3)))
@@ -53,7 +57,7 @@ def test_lines_come_back_in_time_then_learner_order_with_learner_filter(tds) -> 
     channel.close()
 
 
-def test_resending_a_batch_does_not_duplicate(tds, store: MemoryStore) -> None:
+def test_resending_a_batch_does_not_duplicate(tds: Tds, store: MemoryStore) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     batch = tds_pb2.AddLogLinesRequest(lines=_lines("j", 0, "stdout", 5))
@@ -63,13 +67,13 @@ def test_resending_a_batch_does_not_duplicate(tds, store: MemoryStore) -> None:
     channel.close()
 
 
-def test_pos_and_page_size_page_like_ffdl_with_negative_pos_from_the_end(tds) -> None:
+def test_pos_and_page_size_page_like_ffdl_with_negative_pos_from_the_end(tds: Tds) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     s.AddLogLines(tds_pb2.AddLogLinesRequest(lines=_lines("j", 0, "stdout", 10)))
 
-    def seqs(**kw: int) -> list[int]:
-        req = tds_pb2.LogsRequest(job_id="j", learner=-1, **kw)
+    def seqs(pos: int = 0, page_size: int = 0) -> list[int]:
+        req = tds_pb2.LogsRequest(job_id="j", learner=-1, pos=pos, page_size=page_size)
         return [ln.seq for ln in s.GetLogs(req)]
 
     assert seqs(pos=2, page_size=3) == [2, 3, 4]
@@ -79,7 +83,7 @@ def test_pos_and_page_size_page_like_ffdl_with_negative_pos_from_the_end(tds) ->
     channel.close()
 
 
-def test_search_and_since_filter_lines(tds) -> None:
+def test_search_and_since_filter_lines(tds: Tds) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     s.AddLogLines(tds_pb2.AddLogLinesRequest(lines=_lines("j", 0, "stdout", 10)))
@@ -102,7 +106,7 @@ def test_search_and_since_filter_lines(tds) -> None:
     ],
 )
 def test_bad_lines_are_refused_with_the_field_named(
-    tds, line: tds_pb2.LogLine, message: str
+    tds: Tds, line: tds_pb2.LogLine, message: str
 ) -> None:
     addr, _ = tds
     channel, s = stub(addr)
@@ -113,7 +117,7 @@ def test_bad_lines_are_refused_with_the_field_named(
     channel.close()
 
 
-def test_store_outage_is_unavailable_so_collectors_retry(tds, store: MemoryStore) -> None:
+def test_store_outage_is_unavailable_so_collectors_retry(tds: Tds, store: MemoryStore) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     store.available = False
@@ -124,7 +128,7 @@ def test_store_outage_is_unavailable_so_collectors_retry(tds, store: MemoryStore
 
 
 def test_follow_delivers_history_then_new_lines_and_ends_with_the_job(
-    tds, finished: set[str]
+    tds: Tds, finished: set[str]
 ) -> None:
     addr, _ = tds
     channel, s = stub(addr)
@@ -151,7 +155,7 @@ def test_follow_delivers_history_then_new_lines_and_ends_with_the_job(
 
 
 def test_follow_with_negative_pos_shows_the_tail_then_only_new_lines(
-    tds, finished: set[str]
+    tds: Tds, finished: set[str]
 ) -> None:
     addr, _ = tds
     channel, s = stub(addr)
@@ -170,7 +174,9 @@ def test_follow_with_negative_pos_shows_the_tail_then_only_new_lines(
     channel.close()
 
 
-def test_follow_fills_a_gap_from_the_store(tds, store: MemoryStore, finished: set[str]) -> None:
+def test_follow_fills_a_gap_from_the_store(
+    tds: Tds, store: MemoryStore, finished: set[str]
+) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     stream = s.GetLogs(tds_pb2.LogsRequest(job_id="j", learner=-1, follow=True))
@@ -185,7 +191,7 @@ def test_follow_fills_a_gap_from_the_store(tds, store: MemoryStore, finished: se
     channel.close()
 
 
-def test_client_cancelling_a_follow_ends_it_quietly(tds) -> None:
+def test_client_cancelling_a_follow_ends_it_quietly(tds: Tds) -> None:
     addr, servicer = tds
     channel, s = stub(addr)
     s.AddLogLines(tds_pb2.AddLogLinesRequest(lines=_lines("j", 0, "stdout", 1)))
@@ -202,7 +208,7 @@ def test_client_cancelling_a_follow_ends_it_quietly(tds) -> None:
     channel.close()
 
 
-def test_metrics_round_trip_with_name_filter_and_follow(tds, finished: set[str]) -> None:
+def test_metrics_round_trip_with_name_filter_and_follow(tds: Tds, finished: set[str]) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     samples = []
@@ -241,7 +247,7 @@ def test_delete_job_data_waits_for_the_retention(store: MemoryStore) -> None:
         channel.close()
 
 
-def test_empty_job_id_is_invalid(tds) -> None:
+def test_empty_job_id_is_invalid(tds: Tds) -> None:
     addr, _ = tds
     channel, s = stub(addr)
     with pytest.raises(grpc.RpcError) as err:
@@ -252,7 +258,7 @@ def test_empty_job_id_is_invalid(tds) -> None:
 
 
 @pytest.mark.parametrize("seconds", [2**63 - 1, -(2**63), 253402300800])
-def test_a_since_no_timestamp_can_hold_is_invalid_not_unknown(tds, seconds: int) -> None:
+def test_a_since_no_timestamp_can_hold_is_invalid_not_unknown(tds: Tds, seconds: int) -> None:
     """Found by the gRPC fuzzer: an out-of-range `since` raised ValueError in the
     servicer, answered UNKNOWN "Exception iterating responses" (proxied as UNAVAILABLE)."""
     addr, _ = tds
@@ -270,7 +276,7 @@ def test_a_since_no_timestamp_can_hold_is_invalid_not_unknown(tds, seconds: int)
     channel.close()
 
 
-def test_follow_with_search_delivers_only_matching_new_lines(tds, finished: set[str]) -> None:
+def test_follow_with_search_delivers_only_matching_new_lines(tds: Tds, finished: set[str]) -> None:
     addr, _ = tds
     channel, s = stub(addr)
 
