@@ -338,14 +338,14 @@ class SchedulingLoop:
                 for job_id in set(self.scheduler.queued()) - set(queued_ids)
                 if scale_gang_parent(job_id) is None  # placed or released by the API at once
             }
-            for job_id in stale:
-                self.scheduler.release(job_id)
+        for job_id in stale:
+            self._release(job_id)
         for job in self.jobs.get_many([i for i in queued_ids if i not in known]):
             if job.status != states.QUEUED:
                 continue
             with self.lock:
                 try:
-                    self.scheduler.enqueue(job_request(job))
+                    self.scheduler.enqueue(job_request(job), attained_gpu_s=job.attained_gpu_s)
                 except SchedulerError as exc:
                     self._fail(job.job_id, f"cannot be scheduled: {exc}")
 
@@ -383,10 +383,9 @@ class SchedulingLoop:
                 "the lowest priority that loses the least work since its last checkpoint); "
                 "resume it later"
             )
-        with self.lock:
-            # The library queues a preempted job again; here it is halted (the user resumes
-            # it), so it leaves the scheduler until it is queued again.
-            self.scheduler.release(job_id)
+        # The library queues a preempted job again; here it is halted (the user resumes
+        # it), so it leaves the scheduler until it is queued again.
+        self._release(job_id)
         job = self.jobs.get(job_id)
         if job.status in (states.QUEUED, states.PENDING) or self.lcm is None:
             try:
@@ -411,6 +410,17 @@ class SchedulingLoop:
                     self.jobs.update_fields(job_id, queue_reason=reason)
                 self._reasons[job_id] = reason
 
+    def _release(self, job_id: str) -> None:
+        """Release a job (or a scale gang) from the scheduler. A job's attained service is
+        written to its record, so that a resume after a restart of this daemon keeps its
+        place in the Tiresias order (the scheduler remembers it only in memory)."""
+        with self.lock:
+            known = self.scheduler.release(job_id)
+            attained = self.scheduler.attained(job_id) if known else 0.0
+        if attained > 0 and scale_gang_parent(job_id) is None:
+            with contextlib.suppress(JobNotFound):
+                self.jobs.set_attained(job_id, attained)
+
     def _release_finished(self, placed: list[str]) -> None:
         """Free the placements of jobs that no longer hold resources (ended, halted), and
         the scale gangs their elastic job no longer lists (retired, rolled back)."""
@@ -425,8 +435,7 @@ class SchedulingLoop:
             if parent is not None and job is not None:
                 gone = gone or not ((job.placement or {}).get("scale_gangs") or {}).get(job_id)
             if gone:
-                with self.lock:
-                    self.scheduler.release(job_id)
+                self._release(job_id)
                 self._bound.discard(job_id)
                 self.gangs.pop(job_id, None)
                 self._bounds.pop(job_id, None)

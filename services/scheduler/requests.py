@@ -57,8 +57,11 @@ def request_to_proto(req: JobRequest, check_only: bool = False) -> scheduler_pb2
 
 
 def admit_request(job: JobRecord, check_only: bool) -> scheduler_pb2.AdmitRequest:
-    """`Scheduler.Admit` for a stored job: `job_request` on the wire."""
-    return request_to_proto(job_request(job), check_only)
+    """`Scheduler.Admit` for a stored job: `job_request` on the wire, with the service the
+    job attained before (a resumed job's)."""
+    request = request_to_proto(job_request(job), check_only)
+    request.attained_gpu_s = job.attained_gpu_s
+    return request
 
 
 def request_from_proto(req: scheduler_pb2.AdmitRequest, arrival: float) -> JobRequest:

@@ -198,8 +198,10 @@ class GangScheduler:
             return AdmitResult(False, str(exc), type(exc).__name__)
         return AdmitResult(True)
 
-    def enqueue(self, job: JobRequest) -> None:
-        """Queue an admitted job. Re-submitting the same request is a no-op."""
+    def enqueue(self, job: JobRequest, attained_gpu_s: float = 0.0) -> None:
+        """Queue an admitted job. Re-submitting the same request is a no-op.
+        `attained_gpu_s`: the service it attained before, as its stored record says (a
+        resumed job, after a restart of the scheduler that released it)."""
         existing = self.records.get(job.job_id)
         if existing is not None:
             if replace(existing.job, arrival=job.arrival) == job:
@@ -209,7 +211,7 @@ class GangScheduler:
             )
         self.check(job)
         # a job that comes back (a resume after a halt) keeps the service it attained
-        attained = self.attained_left.pop(job.job_id, 0.0)
+        attained = max(self.attained_left.pop(job.job_id, 0.0), attained_gpu_s)
         entry = self.queue.push(job, attained_gpu_s=attained)
         rec = JobRecord(job, SchedState.QUEUED, entry.seq, entry.batch, attained_gpu_s=attained)
         self.records[job.job_id] = rec

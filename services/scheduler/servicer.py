@@ -73,7 +73,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             else:
                 with self._lock:
                     # enqueue checks the job itself (submit would check it twice).
-                    self.scheduler.enqueue(job)
+                    self.scheduler.enqueue(job, attained_gpu_s=request.attained_gpu_s)
                 result = AdmitResult(True)
         except SchedulerError as exc:
             return scheduler_pb2.AdmitResponse(admitted=False, reason=str(exc))

@@ -128,6 +128,10 @@ class JobRecord:
     # names (services/store/job_secrets.py): "file" (the daemon's data directory); "":
     # inline (a record of an older version, or a repository without a secret store).
     secrets: str = ""
+    # GPU·s (learner·s for CPU-only jobs) the job attained in its placements, written by
+    # the scheduler when it releases the job (halted, ended): a resumed job keeps its
+    # place in the Tiresias order across daemon restarts (services/scheduler/hosting.py).
+    attained_gpu_s: float = 0.0
 
     @classmethod
     def for_manifest(cls, job_id: str, owner: str, manifest: Manifest, **fields: Any) -> JobRecord:
@@ -436,6 +440,14 @@ class JobsRepository:
             {"_id": job_id}, {"$set": {"last_metrics": sorted(keep, key=lambda m: m["name"])}}
         )
         return True
+
+    @with_retries
+    def set_attained(self, job_id: str, gpu_s: float) -> bool:
+        """Record the service the job attained so far (the scheduler's, at its release).
+        Like `set_last_metrics`, neither `version` nor `updated_at` moves. False when the
+        job is not stored."""
+        result = self._col.update_one({"_id": job_id}, {"$set": {"attained_gpu_s": float(gpu_s)}})
+        return result.matched_count > 0
 
     @with_retries
     def add_checkpoints(self, job_id: str, reports: Iterable[dict[str, Any]]) -> bool:

@@ -295,3 +295,39 @@ def test_the_daemon_places_a_new_short_job_before_a_resumed_long_one_under_tires
                 rz.delete_job(job_id)
     finally:
         daemon.stop()
+
+
+@pytest.mark.integration
+def test_a_halted_jobs_attained_service_survives_a_daemon_restart(
+    mongo_server: ManagedServer, tmp_path: Path
+) -> None:
+    """The scheduler remembers a released job's service in memory; the daemon also
+    writes it to the job's record, so that a job resumed after a restart goes back to the
+    Tiresias queue its service earned, not to queue 0 as a new job would."""
+    options = "{quanta_gpu_s: [1.0]}"
+    daemon = live_daemon(mongo_server, tmp_path, "elastic-tiresias", options)
+    try:
+        with token_client(daemon, "user") as rz:
+            long = rz.create_job(GPU_JOB.format(name="long")).job_id
+            wait_job_status(rz, long, job_pb2.PENDING, timeout_s=30)
+            time.sleep(1.0)  # 4 GPUs held: past the 1 GPU·s quantum
+            rz.halt_job(long)
+            wait_job_status(rz, long, job_pb2.HALTED, timeout_s=30)
+            holder = rz.create_job(GPU_JOB.format(name="holder")).job_id
+            wait_job_status(rz, holder, job_pb2.PENDING, timeout_s=30)
+            deadline = time.monotonic() + 30
+            while daemon.ctx.shared["jobs"].get(long).attained_gpu_s <= 0:
+                assert time.monotonic() < deadline, "the attained service was never written"
+                time.sleep(0.1)
+    finally:
+        daemon.stop()
+    daemon = live_daemon(mongo_server, tmp_path, "elastic-tiresias", options)
+    try:
+        with token_client(daemon, "user") as rz:
+            assert rz.resume_job(long).status == job_pb2.QUEUED
+            reason = reason_has(rz, long, "Elastic-Tiresias order: queue 1 of 2 (attained ")
+            assert "attained 0 GPU·s" not in reason, reason
+            for job_id in (long, holder):
+                rz.delete_job(job_id)
+    finally:
+        daemon.stop()
