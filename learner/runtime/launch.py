@@ -325,8 +325,7 @@ def run(args: argparse.Namespace) -> int:
                         code = EXIT_FATAL
                     elif rc == EXIT_EVICTED and w >= n:
                         print(
-                            f"rhizome-runtime: standby {w} left (refused admission, or "
-                            "evicted)",
+                            f"rhizome-runtime: standby {w} left (refused admission, or evicted)",
                             file=sys.stderr,
                             flush=True,
                         )

@@ -290,9 +290,7 @@ def _mark_used(
     cluster: ClusterStateStore, candidate: int, ticket: Ticket, generation: int, slot: int
 ) -> None:
     # the slot it took: the guardian names who serves the slot from this
-    cluster.put(
-        f"tickets/{candidate}", {**ticket.to_dict(), "used_at": generation, "slot": slot}
-    )
+    cluster.put(f"tickets/{candidate}", {**ticket.to_dict(), "used_at": generation, "slot": slot})
 
 
 def demote(st: WorkerState, topo: Topology) -> bool:

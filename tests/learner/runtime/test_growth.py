@@ -11,15 +11,26 @@ dead, none beyond ``max_pipelines``, stale and used tickets) run against the rea
 
 from __future__ import annotations
 
+import queue
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
+from learner.runtime.cluster_state import ClusterState, EtcdClusterStateStore
+from learner.runtime.reconfigure import (
+    Refused,
+    Ticket,
+    admit,
+    grown_slot,
+    issue_ticket,
+    plan_growth,
+)
 from learner.runtime.reference import reference_train
 from learner.runtime.toy import toy_job
 from services.embedded.process import ManagedServer
@@ -112,3 +123,162 @@ def test_two_standbys_grow_the_job_by_a_pipeline_and_it_trains_on(
         ), err[-4000:]
     assert sorted(p.name for p in out.iterdir()) == [f"worker{w}.pt" for w in range(4)]
     assert_equals_grown_reference(out, steps, grew)
+
+
+def test_a_loss_in_the_grown_pipeline_fails_over_and_a_replacement_takes_the_slot(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    """After the growth, worker 3 (stage 1 of the new pipeline 1, a former standby) is
+    SIGKILLed mid-forward at step 6: its shadow, worker 2, merges block 1 (failover,
+    generation 2); the launcher's replacement for it joins (generation 3) and gets block 1
+    and the replica of block 0 back from worker 2; the job completes equal to the
+    reference."""
+    out, steps = tmp_path / "params", 12
+    argv = grow_argv(etcd_server, out, steps, ["--replace", "--kill", "3:6:forward:1"])
+    argv[-1] = "4:1,9:3"  # step 9 waits for the replacement as well
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    err = proc.stderr
+    assert proc.returncode == 0, err[-4000:]
+    grew = growth_step(err)
+    assert "[worker 3] SIGKILL self at step 6" in err, err[-4000:]
+    assert re.search(r"\[worker 2\] joined generation 2 .*owns blocks \[0, 1\]", err), err[-4000:]
+    assert "[worker 2] demoted block 1 to replica" in err
+    assert re.search(r"\[worker 3\] received block 1 at version \d+ from worker 2", err)
+    assert re.search(r"\[worker 3\] received block 0 \(replica\) at version \d+ from worker 2", err)
+    for worker in range(4):
+        stage, pipeline = worker % 2, worker // 2
+        assert (
+            f"[worker {worker}] finished: {steps} steps, blocks [{stage}] of pipeline "
+            f"{pipeline}, generation 3" in err
+        ), err[-4000:]
+    assert_equals_grown_reference(out, steps, grew)
+
+
+# ---------------------------------------------------------------- admission rules
+
+
+def _formed(etcd: ManagedServer, stages: int = 2, pipelines: int = 1) -> EtcdClusterStateStore:
+    """A job whose generation-0 workers have all started (``started/<w>``)."""
+    store = EtcdClusterStateStore(etcd.url, f"t-{uuid.uuid4().hex[:10]}")
+    assert store.set_state(ClusterState(generation=0, stages=stages, pipelines=pipelines), 0)
+    for w in range(stages * pipelines):
+        store.put(f"started/{w}", {"generation": 0})
+    return store
+
+
+# the joiners' clients, closed at the end of each test
+VIEWS: list[EtcdClusterStateStore] = []
+
+
+def _admit_in_thread(
+    etcd: ManagedServer, job: str, candidate: int, token: str
+) -> queue.Queue[int | BaseException]:
+    """``admit`` as a standby process runs it: its own client and lease."""
+    got: queue.Queue[int | BaseException] = queue.Queue()
+    view = EtcdClusterStateStore(etcd.url, job)
+    VIEWS.append(view)
+
+    def run() -> None:
+        try:
+            got.put(admit(view, candidate, token, ttl_s=5, log=lambda _m: None))
+        except BaseException as exc:  # handed to the test thread, which raises it
+            got.put(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return got
+
+
+def _result(got: queue.Queue[int | BaseException]) -> int:
+    value = got.get(timeout=60)
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def test_plan_growth_is_due_only_with_p_standbys_no_dead_slot_formed_and_below_the_cap() -> None:
+    state = ClusterState(generation=3, stages=2, pipelines=1)
+    grown = plan_growth(state, [9, 7, 8], 7, max_pipelines=2, started=2)
+    assert grown is not None
+    new, slot = grown
+    assert (new.generation, new.pipelines, new.grown, new.grown_at) == (4, 2, (7, 8), {"2": 4})
+    assert slot == 2
+    assert plan_growth(state, [9, 7, 8], 8, 2, 2)[1] == 3  # type: ignore[index]
+    assert plan_growth(state, [9, 7, 8], 9, 2, 2) is None  # not one of the P chosen
+    # a dead slot is filled first: no growth while one is
+    assert plan_growth(ClusterState(3, 2, 1, dead=(1,)), [7, 8], 7, 2, 2) is None
+    # no growth beyond the ticket's max_pipelines (0: the default, no growth at all)
+    assert plan_growth(state, [7, 8], 7, 1, 2) is None
+    assert plan_growth(state, [7, 8], 7, 0, 2) is None
+    # fewer than P standbys queued; a worker of generation 0 not started yet; fatal
+    assert plan_growth(state, [7], 7, 2, 2) is None
+    assert plan_growth(state, [7, 8], 7, 2, 1) is None
+    assert plan_growth(ClusterState(3, 2, 1, fatal="lost"), [7, 8], 7, 2, 2) is None
+    # standbys the latest growth admitted do not count again
+    after = ClusterState(4, 2, 2, grown=(7, 8), grown_at={"2": 4})
+    assert plan_growth(after, [7, 8, 9], 9, 3, 2) is None
+    assert plan_growth(after, [7, 9, 10], 9, 3, 2) is not None
+    # a ticket of the same number issued after the growth is another learner's
+    assert grown_slot(after, 8, Ticket("t", 3)) == 3
+    assert grown_slot(after, 8, Ticket("t", 4)) is None
+
+
+def test_a_lost_slot_is_filled_before_the_job_grows_and_tickets_stay_single_use(
+    etcd_server: ManagedServer,
+) -> None:
+    """Slot 1 is dead and three standbys, whose tickets allow 2 pipelines, ask at once:
+    one takes slot 1 (no growth while a slot is dead), then the other two grow the job,
+    in a later generation. A used ticket and an unknown token are refused afterwards."""
+    store = _formed(etcd_server)
+    job = store.prefix.rstrip("/").split("/")[-2]
+    try:
+        state, token = store.get_state()
+        assert state is not None
+        assert store.set_state(state.bump(dead=(1,), lost_at={"1": 1}), token)
+        for candidate in (5, 6, 7):
+            issue_ticket(store, candidate, f"t{candidate}", max_pipelines=2)
+        waits = {c: _admit_in_thread(etcd_server, job, c, f"t{c}") for c in (5, 6, 7)}
+        slots = {c: _result(got) for c, got in waits.items()}
+        assert sorted(slots.values()) == [1, 2, 3]
+        state, _ = store.get_state()
+        assert state is not None
+        assert (state.pipelines, state.dead) == (2, ())
+        filled = next(c for c, slot in slots.items() if slot == 1)
+        assert state.joined_at == {"1": 2}  # the lost slot first (generation 2) ...
+        assert state.grown_at == {"2": 3}  # ... then the growth (generation 3)
+        assert sorted(state.grown) == sorted({5, 6, 7} - {filled})
+        for candidate, slot in slots.items():
+            ticket = store.get(f"tickets/{candidate}")
+            assert ticket is not None and ticket["slot"] == slot
+            assert ticket["used_at"] == (2 if slot == 1 else 3)
+        grower = state.grown[0]
+        with pytest.raises(Refused, match="joins once"):
+            admit(store, grower, f"t{grower}", ttl_s=5, log=lambda _m: None)
+        with pytest.raises(Refused, match="stale or unknown"):
+            admit(store, state.grown[1], "wrong", ttl_s=5, log=lambda _m: None)
+        # a slot of the new pipeline is lost; a standby takes it; the replacement issued
+        # for that first loss arrives only after the slot is lost again: stale
+        _lose(store, 3)
+        old = issue_ticket(store, 3, "first-loss")
+        issue_ticket(store, 9, "t9")
+        assert _result(_admit_in_thread(etcd_server, job, 9, "t9")) == 3
+        _lose(store, 3)
+        store.put("tickets/3", old.to_dict())
+        with pytest.raises(Refused, match="stale generation"):
+            admit(store, 3, "first-loss", ttl_s=5, log=lambda _m: None)
+    finally:
+        for view in VIEWS:
+            view.close()
+        VIEWS.clear()
+        store.delete_all()
+        store.close()
+
+
+def _lose(store: EtcdClusterStateStore, worker: int) -> None:
+    """Declare ``worker`` dead the way a survivor does (compare-and-set, lost_at)."""
+    state, token = store.get_state()
+    assert state is not None
+    new = state.bump(
+        dead=tuple(sorted({*state.dead, worker})),
+        lost_at={**state.lost_at, str(worker): state.generation + 1},
+    )
+    assert store.set_state(new, token)
