@@ -49,8 +49,8 @@ from contract.procs import free_port
 from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
 from learner.runtime.engine import KillPoint
 
-# The most pipelines ``--max-pipelines`` may name (the platform's manifest allows the same).
-MAX_PIPELINES = 64
+# The most pipelines ``--max-pipelines`` may name: the manifest schema's ``pipelines`` maximum.
+MAX_PIPELINES = 256
 
 
 @contextlib.contextmanager
