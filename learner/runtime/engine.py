@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from learner.runtime import block_checkpoint
+from learner.runtime import block_checkpoint, reconfigure
 from learner.runtime import schedule as sched
 from learner.runtime.api import (
     ConfigError,
@@ -308,6 +308,11 @@ class Worker:
         for w in Topology(st.P, state.pipelines, frozenset(state.dead)).alive:
             if w != st.me and w in seen.seen and w not in seen.members and w not in done:
                 self.failover.declare_dead(w, "etcd lease expired")
+        for w in reconfigure.lost_growth_joiners(state, seen.members, seen.standbys):
+            if w != st.me and w not in done:
+                self.failover.declare_dead(
+                    w, "a standby admitted by a growth left before it joined"
+                )
 
     # ------------------------------------------------------------- main loop
 

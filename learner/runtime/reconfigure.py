@@ -286,6 +286,25 @@ def admit(
         # lost the race (a failure, another joiner): read again
 
 
+def lost_growth_joiners(
+    state: ClusterState, members: frozenset[int], standbys: frozenset[int]
+) -> list[int]:
+    """Slots of the latest growth whose standby is gone before it registered: neither
+    ``members/<slot>`` (put once it saw its admission) nor ``standbys/<w>`` (held until
+    then) is there, so its lease ran out. Nobody saw it registered, so the lease watch
+    would never call it missing and the rendezvous would wait for it for ever; the
+    watcher declares it dead instead (a failover inside the new pipeline: its other
+    joiners hold its block from the hand-over)."""
+    if not state.grown:
+        return []
+    base = state.stages * (state.pipelines - 1)
+    return [
+        base + i
+        for i, standby in enumerate(state.grown)
+        if base + i not in state.dead and base + i not in members and standby not in standbys
+    ]
+
+
 def _mark_used(
     cluster: ClusterStateStore, candidate: int, ticket: Ticket, generation: int, slot: int
 ) -> None:

@@ -22,13 +22,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.etcd import Change
 from learner.runtime.cluster_state import ClusterState, EtcdClusterStateStore
+from learner.runtime.cluster_watch import ClusterView
 from learner.runtime.reconfigure import (
     Refused,
     Ticket,
     admit,
     grown_slot,
     issue_ticket,
+    lost_growth_joiners,
     plan_growth,
 )
 from learner.runtime.reference import reference_train
@@ -220,6 +223,30 @@ def test_plan_growth_is_due_only_with_p_standbys_no_dead_slot_formed_and_below_t
     # a ticket of the same number issued after the growth is another learner's
     assert grown_slot(after, 8, Ticket("t", 3)) == 3
     assert grown_slot(after, 8, Ticket("t", 4)) is None
+
+
+def test_a_growth_standby_gone_before_it_registered_is_named_for_the_watcher() -> None:
+    """Standbys 7 and 8 were admitted into slots 2 and 3 (generation 4). A slot counts as
+    lost only when neither its ``members/<slot>`` nor the standby's ``standbys/<w>`` is
+    left (its lease ran out): the rendezvous would otherwise wait for it for ever."""
+    state = ClusterState(4, 2, 2, grown=(7, 8), grown_at={"2": 4})
+    members = frozenset({0, 1})
+    assert lost_growth_joiners(state, members | {2}, frozenset({8})) == []  # both on their way
+    assert lost_growth_joiners(state, members | {2}, frozenset()) == [3]
+    assert lost_growth_joiners(state, members, frozenset()) == [2, 3]
+    assert lost_growth_joiners(state.bump(dead=(3,)), members | {2}, frozenset()) == []
+    assert lost_growth_joiners(ClusterState(4, 2, 1), members, frozenset()) == []
+    # what the watcher passes: the view keeps the queued standbys from the watch
+    view = ClusterView()
+    view.apply([Change("standbys/7", {"since": 0}, 1), Change("standbys/8", {}, 2)], True)
+    view.apply([Change("state", state.to_dict(), 3), Change("members/2", 2, 4)], False)
+    view.apply([Change("standbys/7", None, 5, deleted=True)], False)
+    seen = view.snapshot()
+    assert seen.standbys == frozenset({8}) and seen.members == frozenset({2})
+    view.apply([Change("standbys/8", None, 6, deleted=True)], False)
+    seen = view.snapshot()
+    assert seen.state is not None
+    assert lost_growth_joiners(seen.state, seen.members | members, seen.standbys) == [3]
 
 
 def test_a_lost_slot_is_filled_before_the_job_grows_and_tickets_stay_single_use(
