@@ -9,8 +9,9 @@ every value is small JSON, < 1 KB):
 ``rendezvous/<gen>/<w>``   a survivor's report when it joins generation ``gen``
 ``partition``              the layer boundaries every worker uses
 ``tickets/<w>``            a replacement's admission ticket: token and the generation it was
-                           issued at (written by whoever starts the replacement: the launcher,
-                           or on the platform the guardian; learner/runtime/reconfigure.py)
+                           issued at, and ``max_pipelines`` if it may grow the job (written by
+                           whoever starts the replacement: the launcher, or on the platform the
+                           guardian; learner/runtime/reconfigure.py)
 ``standbys/<w>``           present while a standby waits for a slot (under its lease)
 ``started/<w>``            a worker of generation 0 is past its start-up check (a growth
                            waits for every one of them)
@@ -36,14 +37,17 @@ Status of a configuration as read from ``state``:
   admitted into the new pipeline's slots P×D … P×D+P−1, in slot order, and
   ``grown_at[str(D+1)]`` is the generation of that growth. Only with ``dead`` empty.
 
-Every transition, by who makes it (each one compare-and-set from generation g to g+1;
-``fatal`` is final — nothing moves after it):
+Every transition, by who makes it (each a compare-and-set on the token read: token 0 for
+the first, generation g to g+1 for the others; ``fatal`` is final — nothing moves after
+it):
 
 ==================  =============================  ==========================================
 from                to                             made by, when
 ==================  =============================  ==========================================
 (no state)          generation 0, D = D asked      the first worker (``initial_state``)
-running             running, ``dead`` + {w}        a survivor (``Failover.declare_dead``)
+running             running, ``dead`` + {w}        a survivor (``Failover.declare_dead``; a
+                                                   growth's standby gone before it registered:
+                                                   the watcher, ``lost_growth_joiners``)
 running             fatal                          a survivor whose ``dead`` + {w} leaves a
                                                    block with no holder (same CAS)
 running, w dead     running, w alive again,        a ticketed joiner (``reconfigure.admit``)
