@@ -9,9 +9,12 @@ every value is small JSON, < 1 KB):
 ``rendezvous/<gen>/<w>``   a survivor's report when it joins generation ``gen``
 ``partition``              the layer boundaries every worker uses
 ``tickets/<w>``            a replacement's admission ticket: token and the generation it was
-                           issued at (written by whoever starts the replacement: the launcher,
-                           or on the platform the guardian; learner/runtime/reconfigure.py)
+                           issued at, and ``max_pipelines`` if it may grow the job (written by
+                           whoever starts the replacement: the launcher, or on the platform the
+                           guardian; learner/runtime/reconfigure.py)
 ``standbys/<w>``           present while a standby waits for a slot (under its lease)
+``started/<w>``            a worker of generation 0 is past its start-up check (a growth
+                           waits for every one of them)
 
 ``state`` changes only by compare-and-set on its etcd ``mod_revision`` (the fencing
 token), exactly like torch.distributed.elastic's rendezvous ``get_state()`` /
@@ -30,6 +33,30 @@ Status of a configuration as read from ``state``:
   ``joined_at[w]``: the generation its last replacement was admitted at — a ticket for
   slot ``w`` issued before that is stale. A generation that removes a slot from
   ``dead`` is a reconfiguration (learner/runtime/reconfigure.py).
+- ``pipelines`` D grows to D+1 (growth, Bamboo §4.3): ``grown`` lists the P standbys
+  admitted into the new pipeline's slots P×D … P×D+P−1, in slot order, and
+  ``grown_at[str(D+1)]`` is the generation of that growth. Only with ``dead`` empty.
+
+Every transition, by who makes it (each a compare-and-set on the token read: token 0 for
+the first, generation g to g+1 for the others; ``fatal`` is final — nothing moves after
+it):
+
+==================  =============================  ==========================================
+from                to                             made by, when
+==================  =============================  ==========================================
+(no state)          generation 0, D = D asked      the first worker (``initial_state``)
+running             running, ``dead`` + {w}        a survivor (``Failover.declare_dead``; a
+                                                   growth's standby gone before it registered:
+                                                   the watcher, ``lost_growth_joiners``)
+running             fatal                          a survivor whose ``dead`` + {w} leaves a
+                                                   block with no holder (same CAS)
+running, w dead     running, w alive again,        a ticketed joiner (``reconfigure.admit``)
+                    ``joined_at[w]`` = g+1
+running, none dead  running, D+1, ``grown``,       a queued standby that sees P standbys
+                    ``grown_at[D+1]`` = g+1        queued and D < its ticket's
+                                                   ``max_pipelines`` (``reconfigure.admit``)
+fatal               (erased)                       the platform's restart from the checkpoint
+==================  =============================  ==========================================
 """
 
 from __future__ import annotations
@@ -61,6 +88,11 @@ class ClusterState:
     lost_at: dict[str, int] = field(default_factory=dict)
     # worker slot -> generation its last replacement was admitted at
     joined_at: dict[str, int] = field(default_factory=dict)
+    # the standbys (their ticket numbers) admitted by the latest growth, in slot order:
+    # grown[i] took slot P × (pipelines - 1) + i (reconfigure.py)
+    grown: tuple[int, ...] = field(default_factory=tuple)
+    # pipelines after a growth (as a string: JSON keys) -> the generation it happened at
+    grown_at: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +111,8 @@ class ClusterState:
         data["fatal_stages"] = tuple(data.get("fatal_stages", ()))
         data["lost_at"] = {str(k): int(v) for k, v in data.get("lost_at", {}).items()}
         data["joined_at"] = {str(k): int(v) for k, v in data.get("joined_at", {}).items()}
+        data["grown"] = tuple(int(c) for c in data.get("grown", ()))
+        data["grown_at"] = {str(k): int(v) for k, v in data.get("grown_at", {}).items()}
         return cls(**data)
 
     def bump(self, **changes: Any) -> ClusterState:
@@ -369,14 +403,20 @@ class EtcdClusterStateStore(ClusterStateStore):
         self._client.close()
 
 
-def initial_state(store: ClusterStateStore, stages: int, pipelines: int) -> ClusterState:
-    """Create generation 0 if nobody has (first writer wins), then return the state."""
+def initial_state(
+    store: ClusterStateStore, stages: int, pipelines: int, joining: bool = False
+) -> ClusterState:
+    """Create generation 0 if nobody has (first writer wins), then return the state.
+
+    A joiner (``joining``) may find more pipelines than it was started for: the job grew
+    (reconfigure.py) — it runs in the state's shape."""
     state, _ = store.get_state()
     if state is None:
         store.set_state(ClusterState(generation=0, stages=stages, pipelines=pipelines), 0)
         state, _ = store.get_state()
     assert state is not None
-    if (state.stages, state.pipelines) != (stages, pipelines):
+    grown = joining and state.stages == stages and state.pipelines >= pipelines
+    if (state.stages, state.pipelines) != (stages, pipelines) and not grown:
         raise ConfigError(
             f"cluster state has {state.stages} stages x {state.pipelines} pipelines but this "
             f"worker was started for {stages} x {pipelines}: the job id is reused or the "

@@ -32,10 +32,13 @@ class ViewSnapshot:
     # registered yet is start-up's business, not a failure)
     seen: frozenset[int]
     done: dict[int, frozenset[int]] = field(default_factory=dict)  # generation -> workers
+    # queued standbys (``standbys/<w>``, under their leases)
+    standbys: frozenset[int] = frozenset()
 
 
 class ClusterView:
-    """The latest ``state``, live ``members/*`` and ``done/<g>/*`` of one job, from its watch."""
+    """The latest ``state``, live ``members/*``, queued ``standbys/*`` and ``done/<g>/*`` of
+    one job, from its watch."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -43,6 +46,7 @@ class ClusterView:
         self._members: set[int] = set()
         self._seen: set[int] = set()
         self._done: dict[int, set[int]] = {}
+        self._standbys: set[int] = set()
         # set on every applied change: the watcher's only wake-up besides its lease timer
         self.changed = threading.Event()
         self.ignored: list[str] = []  # why each ignored change was ignored (tests, logs)
@@ -53,6 +57,7 @@ class ClusterView:
             if full:
                 self._members.clear()
                 self._done.clear()
+                self._standbys.clear()
             for change in changes:
                 self._apply(change)
         self.changed.set()
@@ -84,6 +89,14 @@ class ClusterView:
             else:
                 self._members.add(worker)
                 self._seen.add(worker)
+        elif key.startswith("standbys/"):
+            worker = _int(key.removeprefix("standbys/"))
+            if worker is None:
+                self.ignored.append(f"standby key {key!r}")
+            elif change.deleted:
+                self._standbys.discard(worker)
+            else:
+                self._standbys.add(worker)
         elif key.startswith("done/"):
             gen, _, w = key.removeprefix("done/").partition("/")
             g, worker = _int(gen), _int(w)
@@ -99,6 +112,7 @@ class ClusterView:
                 frozenset(self._members),
                 frozenset(self._seen),
                 {g: frozenset(ws) for g, ws in self._done.items()},
+                frozenset(self._standbys),
             )
 
 

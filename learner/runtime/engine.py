@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from learner.runtime import block_checkpoint
+from learner.runtime import block_checkpoint, reconfigure
 from learner.runtime import schedule as sched
 from learner.runtime.api import (
     ConfigError,
@@ -187,7 +187,7 @@ class Worker:
         # not from the watcher thread: creating the watch can take a while on a busy
         # machine, and the lease must be refreshed meanwhile
         self._cancel_watch = self.cluster.watch(self._view.apply)
-        state = initial_state(self.cluster, st.P, st.D)
+        state = initial_state(self.cluster, st.P, st.D, joining=self.opts.join_token is not None)
         if self.opts.join_token is not None:
             return self._join_running()
         if state.generation != 0:
@@ -196,6 +196,9 @@ class Worker:
                 "only as a replacement with a ticket (RHIZOME_RUNTIME_JOIN_TOKEN, "
                 "learner/runtime/reconfigure.py); else use a fresh job id"
             )
+        # past the check above: a growth (reconfigure.plan_growth) may come now without
+        # this worker refusing a job "already at generation 1"
+        self.cluster.put(f"started/{st.me}", {"generation": 0})
         deadline = time.monotonic() + self.opts.startup_timeout_s
         while len(self.cluster.alive_members()) < st.P * st.D:
             if time.monotonic() > deadline:
@@ -300,9 +303,16 @@ class Worker:
             st.changed.set()
         # a worker that finished the job lets its lease go: not a failure
         done = seen.done.get(state.generation, frozenset())
-        for w in Topology(st.P, st.D, frozenset(state.dead)).alive:
+        # the state's D: after a growth the new pipeline's slots are watched too (once
+        # seen registered)
+        for w in Topology(st.P, state.pipelines, frozenset(state.dead)).alive:
             if w != st.me and w in seen.seen and w not in seen.members and w not in done:
                 self.failover.declare_dead(w, "etcd lease expired")
+        for w in reconfigure.lost_growth_joiners(state, seen.members, seen.standbys):
+            if w != st.me and w not in done:
+                self.failover.declare_dead(
+                    w, "a standby admitted by a growth left before it joined"
+                )
 
     # ------------------------------------------------------------- main loop
 

@@ -60,7 +60,9 @@ class Failover:
             assert state is not None
             if suspect in state.dead or state.fatal:
                 return
-            topo = Topology(st.P, st.D, frozenset(state.dead) | {suspect}, st.mode.has_replica)
+            topo = Topology(
+                st.P, state.pipelines, frozenset(state.dead) | {suspect}, st.mode.has_replica
+            )
             fatal, fpipe, fstages = topo.fatal_info()
             new = state.bump(
                 dead=tuple(sorted(topo.dead)),
@@ -139,6 +141,8 @@ class Failover:
         with st.lock:
             st.epoch += 1
             st.generation = state.generation
+            # D+1 after a growth (reconfigure.py): the loss scale and groups follow it
+            st.D = state.pipelines
             st.changed.clear()
             if st.transport is not None:
                 st.transport.close()
@@ -149,7 +153,7 @@ class Failover:
         if self.read_state().generation != st.generation:
             st.changed.set()
             raise Interrupted("generation moved during join")
-        topo = Topology(st.P, st.D, frozenset(state.dead), st.mode.has_replica)
+        topo = Topology(st.P, state.pipelines, frozenset(state.dead), st.mode.has_replica)
         st.topo = topo
         for b in topo.owned_blocks(st.me):
             if b not in st.owned:
@@ -186,7 +190,9 @@ class Failover:
         if fresh:
             reconfigure.restart_step(st, resume)
             tr = Transport(st.me, st.generation, st.opts.backend, self.store, st.timeout, st.device)
-            tr.connect(topo.peers(st.me), st.changed)
+            # a new pipeline's keepers are in another pipeline: links for the hand-over too
+            peers = set(topo.peers(st.me)) | reconfigure.handover_peers(topo, st.me, joiners)
+            tr.connect(sorted(peers), st.changed)
             st.transport = tr
             st.groups = Groups(st.me, st.generation, st.opts.backend, self.store, st.group_timeout)
             reconfigure.transfer(st, topo, joiners, tr, resume)

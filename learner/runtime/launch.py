@@ -11,7 +11,9 @@ variables (``RHIZOME_RUNTIME_*``, ``contract.env.RuntimeEnv``), and watches its 
   ``--replace`` a replacement is started for its slot with a fresh admission ticket
   (learner/runtime/reconfigure.py): it joins, and every block has a replica again;
 - ``--standbys K`` starts K more workers (numbered P x D ...) that queue until a slot
-  is lost and take it (stopped with the run if none was lost);
+  is lost and take it (refused, and gone, at the end of the run if none was lost); with
+  ``--max-pipelines N`` > D, P queued standbys and no lost slot add a whole pipeline
+  (D+1, up to N; learner/runtime/reconfigure.py), and then run as its workers;
 - a worker that exits with 3 reports a fatal loss: the launcher stops the others and
   exits 3 with one line ``rhizome-runtime: fatal: <reason>`` on stderr;
 - any other non-zero exit stops the run with exit code 1;
@@ -46,6 +48,9 @@ from contract.etcd import etcd_argv, etcd_binary, etcd_healthy
 from contract.procs import free_port
 from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
 from learner.runtime.engine import KillPoint
+
+# The most pipelines ``--max-pipelines`` may name: the manifest schema's ``pipelines`` maximum.
+MAX_PIPELINES = 256
 
 
 @contextlib.contextmanager
@@ -118,6 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--standbys", type=int, default=0, help="extra workers that wait for a lost slot"
     )
     p.add_argument(
+        "--max-pipelines",
+        type=int,
+        default=None,
+        help="let P queued standbys add a whole pipeline, up to this many pipelines "
+        "(default: --pipelines, no growth)",
+    )
+    p.add_argument(
         "--checkpoint-dir",
         default=None,
         help="block checkpoints go here; a run finding some starts from the latest complete one",
@@ -149,6 +161,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--standbys {args.standbys}: must be within 0..64")
     if args.stages < 1 or args.pipelines < 1:
         p.error(f"--stages {args.stages} --pipelines {args.pipelines}: both must be >= 1")
+    if args.max_pipelines is None:
+        args.max_pipelines = args.pipelines
+    if not args.pipelines <= args.max_pipelines <= MAX_PIPELINES:
+        p.error(
+            f"--max-pipelines {args.max_pipelines}: must be within --pipelines "
+            f"({args.pipelines})..{MAX_PIPELINES}"
+        )
     if args.redundancy is not None:
         try:
             RedundancyMode.parse(args.redundancy)
@@ -177,13 +196,13 @@ def _read_fatal(etcd: str, job_id: str) -> str | None:
     return None if state is None else state.fatal
 
 
-def _issue_ticket(etcd: str, job_id: str, worker: int) -> str:
+def _issue_ticket(etcd: str, job_id: str, worker: int, max_pipelines: int = 0) -> str:
     from learner.runtime.cluster_state import EtcdClusterStateStore
     from learner.runtime.reconfigure import issue_ticket
 
     store = EtcdClusterStateStore(etcd, job_id)
     try:
-        return issue_ticket(store, worker, uuid.uuid4().hex).token
+        return issue_ticket(store, worker, uuid.uuid4().hex, max_pipelines).token
     finally:
         store.close()
 
@@ -235,18 +254,26 @@ def run(args: argparse.Namespace) -> int:
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 << 20))
         env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
         procs: dict[int, subprocess.Popen[bytes]] = {}
-        kills = {w: [k for k in KillPoint.parse(args.kill) if k.worker == w] for w in range(n)}
+        points = KillPoint.parse(args.kill)
+        kills = {w: [k for k in points if k.worker == w] for w in range(n)}
+        # the slots of pipelines a growth adds: a standby may take any of them
+        grown = [k for k in points if k.worker >= n]
 
         def start(w: int, joiner: bool = False) -> None:
             worker_env = dataclasses.replace(runtime, worker=w)
             if joiner:
                 # A replacement carries the kill points its slot has not reached yet: the
-                # earliest one is what preempted its predecessor.
-                kills[w] = kills.get(w, [])[1:]
+                # earliest one is what preempted its predecessor. A standby (w >= n)
+                # carries those of the slots a growth can give it (it fires only its own
+                # slot's); one restarted after it was killed, those not reached yet.
+                if w in kills or w < n:
+                    kills[w] = kills.get(w, [])[1:]
+                else:
+                    kills[w] = grown
                 worker_env = dataclasses.replace(
                     worker_env,
                     kill=",".join(f"{k.worker}:{k.step}:{k.op}:{k.microbatch}" for k in kills[w]),
-                    join_token=_issue_ticket(etcd, job_id, w),
+                    join_token=_issue_ticket(etcd, job_id, w, args.max_pipelines),
                 )
             procs[w] = subprocess.Popen(
                 [sys.executable, args.script, *args.script_args],
@@ -272,7 +299,9 @@ def run(args: argparse.Namespace) -> int:
         exited: dict[int, int] = {}
         code = 0
         try:
-            while len([w for w in exited if w < n]) < n:
+            # every process, standbys too: a standby that grew the job is a worker to
+            # wait for, and one never admitted is refused at the end and exits by itself
+            while len(exited) < len(procs):
                 for w, proc in list(procs.items()):
                     if w in exited or proc.poll() is None:
                         continue
@@ -284,13 +313,22 @@ def run(args: argparse.Namespace) -> int:
                             file=sys.stderr,
                             flush=True,
                         )
-                        if args.replace and w < n and _read_fatal(etcd, job_id) is None:
+                        # a standby killed (perhaps as a grown pipeline's worker: its slot
+                        # is its number only if a growth made it so) starts again as a
+                        # joiner with a fresh ticket, like a replacement
+                        if args.replace and _read_fatal(etcd, job_id) is None:
                             del exited[w]
                             start(w, joiner=True)
                     elif rc == EXIT_FATAL:
                         reason = _read_fatal(etcd, job_id) or "a stage and its shadow were lost"
                         print(f"rhizome-runtime: fatal: {reason}", file=sys.stderr, flush=True)
                         code = EXIT_FATAL
+                    elif rc == EXIT_EVICTED and w >= n:
+                        print(
+                            f"rhizome-runtime: standby {w} left (refused admission, or evicted)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     elif rc == EXIT_EVICTED:
                         print(
                             f"rhizome-runtime: worker {w} was declared dead by its peers and left",

@@ -26,6 +26,41 @@ Who decides what, in which order (keys under ``runtime/``, see ``cluster_state``
    the block's parameters and optimizer state at that version (``transfer``), over the
    new generation's links.
 
+Growth by a whole pipeline (D+1, Bamboo §4.3: "used when a pipeline is lost or when
+enough standbys exist to add a whole pipeline"):
+
+5. A ticket may allow growth: ``max_pipelines`` in ``tickets/<w>`` (the launcher's
+   ``--max-pipelines``, on the platform the manifest's ``pipeline.max_pipelines``;
+   absent: no growth beyond the D asked for). A queued standby looks, each time it
+   polls, whether every worker of generation 0 has started (``started/<w>``, written
+   once a worker is past its generation-0 check), P standbys are queued (``standbys/*``,
+   not counting those the latest growth admitted already), no slot is dead (lost slots are filled first: a standby
+   takes a dead slot before anything else) and D < its ticket's ``max_pipelines``
+   (``plan_growth``). If so, and it is one of the P lowest-numbered queued standbys, it
+   writes generation g+1 by compare-and-set on ``state``: ``pipelines`` D+1, ``grown`` = those P standbys in slot order (standby
+   ``grown[i]`` takes slot P×D+i: stage i of pipeline D, the numbering of
+   ``topology``), ``grown_at[D+1]`` = g+1. The CAS is the decision: of several standbys
+   deciding at once exactly one write lands, the others read it. The decider then puts
+   its ``members/<slot>`` (after, not before: a slot no worker has seen registered is
+   not declared dead, while a key left by a lost race would be). Each standby named in
+   ``grown`` (with a ticket issued before g+1) finds itself there at its next poll,
+   puts ``members/<slot>``, marks its ticket used (``used_at`` g+1, ``slot``) and runs as
+   that worker.
+6. Every running worker sees g+1 with D+1 pipelines and joins it as in 4: the joiners'
+   reports say ``j``, so everyone restarts the step at the lowest version; the joiners
+   of a whole new pipeline get each block they need (their stage's block, and the
+   replica block) from that block's owner in the lowest pipeline that kept its state
+   (``needs``), over links of the new generation built for the hand-over
+   (``handover_peers``); the all-reduce groups (``Topology.group``) are D+1 wide.
+
+Data with D+1 pipelines: pipeline ``d`` trains on its own microbatches ``batch(step, d,
+m)`` as before, so the new pipeline adds M microbatches per step and the global batch
+grows from D×M to (D+1)×M microbatches (the loss of each is scaled by 1/(M×(D+1)): the
+step's loss stays the mean over the global batch). That is data parallelism as Bamboo
+uses it: each pipeline is a data-parallel replica with its own per-iteration batch, and
+adding a pipeline adds throughput (more samples per iteration), not a re-split of the
+same samples. ``reference.reference_train`` with ``grow_at`` computes the same.
+
 The joiner builds the whole model from the seed first (as every worker does), so only
 state travels, not structure. The bytes are ``torch.save`` of the module's and the
 optimizer's state dicts: exact, so the result stays equal to an uninterrupted run.
@@ -42,7 +77,7 @@ from typing import Any
 import torch
 
 from learner.runtime.api import LinkError, RuntimeFailure
-from learner.runtime.cluster_state import ClusterStateStore
+from learner.runtime.cluster_state import ClusterState, ClusterStateStore
 from learner.runtime.comm import Transport, first_sentence, interruptible, tag
 from learner.runtime.topology import Topology
 from learner.runtime.worker_state import BlockState, StepProgress, WorkerState
@@ -59,18 +94,74 @@ class Refused(Exception):
 class Ticket:
     token: str
     generation: int
+    # the most pipelines this joiner may grow the job to (0: no growth)
+    max_pipelines: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Ticket:
-        return cls(str(raw["token"]), int(raw["generation"]))
+        return cls(str(raw["token"]), int(raw["generation"]), int(raw.get("max_pipelines") or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"token": self.token, "generation": self.generation}
+        if self.max_pipelines:
+            out["max_pipelines"] = self.max_pipelines
+        return out
 
 
-def issue_ticket(cluster: ClusterStateStore, worker: int, token: str) -> Ticket:
-    """Allow one replacement into slot ``worker`` (or a standby numbered ``worker``)."""
+def issue_ticket(
+    cluster: ClusterStateStore, worker: int, token: str, max_pipelines: int = 0
+) -> Ticket:
+    """Allow one replacement into slot ``worker`` (or a standby numbered ``worker``);
+    ``max_pipelines`` > D lets it, with P - 1 other standbys, add a whole pipeline."""
     state, _ = cluster.get_state()
-    ticket = Ticket(token, state.generation if state is not None else 0)
-    cluster.put(f"tickets/{worker}", {"token": ticket.token, "generation": ticket.generation})
+    ticket = Ticket(token, state.generation if state is not None else 0, max_pipelines)
+    cluster.put(f"tickets/{worker}", ticket.to_dict())
     return ticket
+
+
+def plan_growth(
+    state: ClusterState,
+    queued: list[int],
+    candidate: int,
+    max_pipelines: int,
+    started: int,
+) -> tuple[ClusterState, int] | None:
+    """The state of a growth to D+1 that ``candidate`` may write, and the slot it takes;
+    None when no growth is due (a pure function of what the standby read).
+
+    Due when every worker of generation 0 has started (``started`` of them wrote
+    ``started/<w>``: one that had not would find the job past generation 0 and refuse to
+    run), no slot is dead (a lost slot is filled first), the job is not fatal, D is
+    below ``max_pipelines`` (the candidate's ticket), and at least P standbys are queued
+    besides those the latest growth admitted already; the P lowest-numbered of them take
+    the new pipeline's slots in order, and only one of them writes it."""
+    if state.dead or state.fatal or state.pipelines >= max_pipelines:
+        return None
+    if started < state.stages * (state.pipelines - len(state.grown_at)):
+        return None
+    P, D = state.stages, state.pipelines
+    waiting = sorted(set(queued) - set(state.grown))
+    if len(waiting) < P or candidate not in waiting[:P]:
+        return None
+    chosen = tuple(waiting[:P])
+    new = state.bump(
+        pipelines=D + 1,
+        grown=chosen,
+        grown_at={**state.grown_at, str(D + 1): state.generation + 1},
+    )
+    return new, P * D + chosen.index(candidate)
+
+
+def grown_slot(state: ClusterState, candidate: int, ticket: Ticket) -> int | None:
+    """The slot the latest growth admitted ``candidate`` into, or None. Only a ticket
+    issued before that growth counts (a later ticket of the same number is another
+    learner: a replacement)."""
+    if candidate not in state.grown:
+        return None
+    at = state.grown_at.get(str(state.pipelines))
+    if at is None or ticket.generation >= at:
+        return None
+    return state.stages * (state.pipelines - 1) + state.grown.index(candidate)
 
 
 def _check(cluster: ClusterStateStore, candidate: int, token: str) -> Ticket:
@@ -138,6 +229,18 @@ def admit(
                 f"worker {candidate}: the job is finishing (generation {state.generation}); "
                 "nothing left to join"
             )
+        grown = grown_slot(state, candidate, ticket)
+        if grown is not None:
+            # another standby's compare-and-set admitted this one into the new pipeline
+            cluster.hold(f"members/{grown}", {"slot": grown}, ttl_s)
+            _mark_used(cluster, candidate, ticket, state.grown_at[str(state.pipelines)], grown)
+            if queued:
+                cluster.release(f"standbys/{candidate}")
+            log(
+                f"standby {candidate}: admitted into slot {grown} of the new pipeline "
+                f"{state.pipelines - 1} (generation {state.grown_at[str(state.pipelines)]})"
+            )
+            return grown
         n = state.stages * state.pipelines
         free = sorted(w for w in state.dead if w < n)
         slot = candidate if candidate in free else (free[0] if free else None)
@@ -146,6 +249,27 @@ def admit(
                 cluster.hold(f"standbys/{candidate}", {"since": time.time()}, ttl_s)
                 log(f"standby {candidate}: queued (no lost slot in generation {state.generation})")
                 queued = True
+            queue = [int(k.split("/", 1)[1]) for k in cluster.get_prefix("standbys/")]
+            plan = None
+            if ticket.max_pipelines > state.pipelines and len(queue) >= state.stages:
+                started = len(cluster.get_prefix("started/"))
+                plan = plan_growth(state, queue, candidate, ticket.max_pipelines, started)
+            if plan is not None:
+                new, slot = plan
+                # members/<slot> only once admitted: a slot no worker has seen registered
+                # is not declared dead (engine), a key left by a lost race could be
+                if cluster.set_state(new, rev):
+                    cluster.hold(f"members/{slot}", {"slot": slot}, ttl_s)
+                    _mark_used(cluster, candidate, ticket, new.generation, slot)
+                    cluster.release(f"standbys/{candidate}")
+                    log(
+                        f"standby {candidate}: grew the job to {new.pipelines} pipelines, "
+                        f"standbys {list(new.grown)} take slots "
+                        f"{state.stages * state.pipelines}..{state.stages * new.pipelines - 1}"
+                        f"; this one slot {slot} -> generation {new.generation}"
+                    )
+                    return slot
+                continue  # lost the race (a failure, a joiner, another growth): read again
             time.sleep(poll_s)
             continue
         cluster.hold(f"members/{slot}", {"slot": slot}, ttl_s)
@@ -154,21 +278,38 @@ def admit(
             joined_at={**state.joined_at, str(slot): state.generation + 1},
         )
         if cluster.set_state(new, rev):
-            cluster.put(
-                f"tickets/{candidate}",
-                # the slot it took: the guardian names who serves the slot from this
-                {
-                    "token": token,
-                    "generation": ticket.generation,
-                    "used_at": new.generation,
-                    "slot": slot,
-                },
-            )
+            _mark_used(cluster, candidate, ticket, new.generation, slot)
             if queued:
                 cluster.release(f"standbys/{candidate}")
             log(f"joiner {candidate}: admitted into slot {slot} -> generation {new.generation}")
             return slot
         # lost the race (a failure, another joiner): read again
+
+
+def lost_growth_joiners(
+    state: ClusterState, members: frozenset[int], standbys: frozenset[int]
+) -> list[int]:
+    """Slots of the latest growth whose standby is gone before it registered: neither
+    ``members/<slot>`` (put once it saw its admission) nor ``standbys/<w>`` (held until
+    then) is there, so its lease ran out. Nobody saw it registered, so the lease watch
+    would never call it missing and the rendezvous would wait for it for ever; the
+    watcher declares it dead instead (a failover inside the new pipeline: its other
+    joiners hold its block from the hand-over)."""
+    if not state.grown:
+        return []
+    base = state.stages * (state.pipelines - 1)
+    return [
+        base + i
+        for i, standby in enumerate(state.grown)
+        if base + i not in state.dead and base + i not in members and standby not in standbys
+    ]
+
+
+def _mark_used(
+    cluster: ClusterStateStore, candidate: int, ticket: Ticket, generation: int, slot: int
+) -> None:
+    # the slot it took: the guardian names who serves the slot from this
+    cluster.put(f"tickets/{candidate}", {**ticket.to_dict(), "used_at": generation, "slot": slot})
 
 
 def demote(st: WorkerState, topo: Topology) -> bool:
@@ -203,10 +344,35 @@ def restart_step(st: WorkerState, resume: int) -> None:
             blk.acc = [torch.zeros_like(p) for p in blk.params]
 
 
-def needs(topo: Topology, joiner: int) -> list[tuple[int, bool, int]]:
-    """What ``joiner`` receives: (block, as replica, keeper), in one order both sides use."""
+def needs(
+    topo: Topology, joiner: int, joiners: list[int] | tuple[int, ...] = ()
+) -> list[tuple[int, bool, int]]:
+    """What ``joiner`` receives: (block, as replica, keeper), in one order both sides use.
+
+    A joiner into a pipeline that kept someone (a replacement) gets its block from that
+    block's replica holder and its replica block from that block's owner, both of its
+    own pipeline. A joiner of a pipeline made only of ``joiners`` (a growth) gets both
+    from their owners in the lowest pipeline that kept its state: data-parallel
+    replicas hold equal blocks."""
     d = topo.pipeline_of(joiner)
     out: list[tuple[int, bool, int]] = []
+    fresh = {*joiners, joiner}
+    if all(w in fresh for w in topo.alive if topo.pipeline_of(w) == d):
+        src = next(
+            (
+                e
+                for e in range(topo.pipelines)
+                if any(w not in fresh for w in topo.alive if topo.pipeline_of(w) == e)
+            ),
+            None,
+        )
+        if src is None:
+            raise RuntimeFailure(f"joiner {joiner}: no pipeline kept the model to hand over")
+        out = [(b, False, topo.owner(src, b)) for b in topo.owned_blocks(joiner)]
+        rep_block = topo.replica_block(joiner)
+        if rep_block is not None:
+            out.append((rep_block, True, topo.owner(src, rep_block)))
+        return out
     for b in topo.owned_blocks(joiner):
         keeper = topo.replica_holder(d, b)
         if keeper is None:
@@ -239,6 +405,20 @@ def _decode(blk: BlockState, raw: torch.Tensor) -> None:
     blk.snapshot = None
 
 
+def handover_peers(topo: Topology, me: int, joiners: list[int]) -> set[int]:
+    """Whom ``me`` exchanges hand-over messages with besides its pipeline peers: a keeper
+    in another pipeline and the joiners of a new pipeline it hands blocks to."""
+    out: set[int] = set()
+    for j in joiners:
+        for _, _, keeper in needs(topo, j, joiners):
+            if keeper == me:
+                out.add(j)
+            if j == me:
+                out.add(keeper)
+    out.discard(me)
+    return out
+
+
 def transfer(
     st: WorkerState, topo: Topology, joiners: list[int], tr: Transport, resume: int
 ) -> None:
@@ -246,13 +426,14 @@ def transfer(
     cpu = torch.device("cpu")
     sends: list[Any] = []
     for j in sorted(joiners):
-        for b, as_replica, keeper in needs(topo, j):
+        for b, as_replica, keeper in needs(topo, j, joiners):
             t_len = tag(HANDOVER, b, resume, 2 * int(as_replica))
             t_data = tag(HANDOVER, b, resume, 2 * int(as_replica) + 1)
             if keeper == st.me and j != st.me:
-                # the joiner's replica block is owned here; its own block is this
-                # worker's replica (the shadow's, demoted back)
-                held = st.owned.get(b) if as_replica else st.replica
+                # what is held here as block b: an owned block (the joiner's replica
+                # block, or any block of a new pipeline), else the replica (the joiner's
+                # own block, which the shadow demoted back)
+                held = st.owned.get(b) or st.replica
                 if held is None or held.index != b:
                     raise RuntimeFailure(f"worker {st.me} keeps no block {b} for joiner {j}")
                 data = _encode(held).to(st.device)

@@ -121,6 +121,10 @@ def train(job: PipelineJob) -> None:
                 opts.lease_ttl_s,
                 log=lambda m: print(f"[worker {env.worker}] {m}", file=sys.stderr, flush=True),
             )
+            # admitted into a grown job's new pipeline: the slot is beyond the D asked for
+            state, _ = cluster.get_state()
+            if state is not None and state.pipelines > opts.pipelines:
+                opts.pipelines = state.pipelines
         Worker(job, opts, cluster, store).run()
     except Refused as exc:
         print(f"REFUSED: {exc}", file=sys.stderr, flush=True)

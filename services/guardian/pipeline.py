@@ -43,6 +43,9 @@ REPLACED = "replaced"
 RETIRED = "retired"
 # A pipeline job's restarts from the checkpoint after fatal losses: {"count"}.
 PIPELINE_RESTARTS = "pipeline_restarts"
+# A pipeline job's growths the history shows: {pipelines: generation} (`grown_at` of the
+# runtime's state: P standbys added a whole pipeline).
+GROWN = "grown"
 # Exit codes of a pipeline learner the runtime fails over without (the worker was
 # preempted, or its peers declared it dead and it left).
 PIPELINE_LOSS_CODES = PREEMPTION_EXIT_CODES | {int(ExitCode.EVICTED)}
@@ -140,10 +143,16 @@ class PipelineFailover:
         """A learner that joins the running runtime with a ticket: a replacement of a lost
         slot (rank = the slot) or a standby (rank beyond the workers)."""
         token = os.urandom(16).hex()
-        self.guardian.etcd.put(
-            etcd_keys.runtime_ticket(self.job_id, rank),
-            {"token": token, "generation": int(self.runtime_state().get("generation") or 0)},
-        )
+        ticket: dict[str, Any] = {
+            "token": token,
+            "generation": int(self.runtime_state().get("generation") or 0),
+        }
+        pipe = spec.manifest.pipeline
+        if pipe is not None and pipe.max_pipelines > pipe.pipelines:
+            # `pipeline.max_pipelines`: this joiner may, with P - 1 other queued standbys,
+            # grow the job by a whole pipeline (learner/runtime/reconfigure.py)
+            ticket["max_pipelines"] = pipe.max_pipelines
+        self.guardian.etcd.put(etcd_keys.runtime_ticket(self.job_id, rank), ticket)
         return self.guardian.backend.start_learner(
             dataclasses.replace(spec, platform_env={**spec.platform_env, JOIN_TOKEN: token}),
             rank,
@@ -250,6 +259,7 @@ class PipelineFailover:
             log.info("job %s: pipeline learner %d lost (exit %d)", self.job_id, rank, code)
         if state.get("fatal"):
             return self.fatal(job, spec, state, -1, ExitCode.FATAL)
+        job = self.note_growth(job, state)
         joined_at = {str(k): int(v) for k, v in (state.get("joined_at") or {}).items()}
         for rank_s, info in sorted(lost.items()):
             if info.get("reported"):
@@ -276,6 +286,50 @@ class PipelineFailover:
         if changed:
             self.guardian.etcd.put(key, lost)
         return job, lost
+
+    def note_growth(self, job: JobRecord, state: dict[str, Any]) -> JobRecord:
+        """Write each growth of the runtime's state (`grown_at`: P queued standbys added a
+        whole pipeline, learner/runtime/reconfigure.py) into the history once:
+        `pipeline grown to 2 pipelines: learners 2, 3 took slots 2, 3 (generation 1)`.
+        The learners are the state's `grown` for the latest growth (the ticket numbers,
+        which are the learners' ranks), else those whose tickets were used for the new
+        slots at that generation."""
+        grown_at = {str(k): int(v) for k, v in (state.get("grown_at") or {}).items()}
+        if not grown_at:
+            return job
+        key = etcd_keys.deploy_step(self.job_id, GROWN)
+        entry = self.guardian.etcd.get(key)
+        noted: dict[str, int] = dict(entry.value) if entry is not None else {}
+        stages = int(state.get("stages") or 1)
+        changed = False
+        for count_s, gen in sorted(grown_at.items(), key=lambda kv: int(kv[0])):
+            if noted.get(count_s) == gen:
+                continue
+            count = int(count_s)
+            slots = list(range(stages * (count - 1), stages * count))
+            if count == int(state.get("pipelines") or 0):
+                learners = [int(r) for r in state.get("grown") or []]
+            else:
+                by_slot = {
+                    int(t["slot"]): rank
+                    for rank, t in self.tickets().items()
+                    if t.get("used_at") == gen and t.get("slot") is not None
+                }
+                learners = [by_slot[s] for s in slots if s in by_slot]
+            names = ", ".join(str(r) for r in learners) or "(unknown)"
+            job = self.guardian.jobs.note(
+                self.job_id,
+                f"pipeline grown to {count} pipelines: learners {names} took slots "
+                f"{', '.join(str(s) for s in slots)} (stages 0..{stages - 1} of pipeline "
+                f"{count - 1}) from the queued standbys, without a cold start "
+                f"(generation {gen})",
+            )
+            log.info("job %s: pipeline grown to %d pipelines", self.job_id, count)
+            noted[count_s] = gen
+            changed = True
+        if changed:
+            self.guardian.etcd.put(key, noted)
+        return job
 
     def replace_lost(
         self,
@@ -536,6 +590,8 @@ class PipelineFailover:
         self.guardian.etcd.delete_prefix(etcd_keys.learner_prefix(self.job_id))
         self.guardian.etcd.put(etcd_keys.deploy_step(self.job_id, LOST), {})
         self.guardian.etcd.delete(etcd_keys.deploy_step(self.job_id, RETIRED))
+        # the runtime starts again at the manifest's D: its growths are noted anew
+        self.guardian.etcd.delete(etcd_keys.deploy_step(self.job_id, GROWN))
         replaced_key = etcd_keys.deploy_step(self.job_id, REPLACED)
         got = self.guardian.etcd.get(replaced_key)
         replaced: dict[str, dict[str, Any]] = dict(got.value) if got is not None else {}

@@ -115,6 +115,14 @@ def validate(data: Any) -> Manifest:
                 f"{data['learners']} does not match the pipeline shape "
                 f"(stages × pipelines = {shape}); set learners to {shape} or leave it out",
             )
+        pipelines = int(pipeline.get("pipelines", 1))
+        if "max_pipelines" in pipeline and int(pipeline["max_pipelines"]) < pipelines:
+            raise ManifestError(
+                "pipeline.max_pipelines",
+                f"{pipeline['max_pipelines']} is below pipeline.pipelines ({pipelines}): it is "
+                "the most pipelines the job may grow to from its standbys; set it to at "
+                f"least {pipelines}, or leave it out for no growth",
+            )
         standbys = int(pipeline.get("standbys", 0))
         if shape + standbys > _MAX_LEARNERS:
             raise ManifestError(

@@ -95,6 +95,13 @@ class Pipeline:
     redundancy: str  # none | lazy-frc-lazy-brc | eager-frc-lazy-brc | eager-frc-eager-brc
     microbatches: int | None  # None: the runtime's own default
     standbys: int  # learners beyond the workers (ranks P × D ...) that wait for a lost slot
+    # the most pipelines P queued standbys may grow the job to (learner/runtime/
+    # reconfigure.py); equal to `pipelines` (the default): no growth
+    max_pipelines: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_pipelines == 0:
+            object.__setattr__(self, "max_pipelines", self.pipelines)
 
     @property
     def workers(self) -> int:
@@ -214,6 +221,7 @@ class Manifest:
                 redundancy=str(pipe.get("redundancy", schema_default("pipeline", "redundancy"))),
                 microbatches=int(pipe["microbatches"]) if "microbatches" in pipe else None,
                 standbys=int(pipe.get("standbys", schema_default("pipeline", "standbys"))),
+                max_pipelines=int(pipe.get("max_pipelines") or 0),
             )
         learners = (
             pipeline.learners if pipeline else int(doc.get("learners", schema_default("learners")))

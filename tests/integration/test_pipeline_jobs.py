@@ -26,6 +26,7 @@ from contract import procs
 from contract.env import Role
 from tests.integration.test_cli import rz
 from tests.learner.runtime.test_failover import assert_equals_reference
+from tests.learner.runtime.test_growth import assert_equals_grown_reference
 from tests.services.guardian.helpers import describe_job, wait_for
 
 pytestmark = pytest.mark.integration
@@ -384,3 +385,47 @@ def test_a_standby_takes_a_lost_slot_without_a_cold_start_and_a_new_standby_is_s
         "2/worker1.pt",
     ]
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_two_standbys_grow_the_job_by_a_whole_pipeline(platform: Path, tmp_path: Path) -> None:
+    """`pipeline: {stages: 2, pipelines: 1, standbys: 2, max_pipelines: 2}` through
+    `rhizome train`: both standbys queue, nothing is lost, so they add a second pipeline
+    at a step boundary (the runtime's compare-and-set, generation 1); the guardian writes
+    the growth into the history from the runtime's state; the four learners finish, each
+    pipeline's parameters equal, and equal to the reference that adds the second
+    pipeline's microbatches from the growth step on."""
+    steps = 16
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    (code / "manifest.yml").write_text(
+        manifest(2, steps, "pipe-grow")
+        .replace("pipelines: 1}", "pipelines: 1, standbys: 2, max_pipelines: 2}")
+        # step 6's batches wait until the job grew (generation 1): standbys need seconds
+        .replace(f"--steps {steps}", f"--steps {steps} --gate 6:1")
+    )
+    job_id = str(
+        json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
+    )
+    job = wait_end(platform, job_id, timeout_s=300)
+    assert job["status"] == "COMPLETED", report(platform, job_id)
+    messages = [h["message"] for h in job["history"]]
+    grown = [m for m in messages if m.startswith("pipeline grown")]
+    assert grown == [
+        "pipeline grown to 2 pipelines: learners 2, 3 took slots 2, 3 (stages 0..1 of "
+        "pipeline 1) from the queued standbys, without a cold start (generation 1)"
+    ], messages
+    statuses = [h["status"] for h in job["history"]]
+    assert "RECOVERING" not in statuses and "FAILED" not in statuses, statuses
+    assert not any("preempt" in m or "retired" in m for m in messages), messages
+    err2 = learner_file(platform, job_id, 2, "stderr.log")
+    found = re.search(
+        r"joined generation 1 .*\(reconfiguration\).* step (\d+) from its start", err2
+    )
+    assert found, err2
+    grew = int(found.group(1))
+    assert f"[worker 2] finished: {steps} steps, blocks [0] of pipeline 1, generation 1" in err2
+    assert gather_params(platform, job_id, tmp_path / "params") == [
+        f"{w}/worker{w}.pt" for w in range(4)
+    ]
+    assert_equals_grown_reference(tmp_path / "params", steps, grew)

@@ -29,6 +29,9 @@ def test_the_flags_decide_the_shape_and_microbatches(script: str) -> None:
         ["--standbys", "-1"],
         ["--standbys", "65"],
         ["--checkpoint-every", "-1"],
+        ["--max-pipelines", "0"],
+        ["--max-pipelines", "257"],
+        ["--max-pipelines", "1", "--pipelines", "2"],
     ],
 )
 def test_out_of_range_flags_are_refused(
@@ -37,3 +40,8 @@ def test_out_of_range_flags_are_refused(
     with pytest.raises(SystemExit):
         parse_args([*(["--stages", "2"] if "--stages" not in flags else []), *flags, script])
     assert flags[0] in capsys.readouterr().err  # the error names the flag
+
+
+def test_growth_is_off_unless_asked_for(script: str) -> None:
+    assert parse_args(["--stages", "2", "--pipelines", "3", script]).max_pipelines == 3
+    assert parse_args(["--stages", "2", "--max-pipelines", "2", script]).max_pipelines == 2

@@ -72,6 +72,10 @@ READERS: dict[str, list[tuple[str, str]]] = {
         ("services/manifest/types.py", "self.workers + self.standbys"),
         ("services/guardian/pipeline.py", "pipe.standbys"),
     ],
+    "pipeline.max_pipelines": [
+        ("services/manifest/types.py", 'pipe.get("max_pipelines")'),
+        ("services/guardian/pipeline.py", "pipe.max_pipelines"),
+    ],
     "pipeline.microbatches": [
         ("services/backends/local/backend.py", "pipe.microbatches"),
         ("contract/env.py", "microbatches=env.pipeline_microbatches"),
