@@ -27,7 +27,7 @@ def test_gloo_builds_a_group_from_it_under_a_prefix(etcd_server: ManagedServer) 
             dist.PrefixStore("gen0/link0-1", store), r, 2, timedelta(seconds=20)
         )
         x = torch.full((3,), float(r + 1))
-        group.allreduce([x]).wait()
+        group.allreduce([x]).wait()  # type: ignore[attr-defined]
         out[r] = x.tolist()
         store.close()
 

@@ -17,7 +17,7 @@ from tests.services.guardian.helpers import start_guardian, submit, wait_for
 
 pytestmark = pytest.mark.integration
 
-ELASTIC = {"elastic": {"min": 1, "max": 3}}
+ELASTIC: dict[str, Any] = {"elastic": {"min": 1, "max": 3}}
 # Every rank runs until the test creates <job dir>/stop; rank 2 fails at once.
 SCRIPT = """if [ "$RHIZOME_RANK" = 2 ]; then echo "rank 2 cannot start" >&2; exit 5; fi
 while [ ! -e ../stop ]; do sleep 0.1; done

@@ -48,10 +48,11 @@ def test_a_job_with_one_allowed_restart_survives_three_injected_preemptions(
             )  # fmt: skip
             assert inject.returncode == 0, inject.stderr
             assert len(json.loads(inject.stdout)) == 1, inject.stdout
-            wait_for(
-                f"preemption {n} in the history",
-                lambda n=n: len(preempted(stores, job.job_id)) >= n,
-            )
+
+            def counted(n: int = n) -> bool:
+                return len(preempted(stores, job.job_id)) >= n
+
+            wait_for(f"preemption {n} in the history", counted)
         record = repo.get(job.job_id)
         assert record.status == states.PROCESSING, record.status_message
         notes = preempted(stores, job.job_id)

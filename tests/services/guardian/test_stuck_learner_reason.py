@@ -25,7 +25,7 @@ REASON = "pod rz-job-0 stuck in ImagePullBackOff: image 'nope:1' not found"
 class NeverStartingBackend(LocalBackend):
     """Deploys like the local backend, but no learner controller ever claims its rank."""
 
-    def start_learner(self, spec: JobSpec, rank: int, restart: int) -> int:
+    def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
         return -1
 
     def learner_exited(self, handle: int) -> int | None:
