@@ -29,8 +29,10 @@ import json
 import logging
 import os
 import queue
+import random
 import stat
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -257,7 +259,13 @@ _RETRY_WITH_NEW_TOKEN = (
 )
 
 
-_TOKEN_RETRIES = 3
+# A call refused for its token is tried again with a new one this many times. While the
+# LCM adds and removes job users back to back (tens of auth changes a second at a submit
+# burst), a new token can be overtaken again before the call lands; from the second retry
+# on, a short random pause lets a quiet moment come (benchmarks/etcd_auth_churn.py: 3
+# retries without pauses failed a few calls in every round).
+_TOKEN_RETRIES = 8
+_TOKEN_RETRY_PAUSE_S = 0.02
 _AUTH_ATTEMPTS = 4
 
 
@@ -459,12 +467,16 @@ class EtcdClient:
                 with self._errors(what):
                     return call()
             except StoreUnavailable as exc:  # EtcdAuthError included
-                if (
-                    self._credentials is None
-                    or attempt == _TOKEN_RETRIES
-                    or not _token_refused(exc.__cause__)
-                ):
+                if self._credentials is None or not _token_refused(exc.__cause__):
                     raise
+                if attempt == _TOKEN_RETRIES:
+                    raise StoreUnavailable(
+                        f"etcd at {redact_uri(self.url)} refused {what} {attempt + 1} times "
+                        "for its auth token, each new token overtaken by another auth change "
+                        "(job users added or removed back to back); try again"
+                    ) from exc.__cause__
+            if attempt >= 1:
+                time.sleep(random.uniform(0, _TOKEN_RETRY_PAUSE_S * attempt))
             self._refresh_token(generation)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -806,7 +818,22 @@ def etcd_binary() -> str:
     return venv_bin("etcd")
 
 
-def etcd_argv(data_dir: Path, port: int, peer_port: int, binary: str | None = None) -> list[str]:
+# bcrypt cost of the etcd we start. Every password it holds is one the platform made
+# (`secrets.token_urlsafe`: 192 random bits for a job's user), which no work factor makes
+# harder to guess; what the default cost 10 does buy is ~64x more CPU for every
+# authentication. And etcd authenticates a lot here: each job's user added or removed
+# makes it refuse every client's token, and every client then authenticates again
+# (benchmarks/etcd_auth_churn.py measures both costs). 4 is bcrypt's minimum.
+ETCD_BCRYPT_COST = 4
+
+
+def etcd_argv(
+    data_dir: Path,
+    port: int,
+    peer_port: int,
+    binary: str | None = None,
+    bcrypt_cost: int = ETCD_BCRYPT_COST,
+) -> list[str]:
     """A single-member etcd on 127.0.0.1 keeping its data in `data_dir`."""
     url = f"http://127.0.0.1:{port}"
     peer = f"http://127.0.0.1:{peer_port}"
@@ -819,6 +846,7 @@ def etcd_argv(data_dir: Path, port: int, peer_port: int, binary: str | None = No
         f"--listen-peer-urls={peer}",
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster=default={peer}",
+        f"--bcrypt-cost={bcrypt_cost}",
         "--log-level=warn",
     ]
 

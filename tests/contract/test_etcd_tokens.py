@@ -110,3 +110,29 @@ def test_threads_refused_the_same_token_get_one_new_token() -> None:
     assert client.raw.metadata == (("token", "token-2"),)
     client._refresh_token(client._token_generation)  # a later refusal: a new token again
     assert auth.calls == 3
+
+
+def test_a_call_refused_for_its_token_is_retried_with_new_tokens_then_fails_saying_why() -> None:
+    auth = _AuthService([])
+    client = _client(auth)
+    client._authenticate()
+    calls = 0
+
+    def overtaken() -> None:
+        nonlocal calls
+        calls += 1
+        raise _RpcError(grpc.StatusCode.UNKNOWN, "auth: revision in header is old")
+
+    with pytest.raises(StoreUnavailable, match="for its auth token"):
+        client._run("put /x", overtaken)
+    assert calls == 9  # the call and 8 retries
+    assert client.reauthentications == 8  # a new token before each retry
+
+    refused_once = iter([True])
+
+    def lands_on_the_second_try() -> str:
+        if next(refused_once, False):
+            raise _RpcError(grpc.StatusCode.UNKNOWN, "auth: revision of auth store is old")
+        return "done"
+
+    assert client._run("put /y", lands_on_the_second_try) == "done"
