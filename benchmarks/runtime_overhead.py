@@ -23,7 +23,6 @@ All modes of one model run inside the same two worker processes one after the ot
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -39,6 +38,8 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _pipeline_models import issue24_gpt_job  # noqa: E402
 
 from learner.runtime.api import PipelineJob, RedundancyMode  # noqa: E402
 
@@ -59,16 +60,6 @@ PAPER = {  # Bamboo Table 4, per-iteration overhead vs no redundancy
         "eager-frc-eager-brc": "64-72 %",
     },
 }
-
-
-def _gpt_module() -> object:
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_gpt", REPO / "examples/pipeline-gpt/train.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class ResBlock(nn.Module):
@@ -112,18 +103,7 @@ def cnn_job(steps: int, redundancy: str) -> PipelineJob:
 
 
 def transformer_job(steps: int, redundancy: str) -> PipelineJob:
-    gpt = _gpt_module()
-    job: PipelineJob = gpt.gpt_job(  # type: ignore[attr-defined]
-        steps=steps,
-        microbatches=4,
-        dim=128,
-        layers=4,
-        heads=4,
-        context=64,
-        batch=8,
-        redundancy=redundancy,
-    )
-    return job
+    return issue24_gpt_job(steps, redundancy)
 
 
 JOBS = {"transformer": transformer_job, "cnn": cnn_job}

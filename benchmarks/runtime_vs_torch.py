@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -46,6 +45,8 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _pipeline_models import issue24_gpt_job  # noqa: E402
 
 from learner.runtime.api import PipelineJob  # noqa: E402
 
@@ -82,23 +83,7 @@ def tiny_job(steps: int, redundancy: str) -> PipelineJob:
 
 
 def gpt_job(steps: int, redundancy: str) -> PipelineJob:
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_gpt", REPO / "examples/pipeline-gpt/train.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    job: PipelineJob = mod.gpt_job(
-        steps=steps,
-        microbatches=4,
-        dim=128,
-        layers=4,
-        heads=4,
-        context=64,
-        batch=8,
-        redundancy=redundancy,
-    )
-    return job
+    return issue24_gpt_job(steps, redundancy)
 
 
 MODELS = {"gpt": gpt_job, "tiny": tiny_job}
