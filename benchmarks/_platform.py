@@ -146,3 +146,42 @@ class EmbeddedUp:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         else:
             print(f"kept {self.data_dir}", file=sys.stderr)
+
+
+def start_injector(
+    etcd_url: str,
+    job_id: str,
+    trace: str,
+    *,
+    time_scale: float,
+    notice: float,
+    seed: int,
+    extra: Sequence[str] = (),
+) -> subprocess.Popen[str]:
+    """The fault injector (`python -m services.injector`, what `rhizome inject --job`
+    runs) replaying `trace` against one job's learners; it prints its injections as JSON
+    on stdout at the end (`communicate()`). `extra`: more injector flags."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.injector",
+            "--job",
+            job_id,
+            "--etcd",
+            etcd_url,
+            "--trace",
+            trace,
+            "--time-scale",
+            str(time_scale),
+            "--notice",
+            str(notice),
+            "--seed",
+            str(seed),
+            *extra,
+            "--json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )

@@ -39,7 +39,6 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -47,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _platform import ROOT, BenchPlatform
+from _platform import ROOT, BenchPlatform, start_injector
 
 from services.client.sdk import Client, zip_directory
 from services.injector.injector import trace_schedule
@@ -136,30 +135,14 @@ def platform_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         job_id = client.create_job(manifest, code_zip=zip_directory(code)).job_id
         print(f"job {job_id} submitted; waiting for its first step", file=sys.stderr)
         _until(lambda: progress.exists() and progress.read_text().strip(), 180, "the first step")
-        injector = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.injector",
-                "--job",
-                job_id,
-                "--etcd",
-                platform.etcd.url,
-                "--trace",
-                a.trace,
-                "--time-scale",
-                str(a.time_scale),
-                "--start",
-                str(a.start),
-                "--notice",
-                str(a.notice),
-                "--seed",
-                str(a.seed),
-                "--json",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
+        injector = start_injector(
+            platform.etcd.url,
+            job_id,
+            a.trace,
+            time_scale=a.time_scale,
+            notice=a.notice,
+            seed=a.seed,
+            extra=["--start", str(a.start)],
         )
         print("the injector replays the trace slice; the job trains", file=sys.stderr)
         _until(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _platform import ROOT, BenchPlatform
+from _platform import ROOT, BenchPlatform, start_injector
 
 from contract.etcd import EtcdClient
 from services.client.sdk import Client, zip_directory
@@ -110,32 +109,16 @@ def platform_run(args: argparse.Namespace, mttp_s: float, work: Path) -> dict[st
         job_id = client.create_job(manifest, code_zip=zip_directory(code)).job_id
         print(f"job {job_id} submitted; waiting for its learner to run", file=sys.stderr)
         _until(lambda: progress.exists() and progress.read_text().strip(), 120, "the job to start")
-        injector = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.injector",
-                "--job",
-                job_id,
-                "--etcd",
-                platform.etcd.url,
-                "--trace",
-                args.trace,
-                "--time-scale",
-                str(args.time_scale),
-                "--notice",
-                str(args.notice),
-                "--seed",
-                str(args.seed),
-                # A trace's time is when the node goes; the simulator announces it `notice`
-                # earlier, the injector sends SIGTERM at the scheduled time: shift by it.
-                "--delay",
-                str(-args.notice),
-                "--json",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
+        injector = start_injector(
+            platform.etcd.url,
+            job_id,
+            args.trace,
+            time_scale=args.time_scale,
+            notice=args.notice,
+            seed=args.seed,
+            # A trace's time is when the node goes; the simulator announces it `notice`
+            # earlier, the injector sends SIGTERM at the scheduled time: shift by it.
+            extra=["--delay", str(-args.notice)],
         )
         print("injector replaying the trace; the job trains", file=sys.stderr)
         _until(lambda: repo.get(job_id).status in ("COMPLETED", "FAILED"), 900, "the job to end")
