@@ -54,7 +54,9 @@ watched by nobody, did not pay).
    etcd's requests per second by method (its /metrics) over the same windows. With
    `--baseline-tree DIR` (a checkout of another commit, e.g. `git archive BASE | tar -x
    -C DIR` plus this tree's gen/) every round runs the platform from DIR and from this
-   tree, the order alternating, so a change is measured before and after in one run.
+   tree (or `--tree DIR2`), the order alternating, so a change is measured before and
+   after in one run. Another tree's code runs through `PYTHONPATH` (the daemon, guardian
+   and controllers inherit it; the learners' interpreter wrapper keeps it).
 
 The simulator comparison under the p3 trace (issue #16) is benchmarks/pipeline_trace.py.
 """
@@ -107,6 +109,7 @@ KINDS = (
     ("learner.controller", "controllers"),
     ("services.guardian", "guardian"),
     ("services.daemon", "daemon"),
+    ("services.embedded.supervisor", "supervisor"),
     ("train.py", "workers"),
     ("secantus", "mongo-wire"),
     ("etcd", "etcd"),
@@ -518,7 +521,15 @@ def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float
     return idle, steady, steps_per_s
 
 
-PLATFORM_KINDS = ("etcd", "daemon", "guardian", "controllers", "mongo-wire", "elasticsearch-api")
+PLATFORM_KINDS = (
+    "etcd",
+    "daemon",
+    "guardian",
+    "controllers",
+    "mongo-wire",
+    "elasticsearch-api",
+    "supervisor",
+)
 
 
 def cost_lines(label: str, idle: Window, steady: Window, rate: float) -> list[str]:
@@ -546,9 +557,11 @@ def cost_lines(label: str, idle: Window, steady: Window, rate: float) -> list[st
 
 
 def steady_cost(a: argparse.Namespace) -> None:
-    trees: list[tuple[str, Cli]] = [("this tree", rz)]
+    tree = Path(a.tree).resolve() if a.tree else ROOT
+    trees: list[tuple[str, Cli]] = [(f"{tree.name}", tree_cli(tree) if a.tree else rz)]
     if a.baseline_tree:
-        trees.insert(0, ("baseline", tree_cli(Path(a.baseline_tree).resolve())))
+        base = Path(a.baseline_tree).resolve()
+        trees.insert(0, (f"baseline {base.name}", tree_cli(base)))
     a.steps = a.steady
     totals: dict[str, list[float]] = {label: [] for label, _ in trees}
     for n in range(a.rounds):
@@ -699,6 +712,12 @@ def main() -> None:
         "--baseline-tree",
         default="",
         help="with --steady: also run the platform from this checkout (before/after)",
+    )
+    p.add_argument(
+        "--tree",
+        default="",
+        help="with --steady: run the platform from this checkout instead of this one (to "
+        "compare two commits: each a `git archive` of it, plus gen/)",
     )
     a = p.parse_args()
     if a.rounds < 1:
