@@ -559,14 +559,13 @@ def cost_lines(label: str, idle: Window, steady: Window, rate: float) -> list[st
 def steady_cost(a: argparse.Namespace) -> None:
     tree = Path(a.tree).resolve() if a.tree else ROOT
     trees: list[tuple[str, Cli]] = [(f"{tree.name}", tree_cli(tree) if a.tree else rz)]
-    if a.baseline_tree:
-        base = Path(a.baseline_tree).resolve()
+    for base in reversed([Path(t).resolve() for t in a.baseline_tree.split(",") if t]):
         trees.insert(0, (f"baseline {base.name}", tree_cli(base)))
     a.steps = a.steady
     totals: dict[str, list[float]] = {label: [] for label, _ in trees}
     for n in range(a.rounds):
         print(f"round {n + 1} (load {load()}):")
-        order = trees if n % 2 == 0 else trees[::-1]
+        order = trees if n % 2 == 0 else trees[::-1]  # each tree first and last in turn
         for label, cli in order:
             idle, steady, rate = steady_round(a, cli)
             for line in cost_lines(label, idle, steady, rate):
@@ -711,7 +710,8 @@ def main() -> None:
     p.add_argument(
         "--baseline-tree",
         default="",
-        help="with --steady: also run the platform from this checkout (before/after)",
+        help="with --steady: also run the platform from this checkout (before/after); "
+        "several, comma-separated, for a chain of commits",
     )
     p.add_argument(
         "--tree",
