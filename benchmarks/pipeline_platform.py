@@ -540,7 +540,7 @@ def cost_lines(label: str, idle: Window, steady: Window, rate: float) -> list[st
     lines = [
         f"  {label}: {rate:.2f} steps/s over {steady.seconds:.1f} s steady; platform CPU s/s "
         f"idle {total_i:.3f}, job steady {total_s:.3f}, per second of job {total_s - total_i:.3f}"
-        f" (workers {s.get('workers', 0.0):.2f})"
+        f" ({(total_s - total_i) / rate * 1000:.1f} ms a step; workers {s.get('workers', 0.0):.2f})"
     ]
     for k in kinds:
         lines.append(
