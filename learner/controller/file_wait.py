@@ -8,7 +8,8 @@ of the watched files is written (or created, or replaced: the directory is watch
 file that does not exist yet is seen when it appears), until `interrupt()`, or until a
 timeout.
 
-Where inotify cannot be had (not Linux, no libc symbol, the per-user watch limit reached)
+Where inotify cannot be had (not Linux, no libc symbol, the user's inotify instances or
+watches used up: `fs.inotify.max_user_instances` is often 128, one a collector)
 `FileWait.open` returns None and the caller polls as before.
 """
 
