@@ -300,7 +300,7 @@ def wait_end(a: argparse.Namespace, data_dir: Path, job_id: str) -> dict[str, An
         time.sleep(1 if a.poll_show or trained else 0.2)
 
 
-Round = tuple[float, float, dict[str, float], dict[str, float]]
+Round = tuple[float, float, dict[str, float], dict[str, float], str]
 
 
 def interleaved(a: argparse.Namespace) -> list[Round]:
@@ -317,11 +317,13 @@ def interleaved(a: argparse.Namespace) -> list[Round]:
             else:
                 p, pcpu = platform_job(a, data_dir, n)
                 b, bcpu = bare(a)
+            now = load()  # the machine is shared: a ratio is read with the load beside it
             print(
-                f"round {n + 1}: bare {b:.2f} steps/s, platform {p:.2f} steps/s, ratio {p / b:.3f}",
+                f"round {n + 1}: bare {b:.2f} steps/s, platform {p:.2f} steps/s, ratio "
+                f"{p / b:.3f}, load {now}",
                 file=sys.stderr,
             )
-            rounds.append((b, p, bcpu, pcpu))
+            rounds.append((b, p, bcpu, pcpu, now))
     finally:
         rz(data_dir, "down")
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -735,15 +737,18 @@ def main() -> None:
         print(f"ratio replacement/standby: {cold / warm:.1f}x")
         return
     rounds = interleaved(a)
-    ratios = [p_ / b for b, p_, _, _ in rounds]
-    bares = [b for b, _, _, _ in rounds]
+    ratios = [p_ / b for b, p_, _, _, _ in rounds]
+    bares = [b for b, _, _, _, _ in rounds]
     pin = "each worker pinned to one core" if a.pin else "not pinned"
     watch = "rhizome show every second" if a.poll_show else "its files, rhizome show every 10 s"
     print(
         f"{a.rounds} interleaved rounds, 2 stages x 1 pipeline, {pin}; platform job watched by {watch}:"
     )
-    for n, ((b, p_, bcpu, pcpu), r) in enumerate(zip(rounds, ratios, strict=True), 1):
-        print(f"  round {n}: bare {b:.2f} steps/s, platform {p_:.2f} steps/s, ratio {r:.3f}")
+    for n, ((b, p_, bcpu, pcpu, at), r) in enumerate(zip(rounds, ratios, strict=True), 1):
+        print(
+            f"  round {n}: bare {b:.2f} steps/s, platform {p_:.2f} steps/s, ratio {r:.3f} "
+            f"(load average {at})"
+        )
         print(f"    CPU s, bare:     {cpu_line(bcpu)}")
         print(f"    CPU s, platform: {cpu_line(pcpu)}")
     print(
