@@ -13,8 +13,9 @@ of its print (the flush, the RPC and bulk, the search server's 250 ms refresh).
 Waiting costs nothing while the learner is quiet (issue #16: on a 2-core machine every
 wake-up of the platform is taken from a pinned worker): the stream files' directory is
 watched with inotify (file_wait.py), so the collector sleeps until a line is written;
-once a batch is open it sleeps until the batch is due (read on at once while a burst
-fills it by size); an acknowledgement wakes it to commit the offsets; a store check wakes
+once a batch is open it sleeps until the batch is due, unless it holds a burst
+(`BURST_LINES`): then it reads on as lines are written and ships the batch when it is full
+or as soon as the learner pauses (`BURST_PAUSE_S` without a write); an acknowledgement wakes it to commit the offsets; a store check wakes
 it when due; and, as a safety net, it looks every `IDLE_SAFETY_S`. Where inotify is not
 available, or for streams that are not files (a container's, container_logs.py) or
 metric sources reading files of their own, it polls every `poll_interval_s` as before.
@@ -100,6 +101,10 @@ STREAMS = COMMAND_STREAMS  # the files the command writes (contract.logs)
 # verify intervals (30 s by default): it stops the pipeline for a count on the server.
 BUSY_VERIFY_FACTOR = 6
 FLUSH_INTERVAL_S = 0.5  # the longest a line read waits for its batch (module docstring)
+# A batch of at least this many lines is a burst: it is read as it is written and shipped
+# when the learner pauses this long (its tail does not wait for the flush interval).
+BURST_LINES = 100
+BURST_PAUSE_S = 0.02
 # With inotify, the longest sleep with nothing written (a safety net behind the wake-ups).
 IDLE_SAFETY_S = 1.0
 OFFSETS_FILE = "collector.offsets.json"
@@ -337,6 +342,7 @@ class Collector:
         self.pending_samples: list[tds_pb2.MetricSample] = []
         self._oldest_pending: float | None = None
         self._budget = batch_lines  # how many records the last `collect` could read
+        self._burst_over = False  # a burst's batch whose learner paused: ship it now
         self._waiter: FileWait | None = None  # while `run` waits on inotify
         self._last_us = 0
         self._stop = threading.Event()
@@ -460,6 +466,7 @@ class Collector:
             self.metric_seq[src.source_id] = int(pos["metric_seq"].get(src.source_id, 0))
         self.pending_lines, self.pending_samples = [], []
         self._oldest_pending = None
+        self._burst_over = False
 
     # -- reading ----------------------------------------------------------------------
     def _now_us(self) -> int:
@@ -569,6 +576,7 @@ class Collector:
             self._in_flight.append((calls, snapshot, len(lines), len(samples)))
             self.pending_lines, self.pending_samples = [], []
             self._oldest_pending = None
+            self._burst_over = False
         while len(self._in_flight) > self.max_in_flight:
             self._settle_oldest()
 
@@ -690,7 +698,7 @@ class Collector:
         )
 
     def _due(self) -> bool:
-        if len(self.pending_lines) >= self.batch_lines:
+        if len(self.pending_lines) >= self.batch_lines or self._burst_over:
             return True
         return (
             self._oldest_pending is not None
@@ -722,10 +730,15 @@ class Collector:
         if self._oldest_pending is not None:
             if n >= self._budget:
                 return  # a burst: read on until the batch is full
-            # An open batch is read to its end when it is due.
             due = self._oldest_pending + self.flush_interval_s - time.monotonic()
-            if due > 0:
-                self._stop.wait(due)
+            if due <= 0:
+                return
+            if len(self.pending_lines) >= BURST_LINES:
+                # A burst: read what is written next; ship once the learner pauses.
+                if not waiter.wait(min(due, BURST_PAUSE_S)):
+                    self._burst_over = True
+                return
+            self._stop.wait(due)  # a few lines: the batch is read to its end when due
             return
         if n > 0:
             return  # just shipped what was read: there may be more
