@@ -171,3 +171,21 @@ def test_a_collector_polls_where_a_metric_source_reads_its_own_file(
     assert with_file.watched_files() is None
     plain.stop(drain=False)
     with_file.stop(drain=False)
+
+
+def test_a_burst_is_shipped_when_the_learner_pauses_not_at_the_flush_interval(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    """A batch of BURST_LINES or more is sent as soon as nothing more is written; with the
+    flush interval out of reach, only that rule ships it."""
+    from learner.controller import collector as collector_module
+
+    learner_dir(tmp_path, 0).mkdir(parents=True)
+    c = Collector("job-burst", 0, tmp_path, tds, flush_interval_s=3600.0, verify_interval_s=0)
+    if collector_module.FileWait.open(c.watched_files() or []) is None:
+        pytest.skip("no inotify here")
+    c.start()
+    burst = collector_module.BURST_LINES + 50
+    _write(tmp_path, "stdout", "".join(f"line {i}\n" for i in range(burst)))
+    _wait(lambda: len(_stored(store, "job-burst", "stdout")) == burst)
+    assert c.stop(drain=True)
