@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
         [--rounds 5] [--no-pin] [--throughput-only] [--poll-show]
+    .venv/bin/python benchmarks/pipeline_platform.py --steady 200 [--rounds 2]
+        [--idle-s 10] [--baseline-tree DIR]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
 pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
@@ -42,6 +44,20 @@ watched by nobody, did not pay).
    replacement's "joined generation ... (reconfiguration)": it includes the
    replacement's process start, torch import and model build).
 
+4. **steady cost** (`--steady N`): what the platform spends per second of a running job,
+   in CPU seconds (load-independent, unlike steps/s on a shared machine). Per round: the
+   embedded platform is started, sampled idle for `--idle-s` seconds, then one N-step job
+   runs and the platform is sampled again over its steady phase only (from the last
+   stage's step 20 to step N-10, read from its stdout.log as it grows: deploy and the end
+   are left out). Printed per kind of process: CPU s per wall second idle, during the
+   steady phase, and their difference (what the running job costs the platform), plus
+   etcd's requests per second by method (its /metrics) over the same windows. With
+   `--baseline-tree DIR` (a checkout of another commit, e.g. `git archive BASE | tar -x
+   -C DIR` plus this tree's gen/) every round runs the platform from DIR and from this
+   tree (or `--tree DIR2`), the order alternating, so a change is measured before and
+   after in one run. Another tree's code runs through `PYTHONPATH` (the daemon, guardian
+   and controllers inherit it; the learners' interpreter wrapper keeps it).
+
 The simulator comparison under the p3 trace (issue #16) is benchmarks/pipeline_trace.py.
 """
 
@@ -60,6 +76,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +109,7 @@ KINDS = (
     ("learner.controller", "controllers"),
     ("services.guardian", "guardian"),
     ("services.daemon", "daemon"),
+    ("services.embedded.supervisor", "supervisor"),
     ("train.py", "workers"),
     ("secantus", "mongo-wire"),
     ("etcd", "etcd"),
@@ -280,7 +300,7 @@ def wait_end(a: argparse.Namespace, data_dir: Path, job_id: str) -> dict[str, An
         time.sleep(1 if a.poll_show or trained else 0.2)
 
 
-Round = tuple[float, float, dict[str, float], dict[str, float]]
+Round = tuple[float, float, dict[str, float], dict[str, float], str]
 
 
 def interleaved(a: argparse.Namespace) -> list[Round]:
@@ -297,15 +317,272 @@ def interleaved(a: argparse.Namespace) -> list[Round]:
             else:
                 p, pcpu = platform_job(a, data_dir, n)
                 b, bcpu = bare(a)
+            now = load()  # the machine is shared: a ratio is read with the load beside it
             print(
-                f"round {n + 1}: bare {b:.2f} steps/s, platform {p:.2f} steps/s, ratio {p / b:.3f}",
+                f"round {n + 1}: bare {b:.2f} steps/s, platform {p:.2f} steps/s, ratio "
+                f"{p / b:.3f}, load {now}",
                 file=sys.stderr,
             )
-            rounds.append((b, p, bcpu, pcpu))
+            rounds.append((b, p, bcpu, pcpu, now))
     finally:
         rz(data_dir, "down")
         shutil.rmtree(data_dir, ignore_errors=True)
     return rounds
+
+
+# -- steady cost: CPU per second of a running job (--steady) --------------------------------
+ProcKey = tuple[int, int]  # (pid, start time in ticks): a pid reused later is another process
+STEADY_FROM = 20  # the steady phase starts at this step of the last stage...
+STEADY_TAIL = 10  # ...and ends this many steps before the last
+
+
+def platform_cpu(marker: str) -> dict[ProcKey, tuple[str, float]]:
+    """Kind and CPU seconds so far of every process whose command line or working
+    directory holds `marker` (the platform's data directory), as CpuProfile counts them."""
+    out: dict[ProcKey, tuple[str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker not in argv and marker not in cwd_of(pid):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) * TICK_S
+        out[(pid, int(fields[19]))] = (kind_of(argv), cpu)
+    return out
+
+
+def cpu_between(
+    before: dict[ProcKey, tuple[str, float]], after: dict[ProcKey, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds by kind spent between two `platform_cpu` readings (a process started
+    in between counts from zero; one that ended in between is not seen: the windows
+    measured have no process starting or ending but the job's own)."""
+    out: dict[str, float] = {}
+    for key, (kind, cpu) in after.items():
+        out[kind] = out.get(kind, 0.0) + cpu - before.get(key, (kind, 0.0))[1]
+    return out
+
+
+def etcd_url(marker: str) -> str:
+    """The platform's etcd client URL, from its command line."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if any(marker in x for x in argv) and any("etcd" in x for x in argv[:1]):
+            for x in argv:
+                if x.startswith("--advertise-client-urls="):
+                    return x.split("=", 1)[1]
+    return ""
+
+
+ETCD_MSG = re.compile(r'^grpc_server_msg_received_total\{.*grpc_method="(\w+)".*\} (\S+)$')
+
+
+def etcd_requests(url: str) -> dict[str, float]:
+    """etcd's gRPC messages received so far by method (unary requests and stream
+    messages: a watch's or a keep-alive stream's), from its /metrics; {} if unreachable."""
+    if not url:
+        return {}
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = ETCD_MSG.match(line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+@dataclass
+class Window:
+    """What the platform spent over `seconds` of wall time: CPU s by kind, etcd messages."""
+
+    seconds: float
+    cpu: dict[str, float]
+    etcd: dict[str, float]
+
+    def per_s(self) -> dict[str, float]:
+        return {k: v / self.seconds for k, v in self.cpu.items()}
+
+    def etcd_per_s(self) -> dict[str, float]:
+        return {k: v / self.seconds for k, v in self.etcd.items()}
+
+
+class Reading:
+    """One moment's `platform_cpu` and `etcd_requests`."""
+
+    def __init__(self, marker: str, url: str) -> None:
+        self.at = time.monotonic()
+        self.cpu = platform_cpu(marker)
+        self.etcd = etcd_requests(url)
+
+    def since(self, earlier: Reading) -> Window:
+        etcd = {k: v - earlier.etcd.get(k, 0.0) for k, v in self.etcd.items()}
+        return Window(
+            self.at - earlier.at,
+            cpu_between(earlier.cpu, self.cpu),
+            {k: v for k, v in etcd.items() if v > 0},
+        )
+
+
+def last_step(stdout_log: Path) -> int:
+    """The highest step the last stage has printed so far (-1: none yet)."""
+    try:
+        text = stdout_log.read_text()
+    except OSError:
+        return -1
+    steps = [int(m.group(1)) for m in map(STEP.match, text.splitlines()) if m]
+    return max(steps, default=-1)
+
+
+Cli = Callable[..., str]
+
+
+def tree_cli(tree: Path) -> Cli:
+    """`rhizome` run from another checkout: its code first on the path of every process
+    the platform starts (daemon, guardian host, controllers inherit the environment)."""
+
+    def run(data_dir: Path, *args: str, timeout_s: float = 300) -> str:
+        env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": f"{tree}:{tree / 'gen'}"}
+        env.pop("RHIZOME_TOKEN", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.client.cli", "--data-dir", str(data_dir), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tree,
+            timeout=timeout_s,
+        )
+        if proc.returncode != 0:
+            sys.exit(f"rhizome {' '.join(args)} ({tree}) exited {proc.returncode}: {proc.stderr}")
+        return proc.stdout
+
+    return run
+
+
+def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float]:
+    """A fresh embedded platform (run by `cli`): idle for `a.idle_s`, then one job of
+    `a.steady` steps; the idle window, the job's steady window and its steps/s."""
+    data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-steady-"))
+    marker = str(data_dir)
+    cli(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    try:
+        url = etcd_url(marker)
+        time.sleep(5)  # the platform's own start-up is not its idle cost
+        first = Reading(marker, url)
+        time.sleep(a.idle_s)
+        idle = Reading(marker, url).since(first)
+        code = data_dir / "code"
+        shutil.copytree(GPT, code)
+        args = [Path(x).name if x.startswith(str(code)) else x for x in entry(a, code)]
+        manifest = (code / "manifest.yaml").read_text()
+        manifest = re.sub(
+            r"command: python train.py.*", f"command: python {' '.join(args)}", manifest
+        )
+        (code / "manifest.yaml").write_text(manifest)
+        job_id = json.loads(cli(data_dir, "train", str(code / "manifest.yaml"), "--json"))["job_id"]
+        out = data_dir / "jobs" / job_id / "learners" / "1" / "stdout.log"
+        deadline = time.monotonic() + 900
+        start: Reading | None = None
+        while True:
+            step = last_step(out)
+            if start is None and step >= STEADY_FROM:
+                start = Reading(marker, url)
+                first_step = step
+            if start is not None and step >= a.steady - STEADY_TAIL:
+                end = Reading(marker, url)
+                steady = end.since(start)
+                break
+            if time.monotonic() > deadline:
+                sys.exit(f"platform job {job_id} did not reach step {a.steady - STEADY_TAIL}")
+            time.sleep(0.25)
+        steps_per_s = (step - first_step) / steady.seconds
+        while True:
+            job = json.loads(cli(data_dir, "show", job_id, "--json"))
+            if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
+                break
+            time.sleep(1)
+        if job["status"] != "COMPLETED":
+            sys.exit(f"platform job ended {job['status']}: {job['status_message']}")
+    finally:
+        cli(data_dir, "down")
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return idle, steady, steps_per_s
+
+
+PLATFORM_KINDS = (
+    "etcd",
+    "daemon",
+    "guardian",
+    "controllers",
+    "mongo-wire",
+    "elasticsearch-api",
+    "supervisor",
+)
+
+
+def cost_lines(label: str, idle: Window, steady: Window, rate: float) -> list[str]:
+    i, s = idle.per_s(), steady.per_s()
+    kinds = [k for k in PLATFORM_KINDS if k in i or k in s]
+    total_i = sum(i.get(k, 0.0) for k in kinds)
+    total_s = sum(s.get(k, 0.0) for k in kinds)
+    lines = [
+        f"  {label}: {rate:.2f} steps/s over {steady.seconds:.1f} s steady; platform CPU s/s "
+        f"idle {total_i:.3f}, job steady {total_s:.3f}, per second of job {total_s - total_i:.3f}"
+        f" ({(total_s - total_i) / rate * 1000:.1f} ms a step; workers {s.get('workers', 0.0):.2f})"
+    ]
+    for k in kinds:
+        lines.append(
+            f"    {k:<18} idle {i.get(k, 0.0):.3f}  steady {s.get(k, 0.0):.3f}  "
+            f"job {s.get(k, 0.0) - i.get(k, 0.0):+.3f}"
+        )
+    ei, es = idle.etcd_per_s(), steady.etcd_per_s()
+    top = sorted(es, key=lambda k: -es[k])
+    lines.append(
+        "    etcd msgs/s steady (idle): "
+        + ", ".join(f"{k} {es[k]:.1f} ({ei.get(k, 0.0):.1f})" for k in top if es[k] >= 0.05)
+    )
+    return lines
+
+
+def steady_cost(a: argparse.Namespace) -> None:
+    tree = Path(a.tree).resolve() if a.tree else ROOT
+    trees: list[tuple[str, Cli]] = [(f"{tree.name}", tree_cli(tree) if a.tree else rz)]
+    for base in reversed([Path(t).resolve() for t in a.baseline_tree.split(",") if t]):
+        trees.insert(0, (f"baseline {base.name}", tree_cli(base)))
+    a.steps = a.steady
+    totals: dict[str, list[float]] = {label: [] for label, _ in trees}
+    for n in range(a.rounds):
+        print(f"round {n + 1} (load {load()}):")
+        order = trees if n % 2 == 0 else trees[::-1]  # each tree first and last in turn
+        for label, cli in order:
+            idle, steady, rate = steady_round(a, cli)
+            for line in cost_lines(label, idle, steady, rate):
+                print(line, flush=True)
+            job = sum(steady.per_s().get(k, 0.0) - idle.per_s().get(k, 0.0) for k in PLATFORM_KINDS)
+            totals[label].append(job)
+    print(f"platform CPU s per second of job, {a.rounds} rounds, median (load now {load()}):")
+    for label, values in totals.items():
+        print(
+            f"  {label}: {statistics.median(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})"
+        )
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def cpu_line(seconds: dict[str, float]) -> str:
@@ -423,9 +700,35 @@ def main() -> None:
         help="watch the platform job with `rhizome show` every second while it trains (how "
         "this benchmark measured before: a CLI process a second on the same cores)",
     )
+    p.add_argument(
+        "--steady",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the platform's CPU per second of a running job: an N-step job's steady "
+        f"phase (steps {STEADY_FROM} to N-{STEADY_TAIL}) against the idle platform",
+    )
+    p.add_argument("--idle-s", type=float, default=10.0, help="with --steady: idle window")
+    p.add_argument(
+        "--baseline-tree",
+        default="",
+        help="with --steady: also run the platform from this checkout (before/after); "
+        "several, comma-separated, for a chain of commits",
+    )
+    p.add_argument(
+        "--tree",
+        default="",
+        help="with --steady: run the platform from this checkout instead of this one (to "
+        "compare two commits: each a `git archive` of it, plus gen/)",
+    )
     a = p.parse_args()
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
+    if a.steady:
+        if a.steady < STEADY_FROM + STEADY_TAIL + 10:
+            p.error(f"--steady must be at least {STEADY_FROM + STEADY_TAIL + 10}")
+        steady_cost(a)
+        return
     if a.standby_compare:
         cold = failover_and_reconfiguration(a, "--replace")["kill_to_redundancy_restored_s"]
         warm = failover_and_reconfiguration(a, "--standbys=1")["kill_to_redundancy_restored_s"]
@@ -434,15 +737,18 @@ def main() -> None:
         print(f"ratio replacement/standby: {cold / warm:.1f}x")
         return
     rounds = interleaved(a)
-    ratios = [p_ / b for b, p_, _, _ in rounds]
-    bares = [b for b, _, _, _ in rounds]
+    ratios = [p_ / b for b, p_, _, _, _ in rounds]
+    bares = [b for b, _, _, _, _ in rounds]
     pin = "each worker pinned to one core" if a.pin else "not pinned"
     watch = "rhizome show every second" if a.poll_show else "its files, rhizome show every 10 s"
     print(
         f"{a.rounds} interleaved rounds, 2 stages x 1 pipeline, {pin}; platform job watched by {watch}:"
     )
-    for n, ((b, p_, bcpu, pcpu), r) in enumerate(zip(rounds, ratios, strict=True), 1):
-        print(f"  round {n}: bare {b:.2f} steps/s, platform {p_:.2f} steps/s, ratio {r:.3f}")
+    for n, ((b, p_, bcpu, pcpu, at), r) in enumerate(zip(rounds, ratios, strict=True), 1):
+        print(
+            f"  round {n}: bare {b:.2f} steps/s, platform {p_:.2f} steps/s, ratio {r:.3f} "
+            f"(load average {at})"
+        )
         print(f"    CPU s, bare:     {cpu_line(bcpu)}")
         print(f"    CPU s, platform: {cpu_line(pcpu)}")
     print(

@@ -82,6 +82,16 @@ EXIT_DUPLICATE = ExitCode.FATAL  # another live controller holds this rank
 EXIT_TERMINATED = ExitCode.PREEMPTED
 KILLED_EXIT_CODE = ExitCode.KILLED  # the command vanished without writing its exit code
 
+# What a running learner costs its controller (issue #16): the command's exit wakes the
+# controller at once (a thread blocked in waitid on it: no polling), so the liveness look
+# while it runs is only a safety net; an adopted command (not our child: a restarted
+# controller) is looked at every COMMAND_POLL_S as before.
+COMMAND_POLL_S = 0.1
+COMMAND_SAFETY_S = 2.0
+# Orphans and the wrapper are reaped this often: nothing waits for a reap (exits are seen
+# by waitid, liveness checks skip zombies), so it need not be the Reaper's 50 ms.
+REAP_INTERVAL_S = 1.0
+
 # The wrapper keeps the command's exit code on disk, so a restarted controller (not the
 # command's parent any more) still learns it.
 _WRAPPER = '/bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp" && mv "$2.tmp" "$2"; exit $rc'
@@ -120,7 +130,8 @@ class Controller:
         self.halt = threading.Event()
         self.terminate = threading.Event()
         self.wake = threading.Event()
-        self.reaper = procs.Reaper()
+        self.reaper = procs.Reaper(interval_s=REAP_INTERVAL_S)
+        self.children: set[int] = set()  # commands this controller started (exits wake it)
         self.state_path = spec.learner_dir / "controller.json"
         self.exit_path = spec.learner_dir / f"exit-{spec.generation}-{spec.restart}"
         self.state: dict[str, Any] = {}
@@ -259,7 +270,18 @@ class Controller:
         ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
         self.state.update(cmd_pid=ref.pid, cmd_start=ref.start)
         self.save_state()
+        self.children.add(proc.pid)
+        threading.Thread(
+            target=self._wake_on_exit, args=(proc.pid,), name="command-exit", daemon=True
+        ).start()
         return ref
+
+    def _wake_on_exit(self, pid: int) -> None:
+        """Block until our child `pid` has exited (WNOWAIT: the reaper still reaps it and
+        keeps its status), then wake `wait_command`. Gone already (reaped): wake too."""
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        self.wake.set()
 
     @property
     def pipeline(self) -> bool:
@@ -283,10 +305,14 @@ class Controller:
             if self.halt.is_set() or self.terminate.is_set():
                 return None
             # Cheap while the wrapper lives (one /proc read); the group scan only after.
-            if not ref.alive() and not procs.group_alive(ref.pid):
+            wrapper_alive = ref.alive()
+            if not wrapper_alive and not procs.group_alive(ref.pid):
                 code = self.command_exit_code()
                 return code if code is not None else KILLED_EXIT_CODE
-            self.wake.wait(0.1)
+            # Our child's exit wakes us (`_wake_on_exit`); after it, what is left of its
+            # group, or a command we adopted, is looked at every COMMAND_POLL_S.
+            woken = wrapper_alive and ref.pid in self.children
+            self.wake.wait(COMMAND_SAFETY_S if woken else COMMAND_POLL_S)
             self.wake.clear()
 
     def stop_command(self, ref: procs.ProcRef) -> bool:

@@ -25,6 +25,17 @@ way: stop what runs, write the record, erase the job's keys from etcd.
 Every record write is a compare-and-set on the record's version (the fencing token); a
 lost race re-reads the record and decides again, so the loop is level-triggered and
 safe to restart at any point.
+
+What a running job costs (issue #16, benchmarks/RESULTS.md): a guardian process watches
+the job's prefix (`PrefixWatch`: every change, none lost across a broken stream) and reads
+etcd only after a change there, or every `safety_poll_s` (10 s). Between them it wakes
+every `poll_s` (0.5 s) for what etcd does not say at once: whether the controllers that
+hold status keys still run (a /proc read each, no request: a dead one's lease is revoked
+and the full round follows), a halt or a SIGTERM. A job whose learners are still
+starting, or an elastic one, is looked at fully every `poll_s` as before (start-up
+deadlines and stragglers are counted in time, not in etcd changes). In a guardian host
+(services/guardian/host.py) every step is a full round: the host steps a guardian on a
+change of its job and otherwise every `--poll` seconds.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, Lease
+from contract.etcd import Change, Entry, EtcdClient, Lease, PrefixWatch
 from contract.procs import free_port
 from contract.status import (
     FINAL_STATUSES,
@@ -79,6 +90,10 @@ PREEMPTIONS = "preemptions"
 # from half its validity (12 h of a 24 h one), so there are hundreds of tries before it
 # expires, and a failing backend is not asked every round.
 RENEWAL_RETRY_S = 60.0
+# A guardian process's full monitoring round without any change under the job's prefix
+# (a safety poll behind the watch: PrefixWatch delivers every change, re-watching from the
+# last revision after a broken stream, so this only bounds what a lost change could cost).
+SAFETY_POLL_S = 10.0
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
@@ -224,8 +239,20 @@ class Guardian:
         # The deployed job being monitored and its learners' spec, kept between steps;
         # None until the deploy is complete, and after a lost race (re-read then).
         self.watching: tuple[JobRecord, JobSpec] | None = None
-        # The longest wait between two steps without a change (a safety poll).
+        # The longest wait between two steps without a change: a quick step (the
+        # controllers' liveness) while the job is quiet, else a full monitoring round.
         self.poll_s = 0.5
+        # Quiet steps (`_quiet_step`) only where this guardian's own watch sets `changed`
+        # (a process: `run`); stepped by a host, every step is a full round.
+        self.quiet_steps = False
+        self.safety_poll_s = SAFETY_POLL_S
+        self.changed = threading.Event()  # something under the job's prefix changed
+        self._full_at = -1e9  # when the last full monitoring round began (monotonic)
+        # What the last full round saw: each running learner's status entry (its
+        # controller's pid and start), and whether it may be trusted until a change
+        # (every learner has a status; the job is not elastic).
+        self._seen: dict[int, Entry] = {}
+        self._settled = False
 
     # -- ownership ------------------------------------------------------------------------
     def acquire(self, shared: Lease | None = None, **holder: Any) -> bool:
@@ -261,18 +288,25 @@ class Guardian:
             if self.lease:
                 self.lease.revoke()
             return EXIT_ALREADY_GUARDED
-        cancel = self.etcd.watch_prefix(etcd_keys.job_prefix(self.job_id), self.wake.set)
-        self.backend.release_ended(self.config.jobs_dir, self.config.objects_dir, self._ended)
+        watch = PrefixWatch(self.etcd, etcd_keys.job_prefix(self.job_id), self._on_change)
         try:
+            watch.start()
+            self.quiet_steps = True
+            self.backend.release_ended(self.config.jobs_dir, self.config.objects_dir, self._ended)
             return self._run()
         finally:
-            cancel()
+            watch.stop()
             if self.lease:
                 self.lease.revoke()
 
+    def _on_change(self, changes: list[Change], full: bool) -> None:
+        """The watch's thread: a change under the job's prefix (or a fresh read of it)."""
+        self.changed.set()
+        self.wake.set()
+
     def _run(self) -> int:
         """The process-per-job driver: a step, then (once deployed) a wait for a change
-        under the job's prefix, or 0.5 s at most (a safety poll behind the watch)."""
+        under the job's prefix, or `poll_s` at most (a quick step while nothing changed)."""
         while True:
             done = self.step()
             if done is not None:
@@ -315,7 +349,13 @@ class Guardian:
                     job, int(complete.value["generation"]), int(complete.value["master_port"])
                 )
                 self.watching = (job, spec)
-            return self.monitor()
+            if self._quiet_step():
+                return None
+            started = dict(self.started_at)
+            outcome = self.monitor()
+            if self.started_at != started:
+                self._settled = False  # a learner was (re)started: its start is timed
+            return outcome
         except (StaleToken, states.IllegalTransition) as exc:
             log.info("job %s changed under us (%s); deciding again", self.job_id, exc)
             self.watching = None  # the next step reads the record again
@@ -532,11 +572,35 @@ class Guardian:
         self.started_at.clear()
 
     # -- monitor -------------------------------------------------------------------------------
+    def _quiet_step(self) -> bool:
+        """True when this step needs no etcd read: nothing changed under the job's prefix
+        since the last full round, which saw every learner with a status, the safety poll
+        is not due, and every controller holding a status key still runs (a /proc read on
+        the local backend). A dead one's lease is revoked here, as the full round would,
+        and the full round follows at once (False)."""
+        if (
+            not self.quiet_steps
+            or not self._settled
+            or self.changed.is_set()
+            or time.monotonic() - self._full_at >= self.safety_poll_s
+        ):
+            return False
+        for rank, entry in self._seen.items():
+            value = entry.value if isinstance(entry.value, dict) else {}
+            if not self.backend.controller_alive(self.job_id, rank, value):
+                self.etcd.revoke(entry.lease)  # its controller died: free the rank now
+                return False
+        return True
+
     def monitor(self) -> int | None:
         """One look at the deployed job's learners (`self.watching`), and what follows:
         restarts, the record moved along, an end."""
         assert self.watching is not None
         job, spec = self.watching
+        # Cleared before the first read: a change from here on is seen by the next step.
+        self.changed.clear()
+        self._full_at = time.monotonic()
+        self._settled = False
         max_restarts = job.spec.max_learner_restarts
         try:
             # The helper (docker: the log collector) of a job we took over, or one
@@ -625,10 +689,13 @@ class Guardian:
         preemptions: dict[str, int] = dict(preempted_entry.value) if preempted_entry else {}
         statuses: dict[int, LearnerStatus] = {}
         now = time.monotonic()
+        seen: dict[int, Entry] = {}
+        settled = spec.manifest.elastic is None
         for rank in range(spec.learners):
             entry = entries.get(etcd_keys.learner_status(self.job_id, rank))
             value = entry.value if entry is not None and isinstance(entry.value, dict) else {}
             if entry is None:
+                settled = False  # its controller starts: the start grace is counted in time
                 handle = self.handles.get(rank)
                 exited = handle is not None and self.backend.learner_exited(handle) is not None
                 waited = now - self.started_at.get(rank, -1e9) > self.config.start_grace_s
@@ -655,6 +722,9 @@ class Guardian:
                 if not self.backend.controller_alive(self.job_id, rank, value):
                     self.etcd.revoke(entry.lease)  # its controller died: free the rank now
                     self.wake.set()
+                    settled = False
+                else:
+                    seen[rank] = entry
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
             elif value.get("status") == LearnerStatus.FAILED and spec.manifest.pipeline:
                 # Not restarted: the runtime fails over without it (PipelineFailover.losses).
@@ -694,6 +764,7 @@ class Guardian:
                 # a final status: COMPLETED or HALTED (FAILED was handled above)
                 statuses[rank] = LearnerStatus.parse(value.get("status"), LearnerStatus.STARTING)
             self.record_reallocation(rank, statuses[rank], now)
+        self._seen, self._settled = seen, settled
         return statuses
 
     def advance(self, job: JobRecord, statuses: dict[int, LearnerStatus]) -> JobRecord:

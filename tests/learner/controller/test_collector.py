@@ -135,3 +135,57 @@ def test_offsets_of_another_job_are_refused(tmp_path: Path, tds: str) -> None:
     (d / OFFSETS_FILE).write_text(json.dumps({"job_id": "other", "learner": 0, "streams": {}}))
     with pytest.raises(CollectorError, match="belongs to job 'other'"):
         Collector("job6", 0, tmp_path, tds)
+
+
+def test_a_quiet_collector_sleeps_on_its_files_and_a_line_wakes_it(
+    tmp_path: Path, store: MemoryStore, tds: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With inotify the collector does not poll: with its safety net and the poll interval
+    out of reach, a line written after a quiet spell is still shipped (issue #16)."""
+    from learner.controller import collector as collector_module
+
+    monkeypatch.setattr(collector_module, "IDLE_SAFETY_S", 3600.0)
+    _write(tmp_path, "stdout", "first\n")
+    c = Collector("job-quiet", 0, tmp_path, tds, poll_interval_s=3600.0, verify_interval_s=0)
+    if c.watched_files() is None or collector_module.FileWait.open(c.watched_files() or []) is None:
+        pytest.skip("no inotify here")
+    c.start()
+    _wait(lambda: _stored(store, "job-quiet", "stdout") == [(0, "first")])
+    time.sleep(0.3)  # asleep on its files now
+    _write(tmp_path, "stdout", "second\n")
+    _wait(lambda: len(_stored(store, "job-quiet", "stdout")) == 2)
+    assert c.stop(drain=True)
+    assert _stored(store, "job-quiet", "stdout") == [(0, "first"), (1, "second")]
+
+
+def test_a_collector_polls_where_a_metric_source_reads_its_own_file(
+    tmp_path: Path, tds: str
+) -> None:
+    learner_dir(tmp_path, 0).mkdir(parents=True)
+    plain = Collector("job-w", 0, tmp_path, tds)
+    assert plain.watched_files() == [
+        learner_dir(tmp_path, 0) / "stdout.log",
+        learner_dir(tmp_path, 0) / "stderr.log",
+    ]
+    with_file = Collector("job-w", 0, tmp_path, tds, metric_sources={"type": "emetrics_file"})
+    assert with_file.watched_files() is None
+    plain.stop(drain=False)
+    with_file.stop(drain=False)
+
+
+def test_a_burst_is_shipped_when_the_learner_pauses_not_at_the_flush_interval(
+    tmp_path: Path, store: MemoryStore, tds: str
+) -> None:
+    """A batch of BURST_LINES or more is sent as soon as nothing more is written; with the
+    flush interval out of reach, only that rule ships it."""
+    from learner.controller import collector as collector_module
+
+    learner_dir(tmp_path, 0).mkdir(parents=True)
+    c = Collector("job-burst", 0, tmp_path, tds, flush_interval_s=3600.0, verify_interval_s=0)
+    if collector_module.FileWait.open(c.watched_files() or []) is None:
+        pytest.skip("no inotify here")
+    c.start()
+    burst = collector_module.BURST_LINES + 50
+    _write(tmp_path, "stdout", "".join(f"line {i}\n" for i in range(burst)))
+    _wait(lambda: len(_stored(store, "job-burst", "stdout")) == burst)
+    assert c.stop(drain=True)

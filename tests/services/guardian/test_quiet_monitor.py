@@ -1,0 +1,110 @@
+"""A guardian process reads etcd only after a change under its job's prefix (or at its
+safety poll): while the job runs quietly its steps only check that the controllers still
+run, and a controller that dies is still found by them and restarted (issue #16). An
+in-process guardian over the real etcd and MongoDB-wire server and the local backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract import etcd_keys
+from contract.etcd import EtcdClient
+from services.backends.local.backend import LocalBackend
+from services.guardian.guardian import Guardian, GuardianConfig
+from services.store import states
+from tests.services.guardian.helpers import job_report, submit, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class CountingEtcd:
+    """The guardian's etcd client, counting its reads (everything else passes through)."""
+
+    def __init__(self, client: EtcdClient) -> None:
+        self._client = client
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name not in ("get", "get_prefix"):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.reads += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+class CountedQuietSteps(Guardian):
+    """Counts the steps that needed no etcd read."""
+
+    quiet = 0
+
+    def _quiet_step(self) -> bool:
+        quiet = super()._quiet_step()
+        self.quiet += quiet
+        return quiet
+
+
+def test_quiet_steps_read_nothing_and_a_dead_controller_is_still_restarted(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    job = submit(stores["repo"], tmp_path, "sleep 120")
+    config = GuardianConfig(
+        job_id=job.job_id,
+        etcd_url=stores["etcd_url"],
+        mongodb_uri=stores["mongo_url"],
+        data_dir=tmp_path,
+        learner_grace_s=1.0,
+    )
+    etcd = CountingEtcd(stores["etcd"])
+    guardian = CountedQuietSteps(config, etcd, stores["repo"], LocalBackend())  # type: ignore[arg-type]
+    guardian.safety_poll_s = 3600.0  # only a change may bring a full round here
+    ended: list[int] = []
+    thread = threading.Thread(target=lambda: ended.append(guardian.run()), daemon=True)
+    thread.start()
+
+    def report() -> str:
+        return job_report(stores["repo"], job.job_id, tmp_path)
+
+    status_key = etcd_keys.learner_status(job.job_id, 0)
+
+    def controller() -> dict[str, Any] | None:
+        entry = stores["etcd"].get(status_key)
+        value = entry.value if entry is not None else None
+        return value if isinstance(value, dict) and value.get("status") == "PROCESSING" else None
+
+    try:
+        wait_for(
+            "the job PROCESSING",
+            lambda: stores["repo"].get(job.job_id).status == states.PROCESSING,
+            explain=report,
+        )
+        first = wait_for("learner 0 PROCESSING", controller, explain=report)
+        # Quiet steps from here: no etcd read between three of them.
+        wait_for("a quiet step", lambda: guardian.quiet >= 1, explain=report)
+        reads, quiet = etcd.reads, guardian.quiet
+        wait_for("three more quiet steps", lambda: guardian.quiet >= quiet + 3, explain=report)
+        assert etcd.reads == reads, "a quiet step read etcd"
+
+        # The controller dies (its lease would outlive it by the TTL): the quiet step
+        # sees it gone, and the full round that follows starts a new one.
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        wait_for(
+            "a new controller for learner 0",
+            lambda: (c := controller()) is not None and c["pid"] != first["pid"],
+            explain=report,
+        )
+        assert stores["repo"].get(job.job_id).status == states.PROCESSING
+    finally:
+        stores["etcd"].put(etcd_keys.control(job.job_id), {"action": "delete"})
+        thread.join(60)
+    assert ended == [0], report()
+    assert stores["repo"].get(job.job_id).status == states.DELETED
