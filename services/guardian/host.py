@@ -43,12 +43,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from contract import etcd_keys, procs
 from contract.etcd import Change, EtcdClient, Lease, PrefixWatch
 from contract.status import ExitCode
-from services.backends.api import Backend, get_backend
+from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, get_backend
 from services.guardian.__main__ import pop_job_credentials
 from services.guardian.guardian import (
     EXIT_ALREADY_GUARDED,
@@ -143,6 +143,35 @@ class HostConfig:
     step_threads: int = 4
     deploy_threads: int = 4
     max_backoff_s: float = 10.0
+    # Per kind of backend call, how long it may take (services/backends/api.py
+    # CALL_TIMEOUTS_S, which these override): a stuck call must not hold a pool thread.
+    backend_timeouts: dict[str, float] = field(default_factory=dict)
+    # While a guardian's halt waits for its learners to save and stop, it steps this
+    # often (besides every change of its job): the halt's deadline is checked then.
+    halt_poll_s: float = 0.5
+
+
+class HostedGuardian(Guardian):
+    """A guardian in a host. Its halt does not wait for the learners inside a step (a
+    step thread held for their grace period, up to `--step-threads` halts stopping every
+    other job's steps): each step asks once whether any learner still runs, and returns
+    None (not done) until none does or the halt's deadline passed, then ends the halt as
+    `Guardian.halt` does. The host steps a halting guardian every `halt_poll_s`, and at
+    once on a change of its job (a learner's status, its lease going)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.halt_deadline: float | None = None  # set while a halt waits for learners
+
+    def halt(self, spec: JobSpec) -> int | None:
+        now = time.monotonic()
+        if self.halt_deadline is None:
+            self.halt_deadline = now + spec.grace_s + 5
+            log.info("job %s: halting; its learners have %g s to save", self.job_id, spec.grace_s)
+        busy = self.halt_busy()
+        if busy and now < self.halt_deadline:
+            return None
+        return self.halt_end(spec, busy)
 
 
 @dataclass
@@ -172,7 +201,13 @@ class GuardianHost:
         self.config = config
         self.etcd = etcd
         self.jobs = jobs
-        self.backend = backend
+        # Every call bounded (TimedBackend): a step or deploy thread waits for a stuck
+        # engine at most its call's timeout, and the job's history says which call it was.
+        self.backend = (
+            backend
+            if isinstance(backend, TimedBackend)
+            else TimedBackend(backend, config.backend_timeouts, on_timeout=self._timed_out)
+        )
         self.stats = stats
         self.make_config = make_config
         self.guardians: dict[str, Hosted] = {}
@@ -213,8 +248,20 @@ class GuardianHost:
             self._watch.stop()
         self._steps.shutdown(wait=False, cancel_futures=True)
         self._deploys.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.backend, TimedBackend):
+            self.backend.close()
         if self.lease is not None:
             self.lease.revoke()
+
+    def _timed_out(self, message: str) -> None:
+        """A backend call gave up (TimedBackend, in the waiting thread): the job the
+        thread works for gets the reason in its history; the thread goes on (the call's
+        BackendError fails the deploy attempt, or the step, which restarts the guardian)."""
+        job_id = getattr(_working_for, "job_id", None)
+        log.error("%s", message)
+        if job_id:
+            with contextlib.suppress(Exception):  # the store away: the log has it
+                self.jobs.note(job_id, message)
 
     # -- jobs ---------------------------------------------------------------------------
     def adopt(self, job_id: str, env: dict[str, str] | None = None) -> bool:
@@ -227,7 +274,7 @@ class GuardianHost:
         config = self.make_config(job_id, dict(env or {}))
 
         def make() -> Guardian:
-            guardian = Guardian(config, self.etcd, self.jobs, self.backend, self.stats)
+            guardian = HostedGuardian(config, self.etcd, self.jobs, self.backend, self.stats)
             guardian.lease = self.lease
             guardian.poll_s = self.config.poll_s
             return guardian
@@ -282,12 +329,17 @@ class GuardianHost:
             try:
                 hosted.guardian.wake.clear()
                 code = hosted.guardian.step()
+            except BackendTimeout as exc:  # in its history already (_timed_out)
+                log.warning("job %s: the guardian's step gave up: %s", hosted.job_id, exc)
+                code = STEP_CRASHED
             except Exception:
                 log.exception("job %s: the guardian's step failed", hosted.job_id)
                 code = STEP_CRASHED
         with self._lock:
             hosted.running = False
-            hosted.next_step = time.monotonic() + self.config.poll_s
+            halting = getattr(hosted.guardian, "halt_deadline", None) is not None
+            period = min(self.config.poll_s, self.config.halt_poll_s) if halting else None
+            hosted.next_step = time.monotonic() + (period or self.config.poll_s)
             if code is not None:
                 again = self._guardian_ended(hosted, code)
             else:  # a change came meanwhile, or a deploy step ended: on at once
