@@ -24,7 +24,14 @@ guardian (a fresh `Guardian`, like a new process) with exponential backoff; the 
 goes on. A guardian that ends (done, another guardian holds the job, terminated) is
 dropped and its key deleted.
 
-The host exits once its standard input is closed and no guardian is left (0), when its
+A host also listens on a Unix socket, `<data-dir>/guardian-hosts/<host>.sock` (0600, and
+only a peer of the host's own uid is heard: SO_PEERCRED), where an LCM that did not start
+it (a restarted daemon's, a standby's after a takeover) connects, reads one JSON line
+about the host (`{"host_id", "pid", "start", "jobs"}`) and then gives it jobs as on the
+standard input. So new jobs fill the hosts that already run before new hosts start.
+
+The host exits once its standard input is closed, no LCM is connected to its socket and
+no guardian is left (0), when its
 lease is lost (`EVICTED`, 4), or on SIGTERM after its guardians detached (`PREEMPTED`).
 """
 
@@ -36,6 +43,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -122,6 +131,60 @@ class JobLogHandler(logging.Handler):
                 os.close(fd)
         except (OSError, ValueError):  # the job's file is unusable: the host's log has it
             pass
+
+
+def socket_path(data_dir: Path, host_id: str) -> Path:
+    """Where host `host_id` takes assignments from an LCM that did not start it."""
+    return data_dir / "guardian-hosts" / f"{host_id}.sock"
+
+
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """`path` as a Unix socket address: itself, or (past the 108 bytes an address holds,
+    a deep data directory) the same file through a descriptor of its directory."""
+    if len(os.fsencode(path)) < 100:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (the kernel says)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
+
+
+def connect_host(path: Path, timeout_s: float = 5.0) -> tuple[socket.socket, dict[str, Any]]:
+    """Connect to a guardian host's socket; returns the connection and what the host says
+    of itself (`host_id`, `pid`, `start`, `jobs`). OSError if none listens there (a dead
+    host's file: ConnectionRefusedError) or it is not ours or does not answer."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout_s)
+        with unix_address(path) as address:
+            conn.connect(address)
+        if peer_uid(conn) != os.getuid():
+            raise PermissionError(f"{path} is served by another user")
+        hello = b""
+        while not hello.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"{path}: the host closed the connection")
+            hello += chunk
+        about = json.loads(hello)
+        if not isinstance(about, dict) or not about.get("host_id") or not about.get("pid"):
+            raise ConnectionError(f"{path}: not a guardian host's greeting")
+        return conn, about
+    except OSError:
+        conn.close()
+        raise
+    except ValueError as exc:  # not JSON
+        conn.close()
+        raise ConnectionError(f"{path}: not a guardian host's greeting") from exc
 
 
 # A host's lease TTL. A guardian process's lease is 2 s; a host's is longer because it
@@ -217,6 +280,9 @@ class GuardianHost:
         self.changed = threading.Event()  # something for the main loop to look at
         self._lock = threading.RLock()
         self._watch: PrefixWatch | None = None
+        self._listener: socket.socket | None = None
+        self._socket_path: Path | None = None
+        self._inputs = 0  # LCM connections open on the socket (the host stays for them)
         self._steps = ThreadPoolExecutor(config.step_threads, thread_name_prefix="step")
         self._deploys = ThreadPoolExecutor(config.deploy_threads, thread_name_prefix="deploy")
 
@@ -243,7 +309,73 @@ class GuardianHost:
             self.changed.clear()
         self.close()
 
+    def listen(self, path: Path) -> None:
+        """Take assignments on a Unix socket at `path` too (the module's docstring)."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a dead host's of the same id: ids are unique, it is garbage
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with unix_address(path) as address:
+            listener.bind(address)
+        os.chmod(path, 0o600)
+        listener.listen(16)
+        self._listener, self._socket_path = listener, path
+        threading.Thread(target=self._accept, name="listen", daemon=True).start()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed: the host is stopping
+                return
+            try:
+                uid = peer_uid(conn)
+            except OSError:
+                conn.close()
+                continue
+            if uid != os.getuid():  # only the platform's own processes give jobs
+                log.warning("refused a connection to the host's socket from uid %d", uid)
+                conn.close()
+                continue
+            with self._lock:
+                self._inputs += 1
+            threading.Thread(
+                target=self._serve, args=(conn,), name="lcm-input", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        """One LCM's connection: say who we are, then adopt the jobs it gives."""
+        try:
+            me = procs.ProcRef.of(os.getpid())
+            with self._lock:
+                jobs = sorted(self.guardians)
+            hello = {
+                "host_id": self.config.host_id,
+                "pid": os.getpid(),
+                "start": me.start if me else 0,
+                "jobs": jobs,
+            }
+            conn.sendall((json.dumps(hello) + "\n").encode())
+            with conn.makefile("r", encoding="utf-8", errors="replace") as lines:
+                for line in lines:
+                    self._assign(line)
+        except OSError as exc:
+            log.info("an LCM's connection ended: %s", exc)
+        finally:
+            conn.close()
+            with self._lock:
+                self._inputs -= 1
+            log.info("an LCM disconnected from the host's socket")
+            self.changed.set()
+
     def close(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+            if self._socket_path is not None:
+                with contextlib.suppress(OSError):
+                    self._socket_path.unlink()
         if self._watch is not None:
             self._watch.stop()
         self._steps.shutdown(wait=False, cancel_futures=True)
@@ -411,7 +543,7 @@ class GuardianHost:
             if self.terminate.is_set():
                 self.stop()
                 return ExitCode.PREEMPTED
-            if closed.is_set() and not self.guardians:
+            if closed.is_set() and not self.guardians and not self._inputs:
                 self.close()
                 return ExitCode.OK
             self.tick()
@@ -421,26 +553,26 @@ class GuardianHost:
     def _read(self, assignments: Iterable[str], closed: threading.Event) -> None:
         try:
             for line in assignments:
-                if not line.strip():
-                    continue
-                try:
-                    message = json.loads(line)
-                    job_id = str(message["job_id"])
-                    env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.error(
-                        "ignored an assignment that is not {job_id, env} JSON (%s): %.80r",
-                        exc,
-                        line,
-                    )
-                    continue
-                try:
-                    self.adopt(job_id, env)
-                except Exception:  # a bad job must not stop the others' assignments
-                    log.exception("job %s: cannot guard it", job_id)
+                self._assign(line)
         finally:
             closed.set()
             self.changed.set()
+
+    def _assign(self, line: str) -> None:
+        """One assignment line (the standard input's or the socket's): adopt its job."""
+        if not line.strip():
+            return
+        try:
+            message = json.loads(line)
+            job_id = str(message["job_id"])
+            env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("ignored an assignment that is not {job_id, env} JSON (%s): %.80r", exc, line)
+            return
+        try:
+            self.adopt(job_id, env)
+        except Exception:  # a bad job must not stop the others' assignments
+            log.exception("job %s: cannot guard it", job_id)
 
 
 def assignment(job_id: str, env: dict[str, str]) -> str:
@@ -546,6 +678,10 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"guardian host: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    try:
+        host.listen(socket_path(args.data_dir, args.host_id))
+    except OSError as exc:  # the standard input still works: only a later LCM cannot reach it
+        log.error("guardian host %s: cannot listen on its socket: %s", args.host_id, exc)
     for job_id in args.job:
         host.adopt(job_id)
     code = host.run(stdin if stdin is not None else sys.stdin)

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,7 +45,7 @@ from contract.etcd import (
 )
 from contract.status import ExitCode
 from services.backends.api import get_backend
-from services.guardian.host import HOST_LEASE_TTL_S, assignment
+from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
@@ -109,23 +110,37 @@ class LcmConfig:
 
 @dataclass
 class GuardianHostProcess:
-    """A guardian host this LCM started: jobs are given to it on its standard input."""
+    """A guardian host this LCM gives jobs to: one it started (`proc`: jobs go on its
+    standard input), or one an earlier LCM started that this one found running (`conn`:
+    its socket, services/guardian/host.py; not our child, so watched by its pid)."""
 
     host_id: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
     ref: procs.ProcRef
     jobs: set[str] = field(default_factory=set)
+    conn: socket.socket | None = None
 
     def give(self, job_id: str, env: dict[str, str]) -> bool:
         """Hand it job `job_id`; False if it is gone (its input is closed)."""
-        assert self.proc.stdin is not None
+        line = assignment(job_id, env).encode()
         try:
-            self.proc.stdin.write(assignment(job_id, env).encode())
-            self.proc.stdin.flush()
+            if self.conn is not None:
+                self.conn.sendall(line)
+            else:
+                assert self.proc is not None and self.proc.stdin is not None
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             return False
         self.jobs.add(job_id)
         return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if self.conn is not None:
+                self.conn.close()
+            elif self.proc is not None and self.proc.stdin is not None:
+                self.proc.stdin.close()
 
 
 @dataclass
@@ -153,6 +168,8 @@ class LifecycleManager:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._leader_lease: Lease | None = None
+        # Whether this leadership term looked for guardian hosts an earlier LCM started.
+        self._hosts_found = False
         self.backend = get_backend(config.backend)
 
     # -- life ------------------------------------------------------------------------------
@@ -174,6 +191,8 @@ class LifecycleManager:
             running += [
                 Supervised(h.host_id, h.ref, child=True) for h in self.hosts if h.ref.alive()
             ]
+        for host in self.hosts:
+            host.close()
         for g in running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(g.ref.pid, signal.SIGTERM)
@@ -194,6 +213,8 @@ class LifecycleManager:
             try:
                 if self.is_leader():
                     self.reconcile()
+                else:
+                    self._hosts_found = False  # whoever leads may start hosts meanwhile
             except (StoreUnavailable, OSError) as exc:
                 log.warning("lcm round failed, retrying: %s", exc)
             except Exception:
@@ -240,6 +261,9 @@ class LifecycleManager:
 
     # -- rounds ---------------------------------------------------------------------------------
     def reconcile(self) -> None:
+        if self.config.guardians_per_host > 0 and not self._hosts_found:
+            self.find_hosts()
+            self._hosts_found = True
         if self.config.place_locally:
             place_queued_locally(self.jobs)
         active = self.jobs.by_status(states.ACTIVE_STATES)
@@ -287,9 +311,15 @@ class LifecycleManager:
                 if isinstance(value, dict) and procs.ref_alive(
                     value.get("pid"), value.get("start")
                 ):
-                    self.guardians[job_id] = Supervised(
-                        job_id, procs.ProcRef(int(value["pid"]), int(value["start"])), child=False
+                    ref = procs.ProcRef(int(value["pid"]), int(value["start"]))
+                    # In a host we give jobs to: counted in its load, as if we had.
+                    host = next(
+                        (h for h in self.hosts if h.host_id == value.get("host") and h.ref == ref),
+                        None,
                     )
+                    if host is not None:
+                        host.jobs.add(job_id)
+                    self.guardians[job_id] = Supervised(job_id, ref, child=False, host=host)
                     return
                 self.etcd.revoke(int(getattr(entry, "lease", 0)))  # its guardian is dead
             if time.monotonic() < self.not_before.get(job_id, 0.0):
@@ -318,14 +348,63 @@ class LifecycleManager:
         env = self.job_env(job_id)
         if env is None:
             return
-        self.hosts = [h for h in self.hosts if h.ref.alive()]
-        room = [h for h in self.hosts if len(h.jobs) < self.config.guardians_per_host]
-        host = min(room, key=lambda h: len(h.jobs)) if room else self.start_host()
-        if host is None or not host.give(job_id, env):
-            log.warning("job %s: no guardian host took it; trying again next round", job_id)
-            return
-        self.guardians[job_id] = Supervised(job_id, host.ref, child=True, host=host)
+        self._drop_dead_hosts()
+        while True:
+            room = [h for h in self.hosts if len(h.jobs) < self.config.guardians_per_host]
+            host = min(room, key=lambda h: len(h.jobs)) if room else self.start_host()
+            if host is None:
+                log.warning("job %s: no guardian host took it; trying again next round", job_id)
+                return
+            if host.give(job_id, env):
+                break
+            # Its input is closed (it is exiting, or died): the next host, or a new one.
+            log.info("guardian host %s takes no more jobs", host.host_id)
+            host.close()
+            with contextlib.suppress(ValueError):
+                self.hosts.remove(host)
+        self.guardians[job_id] = Supervised(
+            job_id, host.ref, child=host.proc is not None, host=host
+        )
         log.info("job %s: guarded in host %s (pid %d)", job_id, host.host_id, host.ref.pid)
+
+    def _drop_dead_hosts(self) -> None:
+        for host in [h for h in self.hosts if not h.ref.alive()]:
+            host.close()
+            self.hosts.remove(host)
+
+    def find_hosts(self) -> None:
+        """Connect to the guardian hosts an earlier LCM started that still run (their
+        sockets under `<data-dir>/guardian-hosts/`): after a daemon restart or a standby's
+        takeover they take new jobs again, before any new host is started. Their jobs are
+        re-adopted through their guardian keys as usual; a dead host's socket is removed."""
+        known = {h.host_id for h in self.hosts}
+        directory = self.config.data_dir / "guardian-hosts"
+        for path in sorted(directory.glob("*.sock")) if directory.is_dir() else []:
+            if path.stem in known:
+                continue
+            try:
+                conn, about = connect_host(path)
+            except ConnectionRefusedError:  # nobody listens: its host died
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            except OSError as exc:
+                log.warning("guardian host socket %s: %s; not used", path, exc)
+                continue
+            ref = procs.ProcRef(int(about["pid"]), int(about.get("start") or 0))
+            if about["host_id"] != path.stem or not ref.alive():
+                conn.close()
+                continue
+            conn.settimeout(5.0)  # a host that stops reading is given up on, not waited for
+            jobs = {str(j) for j in about.get("jobs") or []}
+            host = GuardianHostProcess(path.stem, None, ref, jobs, conn=conn)
+            self.hosts.append(host)
+            log.info(
+                "found guardian host %s (pid %d, %d jobs): it takes new jobs again",
+                host.host_id,
+                ref.pid,
+                len(jobs),
+            )
 
     def start_host(self) -> GuardianHostProcess | None:
         host_id = f"{self.id}-{uuid.uuid4().hex[:6]}"
@@ -358,9 +437,7 @@ class LifecycleManager:
     def _host_exited(self, host: GuardianHostProcess, code: int) -> None:
         """Every job of the host lost its guardian at once: each is restarted like a
         guardian process that exited so (a new host, resuming from etcd)."""
-        with contextlib.suppress(OSError, ValueError):
-            if host.proc.stdin is not None:
-                host.proc.stdin.close()
+        host.close()
         with self._lock:
             jobs = sorted(host.jobs)
             host.jobs.clear()

@@ -5,6 +5,8 @@ MongoDB-wire server, with the simulated backend's learners."""
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,14 @@ from contract import etcd_keys
 from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend
 from services.backends.simulated.backend import SimulatedBackend
 from services.guardian.guardian import GuardianConfig
-from services.guardian.host import GuardianHost, HostConfig, HostedGuardian
+from services.guardian.host import (
+    GuardianHost,
+    HostConfig,
+    HostedGuardian,
+    assignment,
+    connect_host,
+    socket_path,
+)
 from services.store import states
 from tests.services.guardian.helpers import job_report, submit, wait_for
 
@@ -204,3 +213,32 @@ def test_halts_in_flight_do_not_stop_another_job_s_steps(
             wait_for(f"{job_id} HALTED", lambda j=job_id: status(j) == states.HALTED, explain=why)  # type: ignore[misc]
     finally:
         until.touch()
+
+
+# -- the socket a later LCM gives jobs through --------------------------------------------
+def test_a_host_s_socket_greets_with_its_jobs_even_under_a_deep_data_dir(tmp_path: Path) -> None:
+    """No servers: a host listening under a path longer than a Unix socket address holds
+    (108 bytes) is reached all the same; the file is 0600; the greeting names the host
+    and its pid; an assignment on the connection reaches `adopt`; close removes the file."""
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 5)
+    path = socket_path(deep, "h-deep")
+    assert len(os.fsencode(path)) > 108
+    adopted: list[tuple[str, dict[str, str]]] = []
+
+    class _Recording(GuardianHost):
+        def adopt(self, job_id: str, env: dict[str, str] | None = None) -> bool:
+            adopted.append((job_id, dict(env or {})))
+            return True
+
+    host = _Recording(HostConfig("h-deep"), None, None, SimulatedBackend(), None)  # type: ignore[arg-type]
+    host.listen(path)
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        conn, about = connect_host(path)
+        assert (about["host_id"], about["pid"], about["jobs"]) == ("h-deep", os.getpid(), [])
+        conn.sendall(assignment("job-1", {"K": "v"}).encode())
+        conn.close()
+        wait_for("the assignment", lambda: adopted == [("job-1", {"K": "v"})])
+    finally:
+        host.close()
+    assert not path.exists()
