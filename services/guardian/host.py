@@ -196,6 +196,8 @@ def connect_host(path: Path, timeout_s: float = 5.0) -> tuple[socket.socket, dic
 # dead holder's lease as soon as it sees the pid gone (LifecycleManager.ensure_guardian).
 # It only lengthens how long a live host cut off from etcd keeps its jobs fenced.
 HOST_LEASE_TTL_S = 10
+# How often a host looks whether its etcd clients re-authenticated (and logs it if so).
+REAUTH_REPORT_S = 5.0
 
 
 @dataclass
@@ -535,7 +537,12 @@ class GuardianHost:
             ).start()
         assert self.lease is not None
         tick_s = min(0.1, self.config.poll_s / 4)
+        reported = (0, 0)
+        report_at = 0.0
         while True:
+            if time.monotonic() >= report_at:
+                reported = self.report_reauthentications(reported)
+                report_at = time.monotonic() + REAUTH_REPORT_S
             if self.lease.lost.is_set():
                 log.warning("host %s lost its lease: every guardian stops", self.config.host_id)
                 self.close()
@@ -549,6 +556,22 @@ class GuardianHost:
             self.tick()
             self.changed.wait(tick_s)
             self.changed.clear()
+
+    def report_reauthentications(self, last: tuple[int, int]) -> tuple[int, int]:
+        """Log how many new etcd tokens the host's client and its backend's (simulated
+        learners) needed so far, when that changed: every auth change in etcd (the LCM adds
+        and removes a user per job) refuses every client's token once, and
+        benchmarks/control_plane_scale.py counts the storm from these lines."""
+        learners = getattr(self.backend, "etcd_reauthentications", None)
+        now = (self.etcd.reauthentications, int(learners()) if callable(learners) else 0)
+        if now != last:
+            log.info(
+                "etcd re-authentications so far: host %d, learners %d (%d guardians)",
+                now[0],
+                now[1],
+                len(self.guardians),
+            )
+        return now
 
     def _read(self, assignments: Iterable[str], closed: threading.Event) -> None:
         try:

@@ -90,6 +90,13 @@ class SimulatedBackend(Backend):
         learner.thread.start()
         return handle
 
+    def etcd_reauthentications(self) -> int:
+        """How many times the learners' etcd clients got a new token after etcd refused
+        theirs (`EtcdClient.reauthentications`; each job's etcd user added or removed
+        refuses every token once): what a guardian host reports for benchmarks."""
+        with self._lock:
+            return sum(c.reauthentications for c in self._etcd.values())
+
     # -- the simulated learner ----------------------------------------------------------
     def _client(self, url: str) -> EtcdClient:
         with self._lock:
