@@ -64,6 +64,7 @@ from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 
 CLIENTS = 8
+LEARNER_LEASE_TTL_S = 10
 CLUSTER = """nodes:
   - name: sim
     count: 4
@@ -78,6 +79,9 @@ def manifest(n: int, until: Path) -> str:
         f"name: scale-{n}\nlearners: 1\ncpus: 1\nmemory: 16MiB\n"
         "framework:\n  command: 'simulated'\n"
         f"env:\n  SIM_SECONDS: '1'\n  SIM_LOG_LINES: '5'\n  SIM_UNTIL_FILE: '{until}'\n"
+        # A simulated learner's lease refreshed every 2.5 s, not 0.5 s: a real learner's
+        # process pays for its lease, the platform does not (services/backends/simulated).
+        f"  SIM_LEASE_TTL_S: '{LEARNER_LEASE_TTL_S}'\n"
     )
 
 
