@@ -294,7 +294,7 @@ class TimedBackend(Backend):
         self._call("renew_tls", job.job_id, 0.0, job, tls)
 
     def learner_exited(self, handle: int) -> int | None:
-        code = self._call("learner_exited", f"of handle {handle}", 0.0, handle)
+        code = self._call("learner_exited", f"(learner handle {handle})", 0.0, handle)
         return None if code is None else int(code)
 
     def stop_learners(self, job_id: str, grace_s: float) -> None:

@@ -401,7 +401,10 @@ class LifecycleManager:
             if about["host_id"] != path.stem or not ref.alive():
                 conn.close()
                 continue
-            conn.settimeout(5.0)  # a host that stops reading is given up on, not waited for
+            # A host reads its assignments one at a time, adopting each (a burst of jobs
+            # fills the socket's buffer meanwhile); one that stops reading for a minute
+            # is given up on rather than holding the LCM's round.
+            conn.settimeout(60.0)
             jobs = {str(j) for j in about.get("jobs") or []}
             host = GuardianHostProcess(path.stem, None, ref, jobs, conn=conn)
             self.hosts.append(host)
