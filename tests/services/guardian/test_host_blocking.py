@@ -6,7 +6,10 @@ MongoDB-wire server, with the simulated backend's learners."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,8 @@ from services.guardian.host import (
 )
 from services.store import states
 from tests.services.guardian.helpers import job_report, submit, wait_for
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # not the venv's, which another user may not run
 
 
 class _Hangs(SimulatedBackend):
@@ -242,3 +247,48 @@ def test_a_host_s_socket_greets_with_its_jobs_even_under_a_deep_data_dir(tmp_pat
     finally:
         host.close()
     assert not path.exists()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+    reason="needs root to act as another user, and a Python that user may run",
+)
+def test_another_user_cannot_give_a_host_jobs() -> None:
+    """A learner's uid (any other user) cannot reach a host's socket: every directory on
+    the way is open to it here, the socket file (0600) is not."""
+    top = Path(tempfile.mkdtemp(prefix="rz-host-sock-"))
+    top.chmod(0o755)
+    path = socket_path(top, "h-private")
+    adopted: list[str] = []
+
+    class _Recording(GuardianHost):
+        def adopt(self, job_id: str, env: dict[str, str] | None = None) -> bool:
+            adopted.append(job_id)
+            return True
+
+    host = _Recording(HostConfig("h-private"), None, None, SimulatedBackend(), None)  # type: ignore[arg-type]
+    host.listen(path)
+    path.parent.chmod(0o755)
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        f"    s.connect({str(path)!r})\n"
+        "except PermissionError:\n"
+        "    sys.exit(13)\n"
+        's.sendall(b\'{"job_id": "job-evil", "env": {}}\\n\')\n'
+    )
+    try:
+        proc = subprocess.run(
+            [SYSTEM_PYTHON, "-c", code],
+            user=65534,
+            group=65534,
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+        )
+        assert proc.returncode == 13, proc.stderr
+        assert adopted == []
+    finally:
+        host.close()
+        shutil.rmtree(top, ignore_errors=True)
