@@ -193,6 +193,8 @@ def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
     found["reauth_lcm"] = int(counts[-1]) if counts else 0
     found["host_exits"] = len(re.findall(r"guardian host \S+ exited with", text))
     found["hosts_started"] = text.count("started guardian host")
+    rounds = [float(t) for t in re.findall(r"lcm: a round took ([\d.]+) s", text)]
+    found["slowest_lcm_round_ms"] = int(max(rounds, default=0.0) * 1000)
     return dict(found)
 
 

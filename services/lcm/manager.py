@@ -64,6 +64,8 @@ from services.store.jobs import JobsRepository
 
 log = logging.getLogger("rhizome.lcm")
 
+# The longest rest after a slow round (LifecycleManager._loop).
+MAX_ROUND_REST_S = 2.0
 # A guardian that exits so found the job guarded by another: restarting it cannot help.
 GUARDIAN_ALREADY_GUARDED = ExitCode.FATAL
 
@@ -209,13 +211,14 @@ class LifecycleManager:
             self._leader_lease.revoke()
 
     def _loop(self) -> None:
-        reauthentications, report_at = 0, 0.0
+        reauthentications, report_at, slow_report_at = 0, 0.0, 0.0
         while not self._stop.is_set():
             if time.monotonic() >= report_at:  # the auth-change storm, for benchmarks
                 report_at = time.monotonic() + 5.0
                 if self.etcd.reauthentications != reauthentications:
                     reauthentications = self.etcd.reauthentications
                     log.info("lcm: etcd re-authentications so far: %d", reauthentications)
+            started = time.monotonic()
             try:
                 if self.is_leader():
                     self.reconcile()
@@ -225,6 +228,17 @@ class LifecycleManager:
                 log.warning("lcm round failed, retrying: %s", exc)
             except Exception:
                 log.exception("lcm round failed")
+            # A round reads every active job and every job key: with a thousand jobs it
+            # takes a good part of a second, and rounds woken back to back (a burst of
+            # submits, of guardians ending) would keep the daemon's GIL busy with them,
+            # starving its API. Rest at least as long as the round took (at most half a
+            # core for rounds); a few milliseconds at small N, so nothing changes there.
+            took = time.monotonic() - started
+            if took > 0.5 and time.monotonic() >= slow_report_at:
+                slow_report_at = time.monotonic() + 10.0
+                log.info("lcm: a round took %.2f s (%d guardians)", took, len(self.guardians))
+            if took > 0.02:
+                self._stop.wait(min(took, MAX_ROUND_REST_S))
             self.wake.wait(self.config.poll_s)
             self.wake.clear()
 
@@ -281,10 +295,11 @@ class LifecycleManager:
         }
         active_ids = {j.job_id for j in active}
         for job in active:
+            spec = job.spec  # parsed once: a round looks at every active job
             self.ensure_guardian(
                 job.job_id,
                 guardian_keys.get(etcd_keys.guardian_lease(job.job_id)),
-                hostable=job.spec.pipeline is None and job.spec.elastic is None,
+                hostable=spec.pipeline is None and spec.elastic is None,
             )
         ended_in_hosts = []
         with self._lock:
