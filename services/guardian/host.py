@@ -290,12 +290,36 @@ class GuardianHost:
 
     # -- life ---------------------------------------------------------------------------
     def start(self) -> GuardianHost:
-        # Refreshed from a thread of its own (Lease.keep_alive, every TTL/4), never from
+        # Refreshed from a thread of its own (_keep_alive, every TTL/4), never from
         # the step or deploy pools nor the main loop: a pool full of slow steps (a stuck
         # backend call, a halt waiting out its grace period) cannot starve it.
-        self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
+        lease = self.etcd.grant(self.config.lease_ttl_s)
+        self.lease = lease
+        threading.Thread(
+            target=self._keep_alive, args=(lease,), name="host-lease", daemon=True
+        ).start()
         self._watch = PrefixWatch(self.etcd, etcd_keys.jobs_prefix(), self._on_change).start()
         return self
+
+    def _keep_alive(self, lease: Lease) -> None:
+        """Refresh the host's lease every TTL/4 (as `Lease.keep_alive`), and count it lost
+        once no refresh has succeeded for a whole TTL: etcd has let it expire by then (its
+        guardian keys are gone, another host may hold the jobs), and a host that cannot
+        reach etcd at all (it was stopped, the machine cut off) would otherwise go on
+        guarding jobs it no longer holds, forever."""
+        period = max(0.2, lease.ttl / 4)
+        last_ok = time.monotonic()
+        while not lease._stop.wait(period):  # set by Lease.revoke (close)
+            try:
+                if not lease.refresh():
+                    break  # expired: refresh() set lost
+                last_ok = time.monotonic()
+            except Exception as exc:  # etcd away for a moment: try again next period
+                if time.monotonic() - last_ok > lease.ttl:
+                    log.warning("no lease refresh for %d s (%s): the lease is lost", lease.ttl, exc)
+                    lease.lost.set()
+                    break
+        self.changed.set()
 
     def stop(self) -> None:
         """Every guardian detaches (its learners save and stop, the job stays as it is),

@@ -460,6 +460,8 @@ class LifecycleManager:
             )
 
     def start_host(self) -> GuardianHostProcess | None:
+        if self._stop.is_set():  # a round still running while stop() gathers the hosts:
+            return None  # a host started now would outlive the LCM, guarding on its own
         host_id = f"{self.id}-{uuid.uuid4().hex[:6]}"
         argv = [sys.executable, "-m", "services.guardian.host", f"--host-id={host_id}"]
         argv += [f"--lease-ttl={self.config.host_lease_ttl_s}", *self.guardian_args()]
@@ -552,6 +554,8 @@ class LifecycleManager:
         return env
 
     def spawn(self, job_id: str) -> None:
+        if self._stop.is_set():  # as start_host: nothing new while stopping
+            return
         job_dir = self.config.data_dir / "jobs" / job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "services.guardian", f"--job-id={job_id}"]

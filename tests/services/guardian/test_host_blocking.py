@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from contract import etcd_keys
+from contract.status import ExitCode
 from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend
 from services.backends.simulated.backend import SimulatedBackend
 from services.guardian.guardian import GuardianConfig
@@ -30,6 +31,7 @@ from services.guardian.host import (
     socket_path,
 )
 from services.store import states
+from services.store.errors import StoreUnavailable
 from tests.services.guardian.helpers import job_report, submit, wait_for
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # not the venv's, which another user may not run
@@ -292,3 +294,45 @@ def test_another_user_cannot_give_a_host_jobs() -> None:
     finally:
         host.close()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_a_host_that_cannot_reach_etcd_for_a_ttl_counts_its_lease_lost(
+    stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd gone for good (stopped under a host, as when a benchmark's platform is torn
+    down): every refresh fails; after a TTL without one the host counts its lease lost and
+    `run` stops every guardian (EVICTED) instead of guarding on, alone, forever."""
+
+    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
+        return GuardianConfig(job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
+
+    host = GuardianHost(
+        HostConfig("cut-off", lease_ttl_s=2, poll_s=0.2),
+        stores["etcd"],
+        stores["repo"],
+        SimulatedBackend(),
+        make_config,
+    ).start()
+    assert host.lease is not None
+    job_id = submit(
+        stores["repo"], tmp_path, "simulated", env={"SIM_UNTIL_FILE": str(tmp_path / "never")}
+    ).job_id
+    assert host.adopt(job_id)  # a host with a guardian: it would run on without etcd
+    failures: list[int] = []
+
+    def unreachable() -> bool:
+        failures.append(1)
+        raise StoreUnavailable("etcd at 127.0.0.1 is unreachable (test)")
+
+    monkeypatch.setattr(host.lease, "refresh", unreachable)
+    try:
+        ended: list[int] = []
+        runs = threading.Thread(target=lambda: ended.append(host.run(None)), daemon=True)
+        runs.start()
+        runs.join(60)  # bounded: without the lost lease it would run on forever
+        assert ended == [ExitCode.EVICTED]
+        assert host.lease.lost.is_set() and len(failures) >= 2
+    finally:
+        host.close()
+        (tmp_path / "never").touch()
