@@ -14,6 +14,13 @@ for all N to be COMPLETED. It reports, per N:
 - etcd keys and MongoDB documents per job while all are alive;
 - release → COMPLETED p50/p99 (status-change latency) and whether any job missed its
   COMPLETED (a lost status change);
+- the etcd authentication storm: every job's etcd user added and removed by the LCM
+  refuses every client's token once, and each client authenticates again. Counted two
+  ways: etcd's own count of Authenticate, UserAdd and UserDelete calls (its /metrics)
+  per job, and the re-authentications (`EtcdClient.reauthentications`) the guardian
+  hosts (their own client and their simulated learners') and the LCM log, per job;
+- what went wrong: FAILED jobs by reason, hosts that lost their lease or exited, backend
+  calls that timed out;
 - cost per job at the largest N against the smallest (goal: ≤ 1.2x), and the memory a
   10,000-job run would need at the measured cost per job against this machine's memory:
   what breaks first.
@@ -25,20 +32,23 @@ at each N measured in the same run. "Guardian" figures are those of every guardi
 process (hosts included); with the simulated backend they include its learner threads.
 
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
-        [--modes process,hosts] [--per-host 500]
+        [--modes process,hosts] [--per-host 500] [--phase-timeout S]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +64,7 @@ from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 
 CLIENTS = 8
+LEARNER_LEASE_TTL_S = 10
 CLUSTER = """nodes:
   - name: sim
     count: 4
@@ -68,6 +79,9 @@ def manifest(n: int, until: Path) -> str:
         f"name: scale-{n}\nlearners: 1\ncpus: 1\nmemory: 16MiB\n"
         "framework:\n  command: 'simulated'\n"
         f"env:\n  SIM_SECONDS: '1'\n  SIM_LOG_LINES: '5'\n  SIM_UNTIL_FILE: '{until}'\n"
+        # A simulated learner's lease refreshed every 2.5 s, not 0.5 s: a real learner's
+        # process pays for its lease, the platform does not (services/backends/simulated).
+        f"  SIM_LEASE_TTL_S: '{LEARNER_LEASE_TTL_S}'\n"
     )
 
 
@@ -141,11 +155,55 @@ def wait_all(repo: JobsRepository, ids: list[str], status: str, timeout_s: float
     return failed
 
 
+AUTH_CALLS = ("Authenticate", "UserAdd", "UserDelete")
+
+
+def etcd_auth_calls(url: str) -> dict[str, int]:
+    """etcd's count of the auth calls it received so far (its Prometheus /metrics:
+    `grpc_server_started_total` of etcdserverpb.Auth)."""
+    text = urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=10).read().decode()
+    counts = dict.fromkeys(AUTH_CALLS, 0)
+    for line in text.splitlines():
+        if line.startswith("grpc_server_started_total{") and "etcdserverpb.Auth" in line:
+            method = re.search(r'grpc_method="(\w+)"', line)
+            if method and method.group(1) in counts:
+                counts[method.group(1)] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+HOST_REAUTH = re.compile(r"etcd re-authentications so far: host (\d+), learners (\d+)")
+LCM_REAUTH = re.compile(r"lcm: etcd re-authentications so far: (\d+)")
+
+
+def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
+    """What the hosts' and the daemon's logs say: re-authentications (the last count each
+    logged), hosts that lost their lease or exited, backend calls given up on."""
+    found = collections.Counter[str]()
+    for path in sorted((data_dir / "guardian-hosts").glob("*.log")):
+        text = path.read_text(errors="replace")
+        counts = HOST_REAUTH.findall(text)
+        if counts:
+            found["reauth_hosts"] += int(counts[-1][0])
+            found["reauth_learners"] += int(counts[-1][1])
+        found["host_lease_lost"] += text.count("lost its lease")
+        found["backend_timeouts"] += text.count("did not return within")
+        found["revision_old"] += text.count("revision in header is old")
+    text = daemon_log.read_text(errors="replace") if daemon_log.exists() else ""
+    counts = LCM_REAUTH.findall(text)
+    found["reauth_lcm"] = int(counts[-1]) if counts else 0
+    found["host_exits"] = len(re.findall(r"guardian host \S+ exited with", text))
+    found["hosts_started"] = text.count("started guardian host")
+    rounds = re.findall(r"lcm: a round took ([\d.]+) s, ([\d.]+) s of it reading", text)
+    found["slowest_lcm_round_ms"] = int(max((float(t) for t, _ in rounds), default=0.0) * 1000)
+    found["slowest_lcm_read_ms"] = int(max((float(r) for _, r in rounds), default=0.0) * 1000)
+    return dict(found)
+
+
 def entered(repo: JobsRepository, job_id: str, status: str) -> float:
     return next(h.time for h in repo.get(job_id).history if h.status == status)
 
 
-def run(n: int, steady_s: float, per_host: int) -> dict[str, Any]:
+def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[str, Any]:
     """One platform with N jobs alive; `per_host` guardians per host (0: a process each)."""
     os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
     print(f"N={n}, {per_host or 'no'} guardians per host", file=sys.stderr, flush=True)
@@ -160,6 +218,7 @@ def run(n: int, steady_s: float, per_host: int) -> dict[str, Any]:
             db = connect(platform.mongo.url)
             repo = JobsRepository(db)
             before = sample(pid, platform.data_dir)
+            auth_before = etcd_auth_calls(platform.etcd.url)
             ids: list[str] = []
             lock = threading.Lock()
 
@@ -176,7 +235,8 @@ def run(n: int, steady_s: float, per_host: int) -> dict[str, Any]:
                 t.start()
             for t in threads:
                 t.join()
-            failed = wait_all(repo, ids, states.PROCESSING, 120 + n * 2.0)
+            timeout_s = min(120 + n * 2.0, phase_timeout_s)
+            failed = wait_all(repo, ids, states.PROCESSING, timeout_s)
             all_processing_s = time.monotonic() - t0
             alive = [j for j in ids if j not in failed]
             to_processing = [
@@ -193,12 +253,19 @@ def run(n: int, steady_s: float, per_host: int) -> dict[str, Any]:
             released = time.time()
             release.touch()
             t_release = time.monotonic()
-            failed += wait_all(repo, alive, states.COMPLETED, 120 + n * 2.0)
+            failed += wait_all(repo, alive, states.COMPLETED, timeout_s)
             all_done = time.monotonic() - t_release
             after = sample(pid, platform.data_dir)
             done = [j for j in ids if j not in failed]
             to_completed = [entered(repo, j, states.COMPLETED) - released for j in done]
             lost = [j for j in done if repo.get(j).status != states.COMPLETED]
+            why_failed = collections.Counter(
+                f"{r.status}: {r.status_message[:90]}" for r in map(repo.get, failed)
+            )
+            time.sleep(6)  # the hosts and the LCM log their counts every 5 s
+            auth_after = etcd_auth_calls(platform.etcd.url)
+            assert platform.daemon.log_path is not None
+            findings = log_findings(platform.data_dir, Path(platform.daemon.log_path))
             db.client.close()
             # Guardians end with their jobs; any left are ours to stop.
             for gpid in guardian_pids(platform.data_dir):
@@ -226,6 +293,16 @@ def run(n: int, steady_s: float, per_host: int) -> dict[str, Any]:
         "all_completed_s": all_done,
         "lost_status_changes": len(lost),
         "failed_jobs": len(failed),
+        "failed_why": dict(why_failed),
+        "etcd_auth_calls": {k: auth_after[k] - auth_before[k] for k in AUTH_CALLS},
+        "etcd_authenticate_per_job": (auth_after["Authenticate"] - auth_before["Authenticate"]) / n,
+        "reauth_per_job": (
+            findings.get("reauth_hosts", 0)
+            + findings.get("reauth_learners", 0)
+            + findings.get("reauth_lcm", 0)
+        )
+        / n,
+        "findings": findings,
     }
 
 
@@ -241,6 +318,12 @@ def main() -> None:
     )
     parser.add_argument("--per-host", type=int, default=500, help="guardians per host (hosts)")
     parser.add_argument(
+        "--phase-timeout",
+        type=float,
+        default=3600.0,
+        help="most seconds to wait for all N PROCESSING, then for all COMPLETED (the rest: late)",
+    )
+    parser.add_argument(
         "--max-process-n",
         type=int,
         default=200,
@@ -255,7 +338,8 @@ def main() -> None:
     for n in sizes:
         for mode in modes:
             if mode == "hosts" or n <= args.max_process_n:
-                rows.append(run(n, args.steady, args.per_host if mode == "hosts" else 0))
+                per_host = args.per_host if mode == "hosts" else 0
+                rows.append(run(n, args.steady, per_host, args.phase_timeout))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if cut short
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)\n")
     cols = [
@@ -276,6 +360,8 @@ def main() -> None:
         ("release→COMPLETED p99 s", "release_to_completed_p99_s", "{:.2f}"),
         ("lost", "lost_status_changes", "{:.0f}"),
         ("FAILED/late", "failed_jobs", "{:.0f}"),
+        ("etcd Authenticate/job", "etcd_authenticate_per_job", "{:.1f}"),
+        ("re-auth/job", "reauth_per_job", "{:.1f}"),
     ]
     print(" | ".join(c for c, _, _ in cols))
     for row in rows:
@@ -297,6 +383,12 @@ def main() -> None:
     for mode in modes:
         if by_mode[mode]:
             report(by_mode[mode])
+    print("\nwhat went wrong, and the etcd authentication storm:")
+    for row in rows:
+        print(
+            f"  {row['mode']} N={row['n']}: etcd auth calls {row['etcd_auth_calls']}; "
+            f"logs {row['findings']}; FAILED/late by reason {row['failed_why'] or 'none'}"
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
 

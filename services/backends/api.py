@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,3 +190,141 @@ def get_backend(name: str, **kwargs: Any) -> Backend:
 
 def backend_names() -> list[str]:
     return BACKENDS.names()
+
+
+# -- timeouts on backend calls (a guardian host: docs/control-plane-scale.md) ------------
+class BackendTimeout(BackendError):
+    """A backend call did not return within its timeout. The call goes on in a thread of
+    its own (a Python thread cannot be stopped); its caller gets this instead, and the
+    thread that waited is free again."""
+
+
+# How long each kind of call may take before its caller gives up on it (seconds). Deploy
+# steps and teardown get room for a slow engine (an image, a volume, containers stopping);
+# the questions a monitor step asks every round (is it alive, has it exited) get less.
+# `stop_learners` / `stop_learner` get their grace period on top of theirs.
+CALL_TIMEOUTS_S: dict[str, float] = {
+    "prepare_volume": 120.0,
+    "write_secrets": 60.0,
+    "start_learner": 120.0,
+    "start_helper": 60.0,
+    "stop_helper": 60.0,
+    "renew_tls": 60.0,
+    "learner_exited": 30.0,
+    "stop_learners": 60.0,
+    "stop_learner": 60.0,
+    "rollback": 120.0,
+    "running": 30.0,
+    "log_tail": 30.0,
+    "controller_alive": 30.0,
+    "release": 60.0,
+    "release_ended": 300.0,
+    "exit_note": 30.0,
+    "out_of_memory": 30.0,
+}
+# At most this many backend calls run at once in a TimedBackend; more wait their turn
+# (inside their own timeout). Calls stuck past their timeout keep their threads, so a
+# backend that hangs every call degrades to timeouts, never to a stuck caller.
+TIMED_CALL_THREADS = 32
+
+
+class TimedBackend(Backend):
+    """`backend`, with every call bounded by `CALL_TIMEOUTS_S` (or `timeouts`): the call
+    runs on a pool of the wrapper's own, and its caller (a guardian host's step or deploy
+    thread) waits at most the timeout, then gets `BackendTimeout` naming the call, the
+    job and the limit. `on_timeout(message)` is told first, in the caller's thread (the
+    host writes it into the job's history). A call that has not started by its deadline is
+    cancelled; one that has runs on, holding a thread of this pool only."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        timeouts: dict[str, float] | None = None,
+        on_timeout: Callable[[str], None] | None = None,
+        threads: int = TIMED_CALL_THREADS,
+    ) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.renews_tls = backend.renews_tls
+        self.timeouts = {**CALL_TIMEOUTS_S, **(timeouts or {})}
+        self.on_timeout = on_timeout
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="backend")
+
+    def _call(self, kind: str, job: str, extra_s: float, *args: Any) -> Any:
+        limit = self.timeouts[kind] + extra_s
+        future = self._pool.submit(getattr(self.backend, kind), *args)
+        try:
+            return future.result(timeout=limit)
+        except FutureTimeout:
+            future.cancel()
+            message = (
+                f"backend call {kind} for job {job} did not return within {limit:g} s "
+                f"(the {self.backend.name or type(self.backend).__name__} backend is stuck "
+                "or too slow); given up on"
+            )
+            if self.on_timeout is not None:
+                self.on_timeout(message)
+            raise BackendTimeout(message) from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __getattr__(self, name: str) -> Any:
+        # What only some backends have (not part of the interface): theirs, untimed.
+        if name == "backend":
+            raise AttributeError(name)
+        return getattr(self.backend, name)
+
+    def prepare_volume(self, job: JobSpec) -> None:
+        self._call("prepare_volume", job.job_id, 0.0, job)
+
+    def write_secrets(self, job: JobSpec) -> None:
+        self._call("write_secrets", job.job_id, 0.0, job)
+
+    def start_learner(self, job: JobSpec, rank: int, restart: int = 0) -> int:
+        return int(self._call("start_learner", job.job_id, 0.0, job, rank, restart))
+
+    def start_helper(self, job: JobSpec) -> None:
+        self._call("start_helper", job.job_id, 0.0, job)
+
+    def stop_helper(self, job_id: str, job_dir: str) -> None:
+        self._call("stop_helper", job_id, 0.0, job_id, job_dir)
+
+    def renew_tls(self, job: JobSpec, tls: dict[str, str]) -> None:
+        self._call("renew_tls", job.job_id, 0.0, job, tls)
+
+    def learner_exited(self, handle: int) -> int | None:
+        code = self._call("learner_exited", f"(learner handle {handle})", 0.0, handle)
+        return None if code is None else int(code)
+
+    def stop_learners(self, job_id: str, grace_s: float) -> None:
+        self._call("stop_learners", job_id, grace_s, job_id, grace_s)
+
+    def stop_learner(self, job_id: str, rank: int, grace_s: float) -> None:
+        self._call("stop_learner", job_id, grace_s, job_id, rank, grace_s)
+
+    def rollback(self, job_id: str, job_dir: str) -> None:
+        self._call("rollback", job_id, 0.0, job_id, job_dir)
+
+    def running(self, job_id: str) -> list[int]:
+        return list(self._call("running", job_id, 0.0, job_id))
+
+    def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
+        return list(self._call("log_tail", Path(job_dir).name, 0.0, job_dir, rank, lines))
+
+    def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
+        return bool(self._call("controller_alive", job_id, 0.0, job_id, rank, status))
+
+    def release(self, job_id: str, job_dir: str, result_store: str) -> None:
+        self._call("release", job_id, 0.0, job_id, job_dir, result_store)
+
+    def release_ended(
+        self, jobs_dir: Path, objects_dir: Path, ended: Callable[[str], bool]
+    ) -> None:
+        self._call("release_ended", "(all ended jobs)", 0.0, jobs_dir, objects_dir, ended)
+
+    def exit_note(self, job_id: str, rank: int) -> str:
+        return str(self._call("exit_note", job_id, 0.0, job_id, rank))
+
+    def out_of_memory(self, job_id: str, rank: int) -> bool:
+        return bool(self._call("out_of_memory", job_id, 0.0, job_id, rank))

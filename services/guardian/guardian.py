@@ -783,26 +783,35 @@ class Guardian:
                 self.job_id, target, f"learners are {target}", expect_version=job.version
             )
 
-    def halt(self, spec: JobSpec) -> int:
+    def halt(self, spec: JobSpec) -> int | None:
         """Learners save and stop (they watch the same control key: SIGTERM, the grace,
         then SIGKILL); then HALTED. Bounded: whatever still runs after the grace (and a
         margin) is stopped here, and the history names the learners that were killed
-        rather than saving and leaving."""
+        rather than saving and leaving. (A guardian host does not wait here: its
+        HostedGuardian asks `halt_busy` once a step, returning None until `halt_end`.)"""
         deadline = time.monotonic() + spec.grace_s + 5
         busy: list[int] = []
         while time.monotonic() < deadline:
-            entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
-            busy = [
-                _rank_of(e.key)
-                for e in entries.values()
-                if e.lease
-                and isinstance(e.value, dict)
-                and self.backend.controller_alive(self.job_id, _rank_of(e.key), e.value)
-            ]
+            busy = self.halt_busy()
             if not busy:
                 break
             self.wake.wait(0.2)
             self.wake.clear()
+        return self.halt_end(spec, busy)
+
+    def halt_busy(self) -> list[int]:
+        """The ranks whose controllers still run during a halt."""
+        entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
+        return [
+            _rank_of(e.key)
+            for e in entries.values()
+            if e.lease
+            and isinstance(e.value, dict)
+            and self.backend.controller_alive(self.job_id, _rank_of(e.key), e.value)
+        ]
+
+    def halt_end(self, spec: JobSpec, busy: list[int]) -> int:
+        """The halt's end: stop what still runs (`busy`), then HALTED, naming the killed."""
         entries = self.etcd.get_prefix(etcd_keys.learner_prefix(self.job_id))
         killed = sorted(
             {

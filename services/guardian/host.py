@@ -24,7 +24,14 @@ guardian (a fresh `Guardian`, like a new process) with exponential backoff; the 
 goes on. A guardian that ends (done, another guardian holds the job, terminated) is
 dropped and its key deleted.
 
-The host exits once its standard input is closed and no guardian is left (0), when its
+A host also listens on a Unix socket, `<data-dir>/guardian-hosts/<host>.sock` (0600, and
+only a peer of the host's own uid is heard: SO_PEERCRED), where an LCM that did not start
+it (a restarted daemon's, a standby's after a takeover) connects, reads one JSON line
+about the host (`{"host_id", "pid", "start", "jobs"}`) and then gives it jobs as on the
+standard input. So new jobs fill the hosts that already run before new hosts start.
+
+The host exits once its standard input is closed, no LCM is connected to its socket and
+no guardian is left (0), when its
 lease is lost (`EVICTED`, 4), or on SIGTERM after its guardians detached (`PREEMPTED`).
 """
 
@@ -36,6 +43,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -43,12 +52,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from contract import etcd_keys, procs
 from contract.etcd import Change, EtcdClient, Lease, PrefixWatch
 from contract.status import ExitCode
-from services.backends.api import Backend, get_backend
+from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, get_backend
 from services.guardian.__main__ import pop_job_credentials
 from services.guardian.guardian import (
     EXIT_ALREADY_GUARDED,
@@ -124,6 +133,60 @@ class JobLogHandler(logging.Handler):
             pass
 
 
+def socket_path(data_dir: Path, host_id: str) -> Path:
+    """Where host `host_id` takes assignments from an LCM that did not start it."""
+    return data_dir / "guardian-hosts" / f"{host_id}.sock"
+
+
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """`path` as a Unix socket address: itself, or (past the 108 bytes an address holds,
+    a deep data directory) the same file through a descriptor of its directory."""
+    if len(os.fsencode(path)) < 100:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (the kernel says)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
+
+
+def connect_host(path: Path, timeout_s: float = 5.0) -> tuple[socket.socket, dict[str, Any]]:
+    """Connect to a guardian host's socket; returns the connection and what the host says
+    of itself (`host_id`, `pid`, `start`, `jobs`). OSError if none listens there (a dead
+    host's file: ConnectionRefusedError) or it is not ours or does not answer."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout_s)
+        with unix_address(path) as address:
+            conn.connect(address)
+        if peer_uid(conn) != os.getuid():
+            raise PermissionError(f"{path} is served by another user")
+        hello = b""
+        while not hello.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"{path}: the host closed the connection")
+            hello += chunk
+        about = json.loads(hello)
+        if not isinstance(about, dict) or not about.get("host_id") or not about.get("pid"):
+            raise ConnectionError(f"{path}: not a guardian host's greeting")
+        return conn, about
+    except OSError:
+        conn.close()
+        raise
+    except ValueError as exc:  # not JSON
+        conn.close()
+        raise ConnectionError(f"{path}: not a guardian host's greeting") from exc
+
+
 # A host's lease TTL. A guardian process's lease is 2 s; a host's is longer because it
 # lapses for a different reason: at N=1,000 under load 20 (benchmarks/RESULTS.md) a host's
 # 2 s lease expired while its keep-alive thread waited for the GIL behind hundreds of
@@ -133,6 +196,8 @@ class JobLogHandler(logging.Handler):
 # dead holder's lease as soon as it sees the pid gone (LifecycleManager.ensure_guardian).
 # It only lengthens how long a live host cut off from etcd keeps its jobs fenced.
 HOST_LEASE_TTL_S = 10
+# How often a host looks whether its etcd clients re-authenticated (and logs it if so).
+REAUTH_REPORT_S = 5.0
 
 
 @dataclass
@@ -143,6 +208,35 @@ class HostConfig:
     step_threads: int = 4
     deploy_threads: int = 4
     max_backoff_s: float = 10.0
+    # Per kind of backend call, how long it may take (services/backends/api.py
+    # CALL_TIMEOUTS_S, which these override): a stuck call must not hold a pool thread.
+    backend_timeouts: dict[str, float] = field(default_factory=dict)
+    # While a guardian's halt waits for its learners to save and stop, it steps this
+    # often (besides every change of its job): the halt's deadline is checked then.
+    halt_poll_s: float = 0.5
+
+
+class HostedGuardian(Guardian):
+    """A guardian in a host. Its halt does not wait for the learners inside a step (a
+    step thread held for their grace period, up to `--step-threads` halts stopping every
+    other job's steps): each step asks once whether any learner still runs, and returns
+    None (not done) until none does or the halt's deadline passed, then ends the halt as
+    `Guardian.halt` does. The host steps a halting guardian every `halt_poll_s`, and at
+    once on a change of its job (a learner's status, its lease going)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.halt_deadline: float | None = None  # set while a halt waits for learners
+
+    def halt(self, spec: JobSpec) -> int | None:
+        now = time.monotonic()
+        if self.halt_deadline is None:
+            self.halt_deadline = now + spec.grace_s + 5
+            log.info("job %s: halting; its learners have %g s to save", self.job_id, spec.grace_s)
+        busy = self.halt_busy()
+        if busy and now < self.halt_deadline:
+            return None
+        return self.halt_end(spec, busy)
 
 
 @dataclass
@@ -172,7 +266,13 @@ class GuardianHost:
         self.config = config
         self.etcd = etcd
         self.jobs = jobs
-        self.backend = backend
+        # Every call bounded (TimedBackend): a step or deploy thread waits for a stuck
+        # engine at most its call's timeout, and the job's history says which call it was.
+        self.backend = (
+            backend
+            if isinstance(backend, TimedBackend)
+            else TimedBackend(backend, config.backend_timeouts, on_timeout=self._timed_out)
+        )
         self.stats = stats
         self.make_config = make_config
         self.guardians: dict[str, Hosted] = {}
@@ -182,17 +282,44 @@ class GuardianHost:
         self.changed = threading.Event()  # something for the main loop to look at
         self._lock = threading.RLock()
         self._watch: PrefixWatch | None = None
+        self._listener: socket.socket | None = None
+        self._socket_path: Path | None = None
+        self._inputs = 0  # LCM connections open on the socket (the host stays for them)
         self._steps = ThreadPoolExecutor(config.step_threads, thread_name_prefix="step")
         self._deploys = ThreadPoolExecutor(config.deploy_threads, thread_name_prefix="deploy")
 
     # -- life ---------------------------------------------------------------------------
     def start(self) -> GuardianHost:
-        # Refreshed from a thread of its own (Lease.keep_alive, every TTL/4), never from
+        # Refreshed from a thread of its own (_keep_alive, every TTL/4), never from
         # the step or deploy pools nor the main loop: a pool full of slow steps (a stuck
         # backend call, a halt waiting out its grace period) cannot starve it.
-        self.lease = self.etcd.grant(self.config.lease_ttl_s).keep_alive()
+        lease = self.etcd.grant(self.config.lease_ttl_s)
+        self.lease = lease
+        threading.Thread(
+            target=self._keep_alive, args=(lease,), name="host-lease", daemon=True
+        ).start()
         self._watch = PrefixWatch(self.etcd, etcd_keys.jobs_prefix(), self._on_change).start()
         return self
+
+    def _keep_alive(self, lease: Lease) -> None:
+        """Refresh the host's lease every TTL/4 (as `Lease.keep_alive`), and count it lost
+        once no refresh has succeeded for a whole TTL: etcd has let it expire by then (its
+        guardian keys are gone, another host may hold the jobs), and a host that cannot
+        reach etcd at all (it was stopped, the machine cut off) would otherwise go on
+        guarding jobs it no longer holds, forever."""
+        period = max(0.2, lease.ttl / 4)
+        last_ok = time.monotonic()
+        while not lease._stop.wait(period):  # set by Lease.revoke (close)
+            try:
+                if not lease.refresh():
+                    break  # expired: refresh() set lost
+                last_ok = time.monotonic()
+            except Exception as exc:  # etcd away for a moment: try again next period
+                if time.monotonic() - last_ok > lease.ttl:
+                    log.warning("no lease refresh for %d s (%s): the lease is lost", lease.ttl, exc)
+                    lease.lost.set()
+                    break
+        self.changed.set()
 
     def stop(self) -> None:
         """Every guardian detaches (its learners save and stop, the job stays as it is),
@@ -208,13 +335,91 @@ class GuardianHost:
             self.changed.clear()
         self.close()
 
+    def listen(self, path: Path) -> None:
+        """Take assignments on a Unix socket at `path` too (the module's docstring)."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a dead host's of the same id: ids are unique, it is garbage
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with unix_address(path) as address:
+            listener.bind(address)
+        os.chmod(path, 0o600)
+        listener.listen(16)
+        self._listener, self._socket_path = listener, path
+        threading.Thread(target=self._accept, name="listen", daemon=True).start()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed: the host is stopping
+                return
+            try:
+                uid = peer_uid(conn)
+            except OSError:
+                conn.close()
+                continue
+            if uid != os.getuid():  # only the platform's own processes give jobs
+                log.warning("refused a connection to the host's socket from uid %d", uid)
+                conn.close()
+                continue
+            with self._lock:
+                self._inputs += 1
+            threading.Thread(
+                target=self._serve, args=(conn,), name="lcm-input", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        """One LCM's connection: say who we are, then adopt the jobs it gives."""
+        try:
+            me = procs.ProcRef.of(os.getpid())
+            with self._lock:
+                jobs = sorted(self.guardians)
+            hello = {
+                "host_id": self.config.host_id,
+                "pid": os.getpid(),
+                "start": me.start if me else 0,
+                "jobs": jobs,
+            }
+            conn.sendall((json.dumps(hello) + "\n").encode())
+            with conn.makefile("r", encoding="utf-8", errors="replace") as lines:
+                for line in lines:
+                    self._assign(line)
+        except OSError as exc:
+            log.info("an LCM's connection ended: %s", exc)
+        finally:
+            conn.close()
+            with self._lock:
+                self._inputs -= 1
+            log.info("an LCM disconnected from the host's socket")
+            self.changed.set()
+
     def close(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+            if self._socket_path is not None:
+                with contextlib.suppress(OSError):
+                    self._socket_path.unlink()
         if self._watch is not None:
             self._watch.stop()
         self._steps.shutdown(wait=False, cancel_futures=True)
         self._deploys.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.backend, TimedBackend):
+            self.backend.close()
         if self.lease is not None:
             self.lease.revoke()
+
+    def _timed_out(self, message: str) -> None:
+        """A backend call gave up (TimedBackend, in the waiting thread): the job the
+        thread works for gets the reason in its history; the thread goes on (the call's
+        BackendError fails the deploy attempt, or the step, which restarts the guardian)."""
+        job_id = getattr(_working_for, "job_id", None)
+        log.error("%s", message)
+        if job_id:
+            with contextlib.suppress(Exception):  # the store away: the log has it
+                self.jobs.note(job_id, message)
 
     # -- jobs ---------------------------------------------------------------------------
     def adopt(self, job_id: str, env: dict[str, str] | None = None) -> bool:
@@ -227,7 +432,7 @@ class GuardianHost:
         config = self.make_config(job_id, dict(env or {}))
 
         def make() -> Guardian:
-            guardian = Guardian(config, self.etcd, self.jobs, self.backend, self.stats)
+            guardian = HostedGuardian(config, self.etcd, self.jobs, self.backend, self.stats)
             guardian.lease = self.lease
             guardian.poll_s = self.config.poll_s
             return guardian
@@ -282,12 +487,17 @@ class GuardianHost:
             try:
                 hosted.guardian.wake.clear()
                 code = hosted.guardian.step()
+            except BackendTimeout as exc:  # in its history already (_timed_out)
+                log.warning("job %s: the guardian's step gave up: %s", hosted.job_id, exc)
+                code = STEP_CRASHED
             except Exception:
                 log.exception("job %s: the guardian's step failed", hosted.job_id)
                 code = STEP_CRASHED
         with self._lock:
             hosted.running = False
-            hosted.next_step = time.monotonic() + self.config.poll_s
+            halting = getattr(hosted.guardian, "halt_deadline", None) is not None
+            period = min(self.config.poll_s, self.config.halt_poll_s) if halting else None
+            hosted.next_step = time.monotonic() + (period or self.config.poll_s)
             if code is not None:
                 again = self._guardian_ended(hosted, code)
             else:  # a change came meanwhile, or a deploy step ended: on at once
@@ -351,7 +561,12 @@ class GuardianHost:
             ).start()
         assert self.lease is not None
         tick_s = min(0.1, self.config.poll_s / 4)
+        reported = (0, 0)
+        report_at = 0.0
         while True:
+            if time.monotonic() >= report_at:
+                reported = self.report_reauthentications(reported)
+                report_at = time.monotonic() + REAUTH_REPORT_S
             if self.lease.lost.is_set():
                 log.warning("host %s lost its lease: every guardian stops", self.config.host_id)
                 self.close()
@@ -359,36 +574,52 @@ class GuardianHost:
             if self.terminate.is_set():
                 self.stop()
                 return ExitCode.PREEMPTED
-            if closed.is_set() and not self.guardians:
+            if closed.is_set() and not self.guardians and not self._inputs:
                 self.close()
                 return ExitCode.OK
             self.tick()
             self.changed.wait(tick_s)
             self.changed.clear()
 
+    def report_reauthentications(self, last: tuple[int, int]) -> tuple[int, int]:
+        """Log how many new etcd tokens the host's client and its backend's (simulated
+        learners) needed so far, when that changed: every auth change in etcd (the LCM adds
+        and removes a user per job) refuses every client's token once, and
+        benchmarks/control_plane_scale.py counts the storm from these lines."""
+        learners = getattr(self.backend, "etcd_reauthentications", None)
+        now = (self.etcd.reauthentications, int(learners()) if callable(learners) else 0)
+        if now != last:
+            log.info(
+                "etcd re-authentications so far: host %d, learners %d (%d guardians)",
+                now[0],
+                now[1],
+                len(self.guardians),
+            )
+        return now
+
     def _read(self, assignments: Iterable[str], closed: threading.Event) -> None:
         try:
             for line in assignments:
-                if not line.strip():
-                    continue
-                try:
-                    message = json.loads(line)
-                    job_id = str(message["job_id"])
-                    env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.error(
-                        "ignored an assignment that is not {job_id, env} JSON (%s): %.80r",
-                        exc,
-                        line,
-                    )
-                    continue
-                try:
-                    self.adopt(job_id, env)
-                except Exception:  # a bad job must not stop the others' assignments
-                    log.exception("job %s: cannot guard it", job_id)
+                self._assign(line)
         finally:
             closed.set()
             self.changed.set()
+
+    def _assign(self, line: str) -> None:
+        """One assignment line (the standard input's or the socket's): adopt its job."""
+        if not line.strip():
+            return
+        try:
+            message = json.loads(line)
+            job_id = str(message["job_id"])
+            env = {str(k): str(v) for k, v in dict(message.get("env") or {}).items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("ignored an assignment that is not {job_id, env} JSON (%s): %.80r", exc, line)
+            return
+        try:
+            self.adopt(job_id, env)
+        except Exception:  # a bad job must not stop the others' assignments
+            log.exception("job %s: cannot guard it", job_id)
 
 
 def assignment(job_id: str, env: dict[str, str]) -> str:
@@ -494,6 +725,10 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"guardian host: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    try:
+        host.listen(socket_path(args.data_dir, args.host_id))
+    except OSError as exc:  # the standard input still works: only a later LCM cannot reach it
+        log.error("guardian host %s: cannot listen on its socket: %s", args.host_id, exc)
     for job_id in args.job:
         host.adopt(job_id)
     code = host.run(stdin if stdin is not None else sys.stdin)

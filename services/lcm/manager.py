@@ -24,12 +24,14 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +46,7 @@ from contract.etcd import (
 )
 from contract.status import ExitCode
 from services.backends.api import get_backend
-from services.guardian.host import HOST_LEASE_TTL_S, assignment
+from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.placement import place_queued_locally
 from services.security.api import (
@@ -63,6 +65,8 @@ from services.store.jobs import JobsRepository
 
 log = logging.getLogger("rhizome.lcm")
 
+# The longest rest after a slow round (LifecycleManager._loop).
+MAX_ROUND_REST_S = 2.0
 # A guardian that exits so found the job guarded by another: restarting it cannot help.
 GUARDIAN_ALREADY_GUARDED = ExitCode.FATAL
 
@@ -109,23 +113,37 @@ class LcmConfig:
 
 @dataclass
 class GuardianHostProcess:
-    """A guardian host this LCM started: jobs are given to it on its standard input."""
+    """A guardian host this LCM gives jobs to: one it started (`proc`: jobs go on its
+    standard input), or one an earlier LCM started that this one found running (`conn`:
+    its socket, services/guardian/host.py; not our child, so watched by its pid)."""
 
     host_id: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
     ref: procs.ProcRef
     jobs: set[str] = field(default_factory=set)
+    conn: socket.socket | None = None
 
     def give(self, job_id: str, env: dict[str, str]) -> bool:
         """Hand it job `job_id`; False if it is gone (its input is closed)."""
-        assert self.proc.stdin is not None
+        line = assignment(job_id, env).encode()
         try:
-            self.proc.stdin.write(assignment(job_id, env).encode())
-            self.proc.stdin.flush()
+            if self.conn is not None:
+                self.conn.sendall(line)
+            else:
+                assert self.proc is not None and self.proc.stdin is not None
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             return False
         self.jobs.add(job_id)
         return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if self.conn is not None:
+                self.conn.close()
+            elif self.proc is not None and self.proc.stdin is not None:
+                self.proc.stdin.close()
 
 
 @dataclass
@@ -153,6 +171,16 @@ class LifecycleManager:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._leader_lease: Lease | None = None
+        # Whether this leadership term looked for guardian hosts an earlier LCM started.
+        self._hosts_found = False
+        self._read_s = 0.0  # how long the last round's reads took (_loop rests as long)
+        # A hosted job's set-up (its etcd user, token, certificate: `job_env`) runs here,
+        # off the round: at N=1,000 it took 0.4-0.8 s a job (etcd hashing passwords under
+        # load), and done in the round it held every other round's work (a dead host's
+        # jobs, the ended jobs' users) for minutes. One thread: set-ups in parallel would
+        # refuse each other's etcd tokens (each one changes etcd's auth) for little gain.
+        self._setup = ThreadPoolExecutor(1, thread_name_prefix="job-setup")
+        self._setups: dict[str, Future[dict[str, str] | None]] = {}
         self.backend = get_backend(config.backend)
 
     # -- life ------------------------------------------------------------------------------
@@ -169,11 +197,14 @@ class LifecycleManager:
         self.wake.set()
         if self._thread:
             self._thread.join(timeout=5)
+        self._setup.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             running = [g for g in self.guardians.values() if g.ref.alive()]
             running += [
                 Supervised(h.host_id, h.ref, child=True) for h in self.hosts if h.ref.alive()
             ]
+        for host in self.hosts:
+            host.close()
         for g in running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(g.ref.pid, signal.SIGTERM)
@@ -190,14 +221,39 @@ class LifecycleManager:
             self._leader_lease.revoke()
 
     def _loop(self) -> None:
+        reauthentications, report_at, slow_report_at = 0, 0.0, 0.0
         while not self._stop.is_set():
+            if time.monotonic() >= report_at:  # the auth-change storm, for benchmarks
+                report_at = time.monotonic() + 5.0
+                if self.etcd.reauthentications != reauthentications:
+                    reauthentications = self.etcd.reauthentications
+                    log.info("lcm: etcd re-authentications so far: %d", reauthentications)
+            started = time.monotonic()
             try:
                 if self.is_leader():
                     self.reconcile()
+                else:
+                    self._hosts_found = False  # whoever leads may start hosts meanwhile
             except (StoreUnavailable, OSError) as exc:
                 log.warning("lcm round failed, retrying: %s", exc)
             except Exception:
                 log.exception("lcm round failed")
+            # A round reads every active job and every job key: with a thousand jobs that
+            # takes a good part of a second, and rounds woken back to back (a burst of
+            # submits, of guardians ending) would keep the daemon's GIL busy reading,
+            # starving its API. Rest at least as long as the reading took; a few
+            # milliseconds at small N, so nothing changes there.
+            took = time.monotonic() - started
+            if took > 0.5 and time.monotonic() >= slow_report_at:
+                slow_report_at = time.monotonic() + 10.0
+                log.info(
+                    "lcm: a round took %.2f s, %.2f s of it reading (%d guardians)",
+                    took,
+                    self._read_s,
+                    len(self.guardians),
+                )
+            if self._read_s > 0.02:  # not the jobs' set-up: that is work, not overhead
+                self._stop.wait(min(self._read_s, MAX_ROUND_REST_S))
             self.wake.wait(self.config.poll_s)
             self.wake.clear()
 
@@ -240,21 +296,29 @@ class LifecycleManager:
 
     # -- rounds ---------------------------------------------------------------------------------
     def reconcile(self) -> None:
+        if self.config.guardians_per_host > 0 and not self._hosts_found:
+            self.find_hosts()
+            self._hosts_found = True
         if self.config.place_locally:
             place_queued_locally(self.jobs)
+        reading = time.monotonic()
         active = self.jobs.by_status(states.ACTIVE_STATES)
         keys = self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        self._read_s = time.monotonic() - reading
         guardian_keys = {
             k: e
             for k, e in keys.items()
             if k == etcd_keys.guardian_lease(etcd_keys.job_of(k) or "")
         }
         active_ids = {j.job_id for j in active}
+        for job_id in [j for j, f in self._setups.items() if j not in active_ids and f.done()]:
+            del self._setups[job_id]  # ended before it was given out (halted, deleted)
         for job in active:
+            spec = job.spec  # parsed once: a round looks at every active job
             self.ensure_guardian(
                 job.job_id,
                 guardian_keys.get(etcd_keys.guardian_lease(job.job_id)),
-                hostable=job.spec.pipeline is None and job.spec.elastic is None,
+                hostable=spec.pipeline is None and spec.elastic is None,
             )
         ended_in_hosts = []
         with self._lock:
@@ -287,9 +351,15 @@ class LifecycleManager:
                 if isinstance(value, dict) and procs.ref_alive(
                     value.get("pid"), value.get("start")
                 ):
-                    self.guardians[job_id] = Supervised(
-                        job_id, procs.ProcRef(int(value["pid"]), int(value["start"])), child=False
+                    ref = procs.ProcRef(int(value["pid"]), int(value["start"]))
+                    # In a host we give jobs to: counted in its load, as if we had.
+                    host = next(
+                        (h for h in self.hosts if h.host_id == value.get("host") and h.ref == ref),
+                        None,
                     )
+                    if host is not None:
+                        host.jobs.add(job_id)
+                    self.guardians[job_id] = Supervised(job_id, ref, child=False, host=host)
                     return
                 self.etcd.revoke(int(getattr(entry, "lease", 0)))  # its guardian is dead
             if time.monotonic() < self.not_before.get(job_id, 0.0):
@@ -314,20 +384,84 @@ class LifecycleManager:
         return False
 
     def assign(self, job_id: str) -> None:
-        """Give the job's guardian to the least loaded host with room, else a new host."""
-        env = self.job_env(job_id)
+        """Give the job's guardian to the least loaded host with room, else a new host,
+        once its set-up (`job_env`, on the set-up thread) is ready; a round that finds it
+        not ready yet moves on (the set-up's end wakes the next round)."""
+        setup = self._setups.get(job_id)
+        if setup is None:
+            setup = self._setup.submit(self.job_env, job_id)
+            self._setups[job_id] = setup
+            setup.add_done_callback(lambda _: self.wake.set())
+        if not setup.done():
+            return
+        del self._setups[job_id]
+        env = setup.result()  # None: logged by job_env; the next round tries again
         if env is None:
             return
-        self.hosts = [h for h in self.hosts if h.ref.alive()]
-        room = [h for h in self.hosts if len(h.jobs) < self.config.guardians_per_host]
-        host = min(room, key=lambda h: len(h.jobs)) if room else self.start_host()
-        if host is None or not host.give(job_id, env):
-            log.warning("job %s: no guardian host took it; trying again next round", job_id)
-            return
-        self.guardians[job_id] = Supervised(job_id, host.ref, child=True, host=host)
+        self._drop_dead_hosts()
+        while True:
+            room = [h for h in self.hosts if len(h.jobs) < self.config.guardians_per_host]
+            host = min(room, key=lambda h: len(h.jobs)) if room else self.start_host()
+            if host is None:
+                log.warning("job %s: no guardian host took it; trying again next round", job_id)
+                return
+            if host.give(job_id, env):
+                break
+            # Its input is closed (it is exiting, or died): the next host, or a new one.
+            log.info("guardian host %s takes no more jobs", host.host_id)
+            host.close()
+            with contextlib.suppress(ValueError):
+                self.hosts.remove(host)
+        self.guardians[job_id] = Supervised(
+            job_id, host.ref, child=host.proc is not None, host=host
+        )
         log.info("job %s: guarded in host %s (pid %d)", job_id, host.host_id, host.ref.pid)
 
+    def _drop_dead_hosts(self) -> None:
+        for host in [h for h in self.hosts if not h.ref.alive()]:
+            host.close()
+            self.hosts.remove(host)
+
+    def find_hosts(self) -> None:
+        """Connect to the guardian hosts an earlier LCM started that still run (their
+        sockets under `<data-dir>/guardian-hosts/`): after a daemon restart or a standby's
+        takeover they take new jobs again, before any new host is started. Their jobs are
+        re-adopted through their guardian keys as usual; a dead host's socket is removed."""
+        known = {h.host_id for h in self.hosts}
+        directory = self.config.data_dir / "guardian-hosts"
+        for path in sorted(directory.glob("*.sock")) if directory.is_dir() else []:
+            if path.stem in known:
+                continue
+            try:
+                conn, about = connect_host(path)
+            except ConnectionRefusedError:  # nobody listens: its host died
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            except OSError as exc:
+                log.warning("guardian host socket %s: %s; not used", path, exc)
+                continue
+            ref = procs.ProcRef(int(about["pid"]), int(about.get("start") or 0))
+            if about["host_id"] != path.stem or not ref.alive():
+                conn.close()
+                continue
+            # A host reads its assignments one at a time, adopting each (a burst of jobs
+            # fills the socket's buffer meanwhile); one that stops reading for a minute
+            # is given up on rather than holding the LCM's round.
+            conn.settimeout(60.0)
+            jobs = {str(j) for j in about.get("jobs") or []}
+            host = GuardianHostProcess(path.stem, None, ref, jobs, conn=conn)
+            self.hosts.append(host)
+            log.info(
+                "found guardian host %s (pid %d, %d jobs): it takes new jobs again",
+                host.host_id,
+                ref.pid,
+                len(jobs),
+            )
+
     def start_host(self) -> GuardianHostProcess | None:
+        if self._stop.is_set():  # a round still running while stop() gathers the hosts:
+            return None  # a host started now would outlive the LCM, guarding on its own
         host_id = f"{self.id}-{uuid.uuid4().hex[:6]}"
         argv = [sys.executable, "-m", "services.guardian.host", f"--host-id={host_id}"]
         argv += [f"--lease-ttl={self.config.host_lease_ttl_s}", *self.guardian_args()]
@@ -358,9 +492,7 @@ class LifecycleManager:
     def _host_exited(self, host: GuardianHostProcess, code: int) -> None:
         """Every job of the host lost its guardian at once: each is restarted like a
         guardian process that exited so (a new host, resuming from etcd)."""
-        with contextlib.suppress(OSError, ValueError):
-            if host.proc.stdin is not None:
-                host.proc.stdin.close()
+        host.close()
         with self._lock:
             jobs = sorted(host.jobs)
             host.jobs.clear()
@@ -422,6 +554,8 @@ class LifecycleManager:
         return env
 
     def spawn(self, job_id: str) -> None:
+        if self._stop.is_set():  # as start_host: nothing new while stopping
+            return
         job_dir = self.config.data_dir / "jobs" / job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "services.guardian", f"--job-id={job_id}"]

@@ -13,7 +13,11 @@ is what `benchmarks/control_plane_scale.py` measures.
 How long a learner "trains" comes from the manifest's environment: ``SIM_SECONDS``
 (default 5) and ``SIM_LOG_LINES`` (default 10, spread over that time); with
 ``SIM_UNTIL_FILE`` it goes on, after its lines, until that file exists (a benchmark holds
-N jobs alive at once and ends them together). Not a backend for users: `rhizomed
+N jobs alive at once and ends them together: one thread of the backend looks for each
+such file, not every learner, so that 1,000 learners waiting cost no CPU).
+``SIM_LEASE_TTL_S`` sets the TTL of the learners' leases (default: a learner's, 2 s; a
+lease refreshed every TTL/4 by a thread of its own, which at 1,000 learners in one process
+is most of that process's CPU, and a real learner's process pays it, not the platform). Not a backend for users: `rhizomed
 --backend simulated` says so in its log.
 """
 
@@ -50,6 +54,9 @@ class _Learner:
     thread: threading.Thread | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     exit_code: int | None = None
+    # Set when it is stopped or its SIM_UNTIL_FILE appeared (`released`): what it waits on.
+    wake: threading.Event = field(default_factory=threading.Event)
+    released: bool = False
 
 
 class SimulatedBackend(Backend):
@@ -61,6 +68,9 @@ class SimulatedBackend(Backend):
         self._learners: dict[int, _Learner] = {}
         self._lock = threading.Lock()
         self._etcd: dict[str, EtcdClient] = {}
+        # SIM_UNTIL_FILE -> the learners waiting for it (one poller thread for them all)
+        self._until: dict[str, list[_Learner]] = {}
+        self._poller: threading.Thread | None = None
 
     # -- deploy steps -------------------------------------------------------------------
     def prepare_volume(self, job: JobSpec) -> None:
@@ -90,6 +100,13 @@ class SimulatedBackend(Backend):
         learner.thread.start()
         return handle
 
+    def etcd_reauthentications(self) -> int:
+        """How many times the learners' etcd clients got a new token after etcd refused
+        theirs (`EtcdClient.reauthentications`; each job's etcd user added or removed
+        refuses every token once): what a guardian host reports for benchmarks."""
+        with self._lock:
+            return sum(c.reauthentications for c in self._etcd.values())
+
     # -- the simulated learner ----------------------------------------------------------
     def _client(self, url: str) -> EtcdClient:
         with self._lock:
@@ -102,7 +119,8 @@ class SimulatedBackend(Backend):
         lines = int(spec.env.get("SIM_LOG_LINES", DEFAULT_LOG_LINES))
         etcd = self._client(spec.etcd_url)
         key = etcd_keys.learner_status(spec.job_id, spec.rank)
-        lease = etcd.grant(spec.lease_ttl_s).keep_alive()
+        ttl = int(spec.env.get("SIM_LEASE_TTL_S", spec.lease_ttl_s))
+        lease = etcd.grant(ttl).keep_alive()
         history: list[list[Any]] = []
 
         def value(status: LearnerStatus, exit_code: int | None = None) -> dict[str, Any]:
@@ -139,8 +157,8 @@ class SimulatedBackend(Backend):
                     fh.write(f"step {i + 1} loss {1.0 / (i + 1):.4f}\n")
                     fh.flush()
             until = spec.env.get("SIM_UNTIL_FILE", "")
-            while until and not Path(until).exists() and not learner.stop.wait(UNTIL_POLL_S):
-                pass
+            if until and not learner.stop.is_set():
+                self._wait_until(until, learner)
             if learner.stop.is_set():
                 learner.exit_code = int(ExitCode.PREEMPTED)
                 record(LearnerStatus.HALTED, learner.exit_code)
@@ -153,6 +171,37 @@ class SimulatedBackend(Backend):
         finally:
             with contextlib.suppress(Exception):
                 lease.revoke()
+
+    def _wait_until(self, path: str, learner: _Learner) -> None:
+        """Block until `path` exists or the learner is stopped."""
+        with self._lock:
+            self._until.setdefault(path, []).append(learner)
+            if self._poller is None or not self._poller.is_alive():
+                self._poller = threading.Thread(target=self._poll, name="sim-until", daemon=True)
+                self._poller.start()
+        while not learner.released and not learner.stop.is_set():
+            learner.wake.wait()
+            learner.wake.clear()
+
+    def _poll(self) -> None:
+        """Release the learners of each SIM_UNTIL_FILE once it exists; end when none waits."""
+        while True:
+            with self._lock:
+                for path in list(self._until):
+                    waiting = [ln for ln in self._until[path] if not ln.stop.is_set()]
+                    if waiting and Path(path).exists():
+                        for learner in waiting:
+                            learner.released = True
+                            learner.wake.set()
+                        waiting = []
+                    if waiting:
+                        self._until[path] = waiting
+                    else:
+                        del self._until[path]
+                if not self._until:
+                    self._poller = None
+                    return
+            time.sleep(UNTIL_POLL_S)
 
     # -- watch and teardown -------------------------------------------------------------
     def learner_exited(self, handle: int) -> int | None:
@@ -170,6 +219,7 @@ class SimulatedBackend(Backend):
     def stop_learners(self, job_id: str, grace_s: float) -> None:
         for learner in self._of(job_id):
             learner.stop.set()
+            learner.wake.set()
         deadline = time.monotonic() + grace_s
         for learner in self._of(job_id):
             if learner.thread is not None:

@@ -22,12 +22,12 @@ from services.backends.api import get_backend
 from services.guardian.guardian import (
     EXIT_ALREADY_GUARDED,
     EXIT_TERMINATED,
-    Guardian,
     GuardianConfig,
 )
 from services.guardian.host import (
     GuardianHost,
     HostConfig,
+    HostedGuardian,
     JobLogHandler,
     assignment,
     working_for,
@@ -188,7 +188,7 @@ def test_a_second_guardian_for_a_job_a_host_holds_is_fenced_out(
     assert stores["repo"].get(job.job_id).status == states.DELETED
 
 
-class _FailsOnce(Guardian):
+class _FailsOnce(HostedGuardian):
     """A guardian whose first step raises (a bug in one job's guardian)."""
 
     crashes = 0
@@ -203,7 +203,7 @@ class _FailsOnce(Guardian):
 def test_a_guardian_whose_step_raises_is_restarted_inside_the_host(
     stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("services.guardian.host.Guardian", _FailsOnce)
+    monkeypatch.setattr("services.guardian.host.HostedGuardian", _FailsOnce)
     _FailsOnce.crashes = 0
     jobs = [submit(stores["repo"], tmp_path, "simulated", env={"SIM_SECONDS": "0.2"})]
     jobs.append(submit(stores["repo"], tmp_path, "simulated", env={"SIM_SECONDS": "0.2"}))
@@ -231,14 +231,14 @@ def test_a_guardian_whose_step_raises_is_restarted_inside_the_host(
         assert host.ended[job.job_id] == 0
 
 
-class _SlowSteps(Guardian):
+class _SlowSteps(HostedGuardian):
     """A guardian whose every step blocks until the test lets it go: the host's pools
     saturated, as by stuck backend calls or halts waiting out their grace period. The jobs
     in `deployed` pretend to be deployed, so their steps take the step pool (the others',
     the deploy pool)."""
 
     deployed: set[str] = set()
-    release = threading.Event()
+    let_go = threading.Event()
     blocked: list[str] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -248,7 +248,7 @@ class _SlowSteps(Guardian):
 
     def step(self) -> int | None:
         _SlowSteps.blocked.append(threading.current_thread().name)
-        _SlowSteps.release.wait(120)
+        _SlowSteps.let_go.wait(120)
         return EXIT_TERMINATED
 
 
@@ -259,10 +259,10 @@ def test_a_host_whose_pools_are_saturated_keeps_its_lease(
     deploy thread both held by slow steps (and more jobs queued behind them), it is
     refreshed on and on, and every job's guardian key outlives several TTLs. A lease
     refreshed from the pools or the host's loop would lapse here after 2 s."""
-    monkeypatch.setattr("services.guardian.host.Guardian", _SlowSteps)
+    monkeypatch.setattr("services.guardian.host.HostedGuardian", _SlowSteps)
     jobs = [submit(stores["repo"], tmp_path, "simulated", place=False).job_id for _ in range(4)]
     _SlowSteps.deployed = set(jobs[:2])
-    _SlowSteps.release = threading.Event()
+    _SlowSteps.let_go = threading.Event()
     _SlowSteps.blocked = []
 
     def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
@@ -308,7 +308,7 @@ def test_a_host_whose_pools_are_saturated_keeps_its_lease(
         pools = {"step", "deploy", "MainThread"}
         assert refreshed_on and not {n.split("_")[0] for n in refreshed_on} & pools
     finally:
-        _SlowSteps.release.set()
+        _SlowSteps.let_go.set()
         host.close()
 
 
