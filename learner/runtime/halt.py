@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from contract.checkpoints import CheckpointReport
 from learner.checkpoint.notices import NoticeBoard
@@ -121,14 +122,16 @@ class Halt:
         if notice is None:
             return
         st = self.state
-        if self.target is None:
+        target = self.target
+        if target is None:
             self.post()
-            self.target = self._agree(step, notice.deadline)
-            if self.target is None:
+            target = self._agree(step, notice.deadline)
+            if target is None:
                 self._leave_alone(step)
+            self.target = target
             self.halting = True
             left = notice.deadline - time.time()
-            steps_left = max(0, self.target - step)
+            steps_left = max(0, target - step)
             if not emergency_save_fits(steps_left * self.step_s, self.save_s, 0.0, left):
                 where = (
                     f"the last periodic checkpoint (step {last_periodic})"
@@ -136,13 +139,13 @@ class Halt:
                     else "the start (no checkpoint)"
                 )
                 st.log(
-                    f"emergency block save at step {self.target} does not fit in the "
+                    f"emergency block save at step {target} does not fit in the "
                     f"{left:.1f} s left ({steps_left} step(s) of {self.step_s:.2f} s + a save "
                     f"of {self.save_s:.2f} s): leaving; the resume uses {where}"
                 )
                 raise Preempted(f"worker {st.me} left on a {notice.source} notice without a save")
-            st.log(f"{notice.source} notice: every worker saves at step {self.target}")
-        if step < self.target:
+            st.log(f"{notice.source} notice: every worker saves at step {target}")
+        if step < target:
             return  # train on to the agreed boundary
         self._save_and_leave(step, notice.deadline, notice.source)
 
@@ -167,7 +170,7 @@ class Halt:
                 return None
             time.sleep(POLL_S)
 
-    def _leave_alone(self, step: int) -> None:
+    def _leave_alone(self, step: int) -> NoReturn:
         """Only this worker got a notice: leave at this boundary; the peers fail over."""
         st = self.state
         notice = self.board.notice
@@ -178,7 +181,7 @@ class Halt:
         self.board.acknowledge()
         raise Preempted(f"worker {st.me} left on a {source} notice at step {step}")
 
-    def _save_and_leave(self, step: int, deadline: float, source: str) -> None:
+    def _save_and_leave(self, step: int, deadline: float, source: str) -> NoReturn:
         st = self.state
         g = st.generation
         if self.checkpoint_dir:

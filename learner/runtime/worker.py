@@ -106,8 +106,7 @@ def train(job: PipelineJob) -> None:
         # RHIZOME_GRACE_S, RHIZOME_SAVE_S: contract/env.py LearnerEnv)
         learner_env = LearnerEnv.from_environ(os.environ)
         try:
-            # from the main thread: Python delivers SIGTERM only there
-            board = NoticeBoard.from_env(learner_env).start()
+            board = NoticeBoard.from_env(learner_env)
         except NoticeSourceError as exc:
             raise LearnerConfigError(NOTICE_SOURCES, f": {exc}") from None
     except LearnerConfigError as exc:
@@ -139,6 +138,10 @@ def train(job: PipelineJob) -> None:
             state, _ = cluster.get_state()
             if state is not None and state.pipelines > opts.pipelines:
                 opts.pipelines = state.pipelines
+        # From the main thread (Python delivers SIGTERM only there), and only once this
+        # process is a worker: a standby still queued is ended by a SIGTERM as before (a
+        # halt must not wait out the grace for a process that holds nothing).
+        board.start()
         Worker(job, opts, cluster, store, board, learner_env.save_s).run()
     except Refused as exc:
         print(f"REFUSED: {exc}", file=sys.stderr, flush=True)

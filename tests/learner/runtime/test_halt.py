@@ -28,7 +28,9 @@ pytestmark = pytest.mark.integration
 STEPS = 40
 
 
-def _argv(etcd: ManagedServer, tmp: Path, stages: int, extra: list[str]) -> list[str]:
+def _argv(
+    etcd: ManagedServer, tmp: Path, stages: int, extra: list[str], every: int = 5
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -48,7 +50,7 @@ def _argv(etcd: ManagedServer, tmp: Path, stages: int, extra: list[str]) -> list
         "--checkpoint-dir",
         str(tmp / "ckpt"),
         "--checkpoint-every",
-        "5",
+        str(every),
         str(TOY),
         "--steps",
         str(STEPS),
@@ -56,7 +58,9 @@ def _argv(etcd: ManagedServer, tmp: Path, stages: int, extra: list[str]) -> list
     ]
 
 
-def _run_and_signal(argv: list[str], at_step: int, workers: list[int]) -> tuple[int, str, str]:
+def _run_and_signal(
+    argv: list[str], at_step: int, workers: list[int], env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """Run the launcher; SIGTERM ``workers`` once the step line of ``at_step`` shows."""
     proc = subprocess.Popen(
         argv,
@@ -64,7 +68,7 @@ def _run_and_signal(argv: list[str], at_step: int, workers: list[int]) -> tuple[
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "RHIZOME_GRACE_S": "60"},
+        env={**os.environ, "RHIZOME_GRACE_S": "60", **(env or {})},
     )
     pids: dict[int, int] = {}
     err: list[str] = []
@@ -146,3 +150,19 @@ def test_a_notice_for_one_worker_makes_it_leave_and_its_peers_fail_over(
     assert "generation 1" in out.splitlines()[-1]
     assert not _reports(err)  # it did not save alone
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=STEPS)
+
+
+def test_a_halt_whose_save_cannot_fit_in_the_grace_says_so_and_leaves(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    # no periodic save to measure, so the checkpoint layer's prior (RHIZOME_SAVE_S) is the
+    # save's duration: 20 s do not fit in an 8 s grace (policy.emergency_save_fits)
+    argv = _argv(etcd_server, tmp_path, 2, ["--sleep", "0.03"], every=0)
+    code, _, err = _run_and_signal(
+        argv, at_step=3, workers=[0, 1], env={"RHIZOME_GRACE_S": "8", "RHIZOME_SAVE_S": "20"}
+    )
+    assert code == ExitCode.PREEMPTED, err[-3000:]
+    assert err.count("does not fit in the") == 2, err[-3000:]
+    assert "the resume uses the start (no checkpoint)" in err
+    assert not _reports(err)
+    assert block_checkpoint.latest_complete(str(tmp_path / "ckpt"), 2) is None
