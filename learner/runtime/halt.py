@@ -205,7 +205,10 @@ class Halt:
                 learner=str(st.me),
                 name=",".join(names)[:200],
             )
-            print(report.line(), file=sys.stderr, flush=True)
+            # one write (print writes the newline apart): under the launcher the
+            # workers share a stderr pipe, and another's line must not split this one
+            sys.stderr.write(report.line() + "\n")
+            sys.stderr.flush()
             st.log(
                 f"emergency block save of blocks {sorted(st.owned)} at step {step} "
                 f"in {time.monotonic() - t0:.2f} s"

@@ -29,7 +29,12 @@ STEPS = 40
 
 
 def _argv(
-    etcd: ManagedServer, tmp: Path, stages: int, extra: list[str], every: int = 5
+    etcd: ManagedServer,
+    tmp: Path,
+    stages: int,
+    extra: list[str],
+    every: int = 5,
+    pipelines: int = 1,
 ) -> list[str]:
     return [
         sys.executable,
@@ -38,7 +43,7 @@ def _argv(
         "--stages",
         str(stages),
         "--pipelines",
-        "1",
+        str(pipelines),
         "--etcd",
         etcd.url,
         "--job-id",
@@ -102,15 +107,17 @@ def _reports(stderr: str) -> list[dict[str, object]]:
     return [json.loads(line[len(MARK) :]) for line in stderr.splitlines() if line.startswith(MARK)]
 
 
+@pytest.mark.parametrize("pipelines", [1, 2])
 def test_a_halt_saves_every_block_at_one_step_and_the_next_run_resumes_there(
-    etcd_server: ManagedServer, tmp_path: Path
+    etcd_server: ManagedServer, tmp_path: Path, pipelines: int
 ) -> None:
-    argv = _argv(etcd_server, tmp_path, 2, ["--sleep", "0.03"])
-    code, _, err = _run_and_signal(argv, at_step=7, workers=[0, 1])
+    workers = list(range(2 * pipelines))
+    argv = _argv(etcd_server, tmp_path, 2, ["--sleep", "0.03"], pipelines=pipelines)
+    code, _, err = _run_and_signal(argv, at_step=7, workers=workers)
     assert code == ExitCode.PREEMPTED, err[-3000:]
-    assert err.count("left on a preemption notice") == 2, err[-3000:]
+    assert err.count("left on a preemption notice") == len(workers), err[-3000:]
     reports = _reports(err)
-    assert sorted(str(r["learner"]) for r in reports) == ["0", "1"], err[-3000:]
+    assert sorted(str(r["learner"]) for r in reports) == [str(w) for w in workers], err[-3000:]
     assert {r["kind"] for r in reports} == {"emergency"}
     steps = {int(str(r["step"])) for r in reports}
     assert len(steps) == 1, reports  # one agreed step
@@ -123,7 +130,7 @@ def test_a_halt_saves_every_block_at_one_step_and_the_next_run_resumes_there(
     # the next run (a fresh job id, the same checkpoint directory) starts at s: no step
     # lost, and ends where an uninterrupted run ends
     again = subprocess.run(
-        _argv(etcd_server, tmp_path, 2, []),
+        _argv(etcd_server, tmp_path, 2, [], pipelines=pipelines),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -132,7 +139,7 @@ def test_a_halt_saves_every_block_at_one_step_and_the_next_run_resumes_there(
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"from the checkpoint of step {s}" in again.stderr
     assert f"step {s} loss" in again.stdout.splitlines()[0]
-    assert_equals_reference(tmp_path / "params", pipelines=1, steps=STEPS)
+    assert_equals_reference(tmp_path / "params", pipelines=pipelines, steps=STEPS)
 
 
 def test_a_notice_for_one_worker_makes_it_leave_and_its_peers_fail_over(
