@@ -475,13 +475,6 @@ def test_a_halted_pipeline_job_saves_at_one_step_and_resumes_there(
     s = saved[0]
     assert 12 < s < steps
 
-    # the job's record lists the emergency checkpoint of each learner at step s
-    def reported() -> list[dict[str, Any]] | None:
-        got = [c for c in show(platform, job_id).get("checkpoints", []) if c["kind"] == "emergency"]
-        return got if len(got) == 2 else None
-
-    checkpoints = wait_for("the emergency checkpoints on the record", reported, 30)
-    assert {int(c["step"]) for c in checkpoints} == {s}, checkpoints
     rz(platform, "resume", job_id)
     job = wait_end(platform, job_id, timeout_s=180)
     assert job["status"] == "COMPLETED", job
@@ -493,6 +486,22 @@ def test_a_halted_pipeline_job_saves_at_one_step_and_resumes_there(
     resumed = [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")]
     # the resumed run's first step is s: every step before it was saved, none redone
     assert s in resumed and resumed[resumed.index(s) - 1] == s - 1, resumed
+
+    # the job's record lists the emergency checkpoint of each learner at step s (the
+    # lines a halt's collector had not sent yet go with the resumed learner's: its offsets)
+    def reported() -> list[dict[str, Any]] | None:
+        got = [c for c in show(platform, job_id).get("checkpoints", []) if c["kind"] == "emergency"]
+        return got if len(got) == 2 else None
+
+    checkpoints = wait_for(
+        "the emergency checkpoints on the record",
+        reported,
+        30,
+        lambda: (
+            f"checkpoints: {show(platform, job_id).get('checkpoints')}\n" + report(platform, job_id)
+        ),
+    )
+    assert {int(c["step"]) for c in checkpoints} == {s}, checkpoints
     gather_params(platform, job_id, tmp_path / "params")
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
 
