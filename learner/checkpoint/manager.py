@@ -59,9 +59,6 @@ from learner.checkpoint.storage import GarbageCollectingStore, LocalDirectorySto
 
 log = logging.getLogger("rhizome.checkpoint")
 
-# The longest notice each cloud documents; SIGTERM and GCP use the configured grace.
-NOMINAL_GRACE_S = {"aws": 120.0, "azure": 30.0}
-
 
 def _size_bytes(path: Path) -> int:
     """A checkpoint's size on disk: the file, or every file under the directory."""
@@ -92,9 +89,12 @@ class CheckpointManager:
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = store or self._open_store(env)
         self.staging = env.checkpoint_root / ".staging" / env.checkpoint_job / env.learner_id
-        self.sources = (
-            sources if sources is not None else [notices.create(n, env) for n in env.notice_sources]
+        self.board = (
+            notices.NoticeBoard(sources)
+            if sources is not None
+            else notices.NoticeBoard.from_env(env)
         )
+        self.sources = self.board.sources
         self._step_times: deque[float] = deque(maxlen=16)
         self._save_s = env.save_s
         self._backup_s = env.backup_s
@@ -103,8 +103,6 @@ class CheckpointManager:
         self._in_step = False
         self._last_step_end: float | None = None
         self._pending_reason: str | None = None
-        self._notice: PreemptionNotice | None = None
-        self._notice_source: PreemptionNoticeSource | None = None
         self._emergency_done = False
         self._asked_since_notice = False  # should_save() called with a notice pending
         self._periodic_points: deque[float] = deque(maxlen=2)
@@ -115,16 +113,17 @@ class CheckpointManager:
         latest = self.store.latest()
         self.steps_done = latest.step if latest else 0
         self._last_save_point = time.monotonic()
-        for source in self.sources:
-            source.start(self._on_notice)
+        self.board.start()
 
     # -- notices -------------------------------------------------------------------
     def _on_notice(self, notice: PreemptionNotice) -> None:
         # Runs in a signal handler or a polling thread: only record, decide at the next
         # step boundary.
-        if self._notice is None or notice.deadline < self._notice.deadline:
-            self._notice = notice
-            self._notice_source = next((s for s in self.sources if s.name == notice.source), None)
+        self.board.on_notice(notice)
+
+    @property
+    def _notice(self) -> PreemptionNotice | None:
+        return self.board.notice
 
     @property
     def notice(self) -> PreemptionNotice | None:
@@ -148,8 +147,7 @@ class CheckpointManager:
 
     @property
     def expected_grace_s(self) -> float:
-        graces = [NOMINAL_GRACE_S.get(s.name, self.env.grace_s) for s in self.sources]
-        return min(graces) if graces else 0.0
+        return notices.expected_grace_s(self.sources, self.env.grace_s)
 
     def interval_s(self) -> float:
         """The insurance interval: the manifest's under the fixed policy, else Daly's
@@ -329,8 +327,7 @@ class CheckpointManager:
 
     def _acknowledge(self, committed: CommittedCheckpoint) -> None:
         notice = self._notice
-        if notice is not None and self._notice_source is not None:
-            self._notice_source.acknowledge(notice)
+        self.board.acknowledge()
         self._record({"event": "acknowledged", "step": committed.step, "name": committed.name})
         log.warning(
             "emergency checkpoint %s committed at step %d after a %s notice",
@@ -373,8 +370,7 @@ class CheckpointManager:
     def close(self, wait: bool = True) -> None:
         if wait:
             self.wait_backups()
-        for source in self.sources:
-            source.stop()
+        self.board.stop()
         self._executor.shutdown(wait=wait)
 
 

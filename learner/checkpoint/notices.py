@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from types import FrameType
@@ -60,6 +60,57 @@ def registered() -> list[str]:
 
 def create(name: str, env: LearnerEnv) -> PreemptionNoticeSource:
     return SOURCES.get(name)(env)
+
+
+# The longest notice each cloud documents; SIGTERM and GCP use the configured grace.
+NOMINAL_GRACE_S = {"aws": 120.0, "azure": 30.0}
+
+
+def expected_grace_s(sources: Iterable[PreemptionNoticeSource], grace_s: float) -> float:
+    """The shortest notice the configured sources give (0 without a source)."""
+    graces = [NOMINAL_GRACE_S.get(s.name, grace_s) for s in sources]
+    return min(graces) if graces else 0.0
+
+
+class NoticeBoard:
+    """The notice sources of one process and the earliest notice they gave.
+
+    What the checkpoint manager and the pipeline runtime (learner/runtime/halt.py) share:
+    start the sources, keep the notice with the earliest deadline, acknowledge it. The
+    callback runs in a signal handler or a polling thread, so it only records (no lock: a
+    signal handler that waited for a lock its own thread holds would never return);
+    readers look at `notice` when it suits them (a step boundary, a watcher's wake-up).
+    """
+
+    def __init__(self, sources: list[PreemptionNoticeSource]) -> None:
+        self.sources = sources
+        self.notice: PreemptionNotice | None = None
+        self.source: PreemptionNoticeSource | None = None
+
+    @classmethod
+    def from_env(cls, env: LearnerEnv) -> NoticeBoard:
+        """The sources `RHIZOME_NOTICE_SOURCES` names (not started)."""
+        return cls([create(name, env) for name in env.notice_sources])
+
+    def on_notice(self, notice: PreemptionNotice) -> None:
+        if self.notice is None or notice.deadline < self.notice.deadline:
+            self.notice = notice
+            self.source = next((s for s in self.sources if s.name == notice.source), None)
+
+    def start(self) -> NoticeBoard:
+        """Start every source (the `sigterm` one from the main thread only)."""
+        for source in self.sources:
+            source.start(self.on_notice)
+        return self
+
+    def acknowledge(self) -> None:
+        """Tell the notice's source it was acted on (Azure may then go ahead early)."""
+        if self.notice is not None and self.source is not None:
+            self.source.acknowledge(self.notice)
+
+    def stop(self) -> None:
+        for source in self.sources:
+            source.stop()
 
 
 class SigtermSource(PreemptionNoticeSource):

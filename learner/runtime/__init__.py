@@ -16,6 +16,7 @@ from learner.runtime.api import (
     Interrupted,
     LinkError,
     PipelineJob,
+    Preempted,
     RedundancyMode,
     RuntimeFailure,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Interrupted",
     "LinkError",
     "PipelineJob",
+    "Preempted",
     "RedundancyMode",
     "RuntimeFailure",
     "train",

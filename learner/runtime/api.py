@@ -128,6 +128,12 @@ class FatalFailure(RuntimeFailure):
         self.lost_stages = tuple(lost_stages)
 
 
+class Preempted(RuntimeFailure):
+    """This worker left on a preemption notice (learner/runtime/halt.py): after the
+    emergency block save of a halt, or alone at a step boundary (its peers fail over)."""
+
+
 # A worker's exit code, read by the launcher (and, through it, by the platform).
 EXIT_FATAL = ExitCode.FATAL
 EXIT_EVICTED = ExitCode.EVICTED
+EXIT_PREEMPTED = ExitCode.PREEMPTED

@@ -159,6 +159,11 @@ class ClusterStateStore(abc.ABC):
     def put(self, key: str, value: dict[str, Any]) -> None: ...
 
     @abc.abstractmethod
+    def create(self, key: str, value: dict[str, Any]) -> bool:
+        """Put ``key`` only if it does not exist; True when this call created it (a
+        one-time decision: the first writer wins, as with ``set_state`` from token 0)."""
+
+    @abc.abstractmethod
     def get(self, key: str) -> dict[str, Any] | None: ...
 
     @abc.abstractmethod
@@ -283,6 +288,17 @@ class InMemoryClusterStateStore(ClusterStateStore):
             self._shared.data[key] = (raw, self._shared.revision)
             self._shared.notify(key, value)
 
+    def create(self, key: str, value: dict[str, Any]) -> bool:
+        raw = json.dumps(value, separators=(",", ":"))
+        _check_small(key, raw)
+        with self._shared.lock:
+            if key in self._shared.data:
+                return False
+            self._shared.revision += 1
+            self._shared.data[key] = (raw, self._shared.revision)
+            self._shared.notify(key, value)
+        return True
+
     def get(self, key: str) -> dict[str, Any] | None:
         with self._shared.lock:
             got = self._shared.data.get(key)
@@ -374,6 +390,10 @@ class EtcdClusterStateStore(ClusterStateStore):
     def put(self, key: str, value: dict[str, Any]) -> None:
         _check_small(key, encode(value).decode())
         self._client.put(self._key(key), value)
+
+    def create(self, key: str, value: dict[str, Any]) -> bool:
+        _check_small(key, encode(value).decode())
+        return self._client.create(self._key(key), value)
 
     def get(self, key: str) -> dict[str, Any] | None:
         entry = self._client.get(self._key(key))

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from learner.checkpoint.notices import NoticeBoard
 from learner.runtime import block_checkpoint, reconfigure
 from learner.runtime import schedule as sched
 from learner.runtime.api import (
@@ -52,6 +53,7 @@ from learner.runtime.comm import (
     wait_any,
 )
 from learner.runtime.failover import Failover
+from learner.runtime.halt import Halt
 from learner.runtime.interpreter import Interpreter
 from learner.runtime.options import LINK_KILL_POINT, KillPoint, WorkerOptions
 from learner.runtime.partition import balanced_boundaries, param_costs, profile_costs
@@ -75,7 +77,12 @@ class Worker:
         opts: WorkerOptions,
         cluster: ClusterStateStore,
         store: dist.Store,
+        notices: NoticeBoard | None = None,
+        save_prior_s: float = 10.0,
     ) -> None:
+        """``notices``: the checkpoint layer's notice sources, started (worker.py); on a
+        notice the worker saves with the others or leaves (halt.py). ``save_prior_s``: a
+        block save's duration until one is measured (``RHIZOME_SAVE_S``)."""
         job.validate(opts.stages)
         if opts.pipelines < 1:
             raise ConfigError(f"pipelines={opts.pipelines}: must be >= 1")
@@ -91,6 +98,19 @@ class Worker:
         self.state = WorkerState(job, opts)
         self.interpreter = Interpreter(self.state)
         self.failover = Failover(self.state, cluster, store)
+        self.halt = (
+            None
+            if notices is None
+            else Halt(
+                self.state,
+                cluster,
+                notices,
+                checkpoint_dir=opts.checkpoint_dir,
+                save_prior_s=save_prior_s,
+                declare_dead=self.failover.declare_dead,
+            )
+        )
+        self._last_periodic: int | None = None
         self._stopped = threading.Event()
         self._members_complete = threading.Event()
         self._view = ClusterView()
@@ -236,6 +256,7 @@ class Worker:
         step = block_checkpoint.latest_complete(self.opts.checkpoint_dir, st.P)
         if step is None or self.opts.checkpoint_dir is None:
             return 0
+        self._last_periodic = step
         for blk in [*st.owned.values(), *([st.replica] if st.replica else [])]:
             block_checkpoint.load(self.opts.checkpoint_dir, blk, step)
         st.log(
@@ -247,7 +268,12 @@ class Worker:
         """At the boundary before ``step``, every ``checkpoint_every`` steps."""
         every, directory = self.opts.checkpoint_every, self.opts.checkpoint_dir
         if directory and every > 0 and step % every == 0 and step < self.job.steps:
+            t0 = time.monotonic()
             block_checkpoint.save(directory, list(self.state.owned.values()), step)
+            self._last_periodic = step
+            if self.halt is not None:
+                # what an emergency save at a halt will take (halt.py's fit check)
+                self.halt.save_s = time.monotonic() - t0
 
     def _join_running(self) -> int:
         """A replacement admitted into a lost slot (reconfigure.py): build the model from
@@ -283,6 +309,13 @@ class Worker:
                 except Exception as exc:  # etcd away for a moment: the lease outlives it
                     st.log(f"watcher: lease refresh: {exc!r}")
                 next_keepalive = now + self.opts.lease_ttl_s / 4
+                if self.halt is not None:
+                    try:
+                        # put at once: the peers' agreement must not wait for this
+                        # worker's step to end (halt.py)
+                        self.halt.post()
+                    except Exception as exc:
+                        st.log(f"watcher: posting a notice: {exc!r}")
             if view.changed.wait(max(0.0, next_keepalive - time.monotonic())):
                 view.changed.clear()
                 try:
@@ -297,6 +330,11 @@ class Worker:
         seen = self._view.snapshot()
         state = seen.state
         if state is None or not self._members_complete.is_set():
+            return
+        if self.halt is not None and self.halt.halting:
+            # a halt's save was agreed: peers that leave now are not failures
+            if state.generation > st.generation or state.fatal or st.me in state.dead:
+                st.changed.set()
             return
         # only a newer generation: the view can lag behind a transition this worker made
         if state.generation > st.generation or state.fatal or st.me in state.dead:
@@ -335,6 +373,9 @@ class Worker:
                     if step >= self.job.steps:
                         self._finish()
                         return self.params()
+                    if rest is None and self.halt is not None:
+                        self.halt.step_s = max((t for _, t in self.step_times[-16:]), default=0.0)
+                        self.halt.at_boundary(step, self._last_periodic)
                     self._compute(step, rest)
                     self._sync(step)
                     step += 1

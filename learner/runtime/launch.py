@@ -16,6 +16,9 @@ variables (``RHIZOME_RUNTIME_*``, ``contract.env.RuntimeEnv``), and watches its 
   (D+1, up to N; learner/runtime/reconfigure.py), and then run as its workers;
 - a worker that exits with 3 reports a fatal loss: the launcher stops the others and
   exits 3 with one line ``rhizome-runtime: fatal: <reason>`` on stderr;
+- a worker that exits with 143 left on a preemption notice (learner/runtime/halt.py):
+  the others carry on (they saved with it, or fail over); a SIGTERM to the launcher is
+  forwarded to every worker, and when every worker left so it exits 143;
 - any other non-zero exit stops the run with exit code 1;
 - exit code 0 when every surviving worker finished.
 
@@ -46,7 +49,13 @@ import torch.distributed as dist
 from contract.env import ETCD_STORE, LearnerConfigError, LearnerEnv, RuntimeEnv
 from contract.etcd import etcd_argv, etcd_binary, etcd_healthy
 from contract.procs import free_port
-from learner.runtime.api import EXIT_EVICTED, EXIT_FATAL, ConfigError, RedundancyMode
+from learner.runtime.api import (
+    EXIT_EVICTED,
+    EXIT_FATAL,
+    EXIT_PREEMPTED,
+    ConfigError,
+    RedundancyMode,
+)
 from learner.runtime.engine import KillPoint
 
 # The most pipelines ``--max-pipelines`` may name: the manifest schema's ``pipelines`` maximum.
@@ -298,6 +307,14 @@ def run(args: argparse.Namespace) -> int:
         )
         exited: dict[int, int] = {}
         code = 0
+
+        def forward_sigterm(signum: int, frame: object) -> None:
+            # a halt of the launcher is a notice for every worker (learner/runtime/halt.py)
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+
+        previous = signal.signal(signal.SIGTERM, forward_sigterm)
         try:
             # every process, standbys too: a standby that grew the job is a worker to
             # wait for, and one never admitted is refused at the end and exits by itself
@@ -323,6 +340,12 @@ def run(args: argparse.Namespace) -> int:
                         reason = _read_fatal(etcd, job_id) or "a stage and its shadow were lost"
                         print(f"rhizome-runtime: fatal: {reason}", file=sys.stderr, flush=True)
                         code = EXIT_FATAL
+                    elif rc == EXIT_PREEMPTED:
+                        print(
+                            f"rhizome-runtime: worker {w} left on a preemption notice",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     elif rc == EXIT_EVICTED and w >= n:
                         print(
                             f"rhizome-runtime: standby {w} left (refused admission, or evicted)",
@@ -346,11 +369,20 @@ def run(args: argparse.Namespace) -> int:
                     break
                 time.sleep(0.05)
         finally:
+            signal.signal(signal.SIGTERM, previous)
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
         if code == 0 and not any(rc == 0 for rc in exited.values()):
+            if any(rc == EXIT_PREEMPTED for rc in exited.values()):
+                print(
+                    "rhizome-runtime: preempted: the workers left on a notice; run again with "
+                    "the same --checkpoint-dir to resume",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return int(EXIT_PREEMPTED)
             print("rhizome-runtime: no worker finished", file=sys.stderr, flush=True)
             code = 1
         return code

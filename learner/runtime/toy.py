@@ -77,6 +77,13 @@ def main(argv: list[str] | None = None) -> None:
         "runtime's kill points are not passed); --die-replacement: only a replacement does",
     )
     p.add_argument("--die-replacement", default="")
+    p.add_argument(
+        "--sleep",
+        type=float,
+        default=0.0,
+        help="testing: seconds each batch load sleeps, so that a signal a test sends at "
+        "step N lands while the run is still far from its end (the values are unchanged)",
+    )
     a = p.parse_args(argv)
     job = toy_job(
         steps=a.steps,
@@ -87,7 +94,22 @@ def main(argv: list[str] | None = None) -> None:
     )
     if a.gate or a.die or a.die_replacement:
         job.batch = gated(job.batch, a.gate, a.die, a.die_replacement)
+    if a.sleep > 0:
+        job.batch = slowed(job.batch, a.sleep)
     train(job)
+
+
+def slowed(
+    batch: Callable[[int, int, int], Batch], sleep_s: float
+) -> Callable[[int, int, int], Batch]:
+    """``batch`` that sleeps ``sleep_s`` first (``--sleep``)."""
+    import time
+
+    def slow(step: int, pipeline: int, microbatch: int) -> Batch:
+        time.sleep(sleep_s)
+        return batch(step, pipeline, microbatch)
+
+    return slow
 
 
 def _pairs(spec: str) -> dict[int, int]:

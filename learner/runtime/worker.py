@@ -5,7 +5,9 @@ launcher, or on the platform by the learner controller of a pipeline job), conne
 etcd and the rendezvous store (the launcher's TCPStore, or with ``STORE=etcd`` the
 platform's etcd, learner/runtime/etcd_store.py), and runs one ``Worker``. It never returns
 normally: the process exits with 0 on success, ``ExitCode.FATAL`` (3) on a fatal loss
-(one ``FATAL:`` line on stderr), ``ExitCode.EVICTED`` (4) when evicted or, as a
+(one ``FATAL:`` line on stderr), ``ExitCode.PREEMPTED`` (143) when it left on a
+preemption notice (halt.py: after the emergency block save of a halt, or alone; one
+``PREEMPTED:`` line), ``ExitCode.EVICTED`` (4) when evicted or, as a
 replacement (``JOIN_TOKEN`` set), refused admission (one ``REFUSED:`` line), and
 ``ExitCode.CONFIG_ERROR`` (one line naming the variable) when a variable is missing or
 malformed. It exits with ``os._exit`` because a survivor may still hold abandoned gloo
@@ -22,15 +24,19 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
-from contract.env import ETCD_STORE, LearnerConfigError, RuntimeEnv
+from contract.env import ETCD_STORE, NOTICE_SOURCES, LearnerConfigError, LearnerEnv, RuntimeEnv
 from contract.status import ExitCode
+from learner.checkpoint.api import NoticeSourceError
+from learner.checkpoint.notices import NoticeBoard
 from learner.runtime.api import (
     EXIT_EVICTED,
     EXIT_FATAL,
+    EXIT_PREEMPTED,
     ConfigError,
     Evicted,
     FatalFailure,
     PipelineJob,
+    Preempted,
     RedundancyMode,
 )
 from learner.runtime.cluster_state import EtcdClusterStateStore
@@ -96,6 +102,13 @@ def train(job: PipelineJob) -> None:
                 ) from None
         if env.microbatches:
             job.microbatches = env.microbatches  # checked with the rest by job.validate
+        # the checkpoint layer's notice sources and priors (RHIZOME_NOTICE_SOURCES,
+        # RHIZOME_GRACE_S, RHIZOME_SAVE_S: contract/env.py LearnerEnv)
+        learner_env = LearnerEnv.from_environ(os.environ)
+        try:
+            board = NoticeBoard.from_env(learner_env)
+        except NoticeSourceError as exc:
+            raise LearnerConfigError(NOTICE_SOURCES, f": {exc}") from None
     except LearnerConfigError as exc:
         _config_error(exc)
         return
@@ -125,7 +138,11 @@ def train(job: PipelineJob) -> None:
             state, _ = cluster.get_state()
             if state is not None and state.pipelines > opts.pipelines:
                 opts.pipelines = state.pipelines
-        Worker(job, opts, cluster, store).run()
+        # From the main thread (Python delivers SIGTERM only there), and only once this
+        # process is a worker: a standby still queued is ended by a SIGTERM as before (a
+        # halt must not wait out the grace for a process that holds nothing).
+        board.start()
+        Worker(job, opts, cluster, store, board, learner_env.save_s).run()
     except Refused as exc:
         print(f"REFUSED: {exc}", file=sys.stderr, flush=True)
         code = EXIT_EVICTED
@@ -135,6 +152,9 @@ def train(job: PipelineJob) -> None:
     except Evicted as exc:
         print(f"EVICTED: {exc}", file=sys.stderr, flush=True)
         code = EXIT_EVICTED
+    except Preempted as exc:
+        print(f"PREEMPTED: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_PREEMPTED
     except Exception as exc:
         print(f"ERROR: worker {opts.worker}: {exc!r}", file=sys.stderr, flush=True)
         code = 1

@@ -160,7 +160,10 @@ class WorkerState:
     def log(self, msg: str) -> None:
         self.events.append(msg)
         if self.opts.verbose:
-            print(f"[worker {self.me}] {msg}", file=sys.stderr, flush=True)
+            # one write, newline included (print writes it apart, and with an unbuffered
+            # stderr the launcher's workers, which share its pipe, split each other's lines)
+            sys.stderr.write(f"[worker {self.me}] {msg}\n")
+            sys.stderr.flush()
 
     def guard(self, epoch: int) -> None:
         if epoch != self.epoch:

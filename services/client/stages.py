@@ -3,6 +3,8 @@ why there (its shadow's zone)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf import json_format
@@ -14,14 +16,49 @@ from services.client.sdk import Client, ClientError
 
 STAGE_COLUMNS = ("learner", "stage", "pipeline", "node", "zone", "why")
 
+# The guardian's history lines (services/guardian/pipeline.py, `note_growth` and
+# `replace_lost`) that say a learner beyond P x D took a slot: the client has no etcd, and
+# the history is what the platform records of who serves what.
+_GROWN = re.compile(r"^pipeline grown to \d+ pipelines: learners ([\d, ]+) took slots ([\d, ]+) ")
+_TOOK_OVER = re.compile(
+    r"^standby learner (\d+) took over stage \d+ of pipeline \d+ \(learner (\d+)'s slot\)"
+)
+
+
+def slots_taken(history: Iterable[str]) -> dict[int, int]:
+    """learner -> the slot it serves, for learners beyond the manifest's shape that took
+    one (a growth's new pipeline, or a standby that took a lost slot), from the history's
+    messages in order (a later line wins: a slot lost again and taken by another)."""
+    taken: dict[int, int] = {}
+    for message in history:
+        if m := _GROWN.match(message):
+            learners = [int(x) for x in m.group(1).split(",") if x.strip()]
+            slots = [int(x) for x in m.group(2).split(",") if x.strip()]
+            pairs = list(zip(learners, slots, strict=False))
+        elif m := _TOOK_OVER.match(message):
+            pairs = [(int(m.group(1)), int(m.group(2)))]
+        else:
+            continue
+        for learner, slot in pairs:
+            for other in [k for k, v in taken.items() if v == slot]:
+                del taken[other]
+            taken[learner] = slot
+    return taken
+
 
 def stage_placement(
-    learner_nodes: dict[int, str], zones: dict[str, str] | None, stages: int, pipelines: int
+    learner_nodes: dict[int, str],
+    zones: dict[str, str] | None,
+    stages: int,
+    pipelines: int,
+    taken: dict[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Where each stage of a pipeline job runs and why: stage s's shadow (the learner of
     stage s-1 of the same pipeline, which holds its replica) should be in another zone,
     so that one zone's preemption wave cannot take a stage and its shadow together
-    (the scheduler's zone-aware placement). ``zones``: node -> zone, None if unknown."""
+    (the scheduler's zone-aware placement). ``zones``: node -> zone, None if unknown.
+    ``taken``: learner -> slot for learners beyond the shape that serve one
+    (`slots_taken` of the history): listed with that slot's stage and pipeline."""
     all_zones = set(zones.values()) if zones else set()
     rows = []
     for rank in range(stages * pipelines):
@@ -54,9 +91,28 @@ def stage_placement(
             }
         )
     for rank in sorted(r for r in learner_nodes if r >= stages * pipelines):
-        # `pipeline.standbys`: which slot one took over, the history says
         node = learner_nodes[rank]
         zone = zones.get(node, "?") if zones is not None else "?"
+        slot = (taken or {}).get(rank)
+        if slot is not None:
+            # a grown pipeline's learner, or a standby serving a lost slot (the history)
+            grown = slot >= stages * pipelines
+            rows.append(
+                {
+                    "learner": rank,
+                    "stage": slot % stages,
+                    "pipeline": slot // stages,
+                    "node": node,
+                    "zone": zone,
+                    "why": (
+                        f"joined by growth: slot {slot}"
+                        if grown
+                        else f"standby serving learner {slot}'s slot"
+                    ),
+                }
+            )
+            continue
+        # `pipeline.standbys`: still waiting (the history names a slot once one is taken)
         rows.append(
             {
                 "learner": rank,
@@ -64,7 +120,7 @@ def stage_placement(
                 "pipeline": "-",
                 "node": node,
                 "zone": zone,
-                "why": "waits for a lost slot (or took one over: see the history)",
+                "why": "waits for a lost slot",
             }
         )
     return rows
@@ -83,7 +139,8 @@ def stage_rows(client: Client, job: job_pb2.Job) -> list[dict[str, Any]]:
     except ClientError:
         zones = None
     nodes = {int(r): str(n) for r, n in job.placement.learner_nodes.items()}
-    return stage_placement(nodes, zones, stages, pipelines)
+    taken = slots_taken(event.message for event in job.history)
+    return stage_placement(nodes, zones, stages, pipelines, taken)
 
 
 def print_stage_table(out: Console, rows: list[dict[str, Any]]) -> None:

@@ -429,3 +429,113 @@ def test_two_standbys_grow_the_job_by_a_whole_pipeline(platform: Path, tmp_path:
         f"{w}/worker{w}.pt" for w in range(4)
     ]
     assert_equals_grown_reference(tmp_path / "params", steps, grew)
+
+
+def submit_manifest(platform: Path, tmp: Path, text: str) -> str:
+    code = tmp / "code"
+    code.mkdir()
+    (code / "train.py").write_text(SCRIPT)
+    (code / "manifest.yml").write_text(text)
+    out = rz(platform, "train", str(code / "manifest.yml"), "--json").stdout
+    return str(json.loads(out)["job_id"])
+
+
+def wait_step(platform: Path, job_id: str, rank: int, step: int, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while f"step {step} " not in learner_file(platform, job_id, rank, "stdout.log"):
+        assert time.monotonic() < deadline, report(platform, job_id)
+        time.sleep(0.05)
+
+
+def test_a_halted_pipeline_job_saves_at_one_step_and_resumes_there(
+    platform: Path, tmp_path: Path
+) -> None:
+    """`rhizome halt` SIGTERMs every learner: the workers agree on a step, each saves its
+    blocks there (an emergency checkpoint on the job's record) and leaves; `rhizome
+    resume` starts every worker from that step: no step lost, COMPLETED, the parameters
+    of an uninterrupted run."""
+    steps = 60
+    job_id = submit_manifest(
+        platform,
+        tmp_path,
+        f"name: pipe-halt\nmemory: 512MiB\nmax_learner_restarts: 2\n"
+        f"framework:\n  command: python train.py --steps {steps} --sleep 0.02\n"
+        f"pipeline: {{stages: 2, pipelines: 1}}\ncheckpoint: {{grace_s: 60}}\n",
+    )
+    wait_step(platform, job_id, 1, 12)  # past the periodic block checkpoint of step 10
+    halted = rz(platform, "halt", job_id)
+    assert halted.stdout.strip() == f"job {job_id} HALTED", report(platform, job_id)
+    saved: list[int] = []
+    for rank in (0, 1):
+        err = learner_file(platform, job_id, rank, "stderr.log")
+        saved += [
+            int(s) for s in re.findall(r"emergency block save of blocks \[\d\] at step (\d+)", err)
+        ]
+    assert len(saved) == 2 and saved[0] == saved[1], report(platform, job_id)
+    s = saved[0]
+    assert 12 < s < steps
+
+    rz(platform, "resume", job_id)
+    job = wait_end(platform, job_id, timeout_s=180)
+    assert job["status"] == "COMPLETED", job
+    for rank in (0, 1):
+        err = learner_file(platform, job_id, rank, "stderr.log")
+        restored = re.findall(r"from the checkpoint of step (\d+)", err)
+        assert restored == [str(s)], err[-3000:]
+    out = learner_file(platform, job_id, 1, "stdout.log")
+    resumed = [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")]
+    # the resumed run's first step is s: every step before it was saved, none redone
+    assert s in resumed and resumed[resumed.index(s) - 1] == s - 1, resumed
+
+    # the job's record lists the emergency checkpoints at step s. At least one: the two
+    # learners' reports reach the TDS at the same instant, and its merge into the record
+    # (services/store/jobs.py `add_checkpoints`, read then $set) can lose one of two
+    # concurrent writes; each learner's save is checked in its stderr above.
+    def reported() -> list[dict[str, Any]] | None:
+        got = [c for c in show(platform, job_id).get("checkpoints", []) if c["kind"] == "emergency"]
+        return got or None
+
+    checkpoints = wait_for(
+        "the emergency checkpoints on the record",
+        reported,
+        30,
+        lambda: (
+            f"checkpoints: {show(platform, job_id).get('checkpoints')}\n" + report(platform, job_id)
+        ),
+    )
+    assert {int(c["step"]) for c in checkpoints} == {s}, checkpoints
+    gather_params(platform, job_id, tmp_path / "params")
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_a_notice_for_one_learner_makes_it_leave_and_the_others_fail_over(
+    platform: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to one learner's worker (its node's notice): it leaves at its next step
+    boundary, declaring itself dead, and the job goes on without waiting for the
+    detection timeout; the history names the failover; COMPLETED."""
+    steps = 60
+    job_id = submit_manifest(
+        platform,
+        tmp_path,
+        f"name: pipe-notice\nmemory: 512MiB\nmax_learner_restarts: 0\n"
+        f"framework:\n  command: python train.py --steps {steps} --sleep 0.01\n"
+        f"pipeline: {{stages: 2, pipelines: 1}}\n",
+    )
+    wait_step(platform, job_id, 1, 3)
+    victims = worker_pids(job_id, 1)
+    assert victims, "learner 1's worker is not running"
+    for pid in victims:
+        os.kill(pid, signal.SIGTERM)
+    job = wait_end(platform, job_id, timeout_s=180)
+    assert job["status"] == "COMPLETED", job
+    messages = [h["message"] for h in job["history"]]
+    assert any(
+        m.startswith("learner 1 preempted; stage 1 now served by learner 0") for m in messages
+    ), messages
+    err1 = learner_file(platform, job_id, 1, "stderr.log")
+    assert "notice for this worker alone" in err1, err1[-3000:]
+    err0 = learner_file(platform, job_id, 0, "stderr.log")
+    assert "declared worker 1 dead" not in err0  # it declared itself, at its boundary
+    assert gather_params(platform, job_id, tmp_path / "params") == ["0/worker0.pt"]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
