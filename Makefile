@@ -73,7 +73,7 @@ demo-docker: install
 lint: install
 	$(BIN)/ruff check contract services learner tests benchmarks examples
 	$(BIN)/ruff format --check contract services learner tests benchmarks examples
-	$(BIN)/mypy contract services learner
+	$(BIN)/mypy contract services learner tests benchmarks
 
 test: install lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

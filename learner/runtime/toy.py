@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--die-replacement", default="")
     p.add_argument(
+        "--hold",
+        default="",
+        help="testing: STEP:PATH — step STEP's batches wait until the file PATH exists (at "
+        "most 300 s), so that a test acts on the job before it can finish",
+    )
+    p.add_argument(
         "--sleep",
         type=float,
         default=0.0,
@@ -96,7 +102,27 @@ def main(argv: list[str] | None = None) -> None:
         job.batch = gated(job.batch, a.gate, a.die, a.die_replacement)
     if a.sleep > 0:
         job.batch = slowed(job.batch, a.sleep)
+    if a.hold:
+        step, _, path = a.hold.partition(":")
+        job.batch = held(job.batch, int(step), path)
     train(job)
+
+
+def held(
+    batch: Callable[[int, int, int], Batch], step: int, path: str
+) -> Callable[[int, int, int], Batch]:
+    """``batch`` whose step ``step`` waits until the file ``path`` exists (``--hold``)."""
+    import time
+    from pathlib import Path
+
+    def hold(at: int, pipeline: int, microbatch: int) -> Batch:
+        if at == step:
+            deadline = time.monotonic() + 300
+            while not Path(path).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return batch(at, pipeline, microbatch)
+
+    return hold
 
 
 def slowed(

@@ -3,6 +3,7 @@ the backend releases them all when the file appears, and a stop still ends one a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,12 @@ def test_waiting_learners_are_released_together_by_one_poller_or_stopped_alone(
     jobs = ["sim-a", "sim-b", "sim-c"]
     for job_id in jobs:
         backend.start_learner(spec(job_id, tmp_path, stores, until), 0)
+
+    def reached(job_id: str, wanted: str) -> Callable[[], bool]:
+        return lambda: status(stores, job_id).get("status") == wanted
+
     for job_id in jobs:
-        wait_for(
-            f"{job_id} PROCESSING", lambda j=job_id: status(stores, j).get("status") == "PROCESSING"
-        )  # type: ignore[misc]
+        wait_for(f"{job_id} PROCESSING", reached(job_id, "PROCESSING"))
     lease = stores["etcd"].get(etcd_keys.learner_status("sim-a", 0))
     assert lease is not None and lease.lease  # under a lease of SIM_LEASE_TTL_S
     backend.stop_learners("sim-c", grace_s=10)  # a stop ends a waiting learner at once
@@ -51,7 +54,5 @@ def test_waiting_learners_are_released_together_by_one_poller_or_stopped_alone(
     assert backend.running("sim-a") == [0] and backend.running("sim-b") == [0]
     until.touch()
     for job_id in ("sim-a", "sim-b"):
-        wait_for(
-            f"{job_id} COMPLETED", lambda j=job_id: status(stores, j).get("status") == "COMPLETED"
-        )  # type: ignore[misc]
+        wait_for(f"{job_id} COMPLETED", reached(job_id, "COMPLETED"))
     wait_for("the poller to end", lambda: backend._poller is None)

@@ -59,10 +59,13 @@ def test_a_controller_lost_with_its_worker_after_formation_comes_back_as_a_repla
     """Learner 1's controller and worker are SIGKILLed together at step 5 → the runtime
     fails over to learner 0 → learner 1 returns through the replacement path (a fresh
     ticket, joins as a standby, takes its slot back; step 30 waits for that) → then its
-    (replacement's) controller alone is SIGKILLed: the new controller re-adopts the
+    (replacement's) controller alone is SIGKILLed (step 45 waits for that): the new controller re-adopts the
     running worker (same incarnation, same ticket), nothing runs twice → COMPLETED with
     the parameters of the uninterrupted run."""
-    with pipeline_job(stores, tmp_path, f"python train.py --steps {STEPS} --gate 30:2") as run:
+    # Step 45 waits for <job dir>/release, made once the second kill is done: on a loaded
+    # machine the last 30 steps could otherwise end the job before that kill.
+    command = f"python train.py --steps {STEPS} --gate 30:2 --hold 45:../release"
+    with pipeline_job(stores, tmp_path, command) as run:
         run.formed()
         run.wait("step 5 on learner 1", lambda: run.logged(1, "step 5 ", "stdout.log"))
         kill_controller(run, 1, with_worker=True)
@@ -71,6 +74,7 @@ def test_a_controller_lost_with_its_worker_after_formation_comes_back_as_a_repla
             lambda: run.logged(1, "[worker 1] joined generation 2"),
         )
         kill_controller(run, 1, with_worker=False)
+        (run.data_dir / "jobs" / run.job.job_id / "release").touch()
         record = run.end()
     messages = [h.message for h in record.history]
     assert record.status == states.COMPLETED, run.explain()
