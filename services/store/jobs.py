@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -197,6 +198,14 @@ class JobsRepository:
         self._batcher = InsertBatcher(self._col) if group_commit else None
         # Listings page through this, not through the server's sort (job_index.py: why).
         self._index = JobIndex(self._col)
+        # `set_last_metrics` and `add_checkpoints` read a list, merge, and write it back,
+        # without the record's version (a metric must not fence a guardian out). The TDS
+        # calls them from its thread pool, two learners' reports often at the same instant:
+        # one lock per job (striped) keeps one merge from writing over the other.
+        self._merge_locks = [threading.Lock() for _ in range(64)]
+
+    def _merge_lock(self, job_id: str) -> threading.Lock:
+        return self._merge_locks[zlib.crc32(job_id.encode()) % len(self._merge_locks)]
 
     @with_retries
     def ensure_indexes(self) -> None:
@@ -424,6 +433,10 @@ class JobsRepository:
         Neither `version` nor `updated_at` moves: a metric is not a status change, so it
         must not make a guardian's fenced write stale nor every listing index re-read the
         job. Returns False when the job is not stored (purged)."""
+        with self._merge_lock(job_id):
+            return self._merge_last_metrics(job_id, samples)
+
+    def _merge_last_metrics(self, job_id: str, samples: Iterable[dict[str, Any]]) -> bool:
         doc = self._col.find_one({"_id": job_id}, {"last_metrics": 1})
         if doc is None:
             return False
@@ -455,6 +468,10 @@ class JobsRepository:
         kept once), oldest first, the newest `contract.checkpoints.MAX_KEPT`. Like
         `set_last_metrics`, neither `version` nor `updated_at` moves. False when the job
         is not stored."""
+        with self._merge_lock(job_id):
+            return self._merge_checkpoints(job_id, reports)
+
+    def _merge_checkpoints(self, job_id: str, reports: Iterable[dict[str, Any]]) -> bool:
         doc = self._col.find_one({"_id": job_id}, {"checkpoints": 1})
         if doc is None:
             return False

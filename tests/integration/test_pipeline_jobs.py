@@ -487,13 +487,11 @@ def test_a_halted_pipeline_job_saves_at_one_step_and_resumes_there(
     # the resumed run's first step is s: every step before it was saved, none redone
     assert s in resumed and resumed[resumed.index(s) - 1] == s - 1, resumed
 
-    # the job's record lists the emergency checkpoints at step s. At least one: the two
-    # learners' reports reach the TDS at the same instant, and its merge into the record
-    # (services/store/jobs.py `add_checkpoints`, read then $set) can lose one of two
-    # concurrent writes; each learner's save is checked in its stderr above.
+    # the job's record lists both learners' emergency checkpoints at step s (their reports
+    # reach the TDS at the same instant: services/store/jobs.py merges them under a lock)
     def reported() -> list[dict[str, Any]] | None:
         got = [c for c in show(platform, job_id).get("checkpoints", []) if c["kind"] == "emergency"]
-        return got or None
+        return got if {str(c["learner"]) for c in got} == {"0", "1"} else None
 
     checkpoints = wait_for(
         "the emergency checkpoints on the record",

@@ -77,3 +77,29 @@ def test_a_listing_carries_the_last_metrics_but_not_the_checkpoint_list(
     assert [m["name"] for m in listed.last_metrics] == ["loss"]
     assert listed.checkpoints == []
     assert [c["step"] for c in repo.get(job.job_id).checkpoints] == [1]
+
+
+def test_checkpoint_reports_merged_at_the_same_instant_are_all_kept(repo: JobsRepository) -> None:
+    """The TDS merges reports from its thread pool; the learners of a pipeline job report
+    their emergency saves at one instant. A merge must not write over another's."""
+    import threading
+
+    for _ in range(5):
+        job = new_job(repo)
+        start = threading.Barrier(8)
+
+        def report(
+            learner: int, job_id: str = job.job_id, start: threading.Barrier = start
+        ) -> None:
+            save = {"kind": "emergency", "step": 7, "size_bytes": 9, "time": 10.0 + learner,
+                    "learner": str(learner), "name": f"s7-{learner}"}  # fmt: skip
+            start.wait()
+            repo.add_checkpoints(job_id, [save])
+
+        threads = [threading.Thread(target=report, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        kept = sorted(c["learner"] for c in repo.get(job.job_id).checkpoints)
+        assert kept == [str(n) for n in range(8)], kept
