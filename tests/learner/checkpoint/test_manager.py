@@ -37,6 +37,18 @@ def _manager(
     return CheckpointManager(env, sources=sources or [])
 
 
+def record_exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The manager's `os._exit` codes, recorded; each call raises SystemExit instead."""
+    exits: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr("learner.checkpoint.manager.os._exit", fake_exit)
+    return exits
+
+
 def _save(m: CheckpointManager, text: str) -> Path:
     p = m.staging_path("model.pt")
     p.write_text(text)
@@ -74,13 +86,7 @@ def test_emergency_save_exits_with_the_preempted_status(
     now = time.time()
     m._on_notice(PreemptionNotice("sigterm", now, now + 3.9))
     assert m.should_save()
-    exits: list[int] = []
-
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        raise SystemExit(code)
-
-    monkeypatch.setattr("learner.checkpoint.manager.os._exit", fake_exit)
+    exits = record_exits(monkeypatch)
     with pytest.raises(SystemExit):
         m.backup(_save(m, "x"))
     assert exits == [ExitCode.PREEMPTED]
@@ -102,13 +108,7 @@ def test_a_backup_after_a_notice_from_a_script_that_never_asks_is_the_emergency_
     m._on_notice(PreemptionNotice("sigterm", now, now + 100.0))  # plenty of time left
     with m.step():
         pass
-    exits: list[int] = []
-
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        raise SystemExit(code)
-
-    monkeypatch.setattr("learner.checkpoint.manager.os._exit", fake_exit)
+    exits = record_exits(monkeypatch)
     with pytest.raises(SystemExit):
         m.backup(_save(m, "epoch 2"))
     assert exits == [ExitCode.PREEMPTED]
