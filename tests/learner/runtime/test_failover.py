@@ -167,25 +167,34 @@ def test_a_worker_lost_while_generation_0_links_fails_over(
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=3)
 
 
-def test_sigkill_from_outside_at_any_instant(etcd_server: ManagedServer, tmp_path: Path) -> None:
-    steps = 25
-    argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps)
-    proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def follow_worker_pids(
+    proc: subprocess.Popen[str],
+) -> tuple[dict[int, int], list[str], threading.Thread]:
+    """Read the launcher's stderr on a thread: its lines, and each worker's pid as the
+    launcher names it (`rhizome-runtime: worker W pid P`), filled in as they come."""
     pids: dict[int, int] = {}
-    err_lines: list[str] = []
+    lines: list[str] = []
 
     def read_err() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
-            err_lines.append(line)
+            lines.append(line)
             m = re.match(r"rhizome-runtime: worker (\d+) pid (\d+)", line)
             if m:
                 pids[int(m.group(1))] = int(m.group(2))
 
     reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
+    return pids, lines, reader
+
+
+def test_sigkill_from_outside_at_any_instant(etcd_server: ManagedServer, tmp_path: Path) -> None:
+    steps = 25
+    argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids, err_lines, reader = follow_worker_pids(proc)
     out_lines: list[str] = []
     assert proc.stdout is not None
     killed = False

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -21,7 +20,12 @@ from contract.checkpoints import MARK
 from contract.status import ExitCode
 from learner.runtime import block_checkpoint
 from services.embedded.process import ManagedServer
-from tests.learner.runtime.test_failover import REPO, TOY, assert_equals_reference
+from tests.learner.runtime.test_failover import (
+    REPO,
+    TOY,
+    assert_equals_reference,
+    follow_worker_pids,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,19 +79,7 @@ def _run_and_signal(
         text=True,
         env={**os.environ, "RHIZOME_GRACE_S": "60", **(env or {})},
     )
-    pids: dict[int, int] = {}
-    err: list[str] = []
-
-    def read_err() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            err.append(line)
-            m = re.match(r"rhizome-runtime: worker (\d+) pid (\d+)", line)
-            if m:
-                pids[int(m.group(1))] = int(m.group(2))
-
-    reader = threading.Thread(target=read_err, daemon=True)
-    reader.start()
+    pids, err, reader = follow_worker_pids(proc)
     out: list[str] = []
     assert proc.stdout is not None
     signalled = False
