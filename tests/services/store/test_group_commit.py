@@ -9,34 +9,21 @@ the real server's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pymongo.errors
 import pytest
 
-from services.embedded.servers import MongoServer
 from services.store.group_commit import InsertBatcher
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
-from services.store.mongo import connect
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["secantus", "nx-27017"])
-def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    server = MongoServer(
-        Path(tmp_path_factory.mktemp(f"mongo-{request.param}")), flavour=request.param
-    )
-    server.start()
-    try:
-        database = connect(server.url)
-        yield database
-        database.client.close()
-    finally:
-        server.stop()
+@pytest.fixture(scope="module")
+def db(flavoured_db: Any) -> Any:
+    return flavoured_db
 
 
 class GatedCollection:

@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from services.embedded.servers import MongoServer
 from services.store import states
 from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
 from services.store.jobs import JobRecord, JobsRepository
-from services.store.mongo import connect
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["secantus", "nx-27017"])
-def repo(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[JobsRepository]:
-    server = MongoServer(
-        Path(tmp_path_factory.mktemp(f"mongo-{request.param}")), flavour=request.param
-    )
-    server.start()
-    try:
-        db = connect(server.url)
-        repository = JobsRepository(db)
-        repository.ensure_indexes()
-        yield repository
-        db.client.close()
-    finally:
-        server.stop()
+@pytest.fixture(scope="module")
+def repo(flavoured_db: Any) -> JobsRepository:
+    repository = JobsRepository(flavoured_db)
+    repository.ensure_indexes()
+    return repository
 
 
 _counter = iter(range(1_000_000))

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from services.embedded.servers import MongoServer
-from services.store.mongo import connect
 from services.store.tokens import (
     BadTokenRequest,
     ExpiredToken,
@@ -25,18 +21,9 @@ from services.store.tokens import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["secantus", "nx-27017"])
-def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    server = MongoServer(
-        Path(tmp_path_factory.mktemp(f"mongo-{request.param}")), flavour=request.param
-    )
-    server.start()
-    try:
-        database = connect(server.url)
-        yield database
-        database.client.close()
-    finally:
-        server.stop()
+@pytest.fixture(scope="module")
+def db(flavoured_db: Any) -> Any:
+    return flavoured_db
 
 
 @pytest.fixture
