@@ -203,6 +203,30 @@ def entered(repo: JobsRepository, job_id: str, status: str) -> float:
     return next(h.time for h in repo.get(job_id).history if h.status == status)
 
 
+# Where submit → PROCESSING goes, stage by stage (each job's history): the scheduler
+# places it (→ PENDING), the LCM sets it up and gives it to a host, whose guardian starts
+# the deploy (→ DEPLOYING), the learners come up (→ PROCESSING).
+STAGES = (("submit", states.PENDING), (states.PENDING, states.DEPLOYING), (states.DEPLOYING, states.PROCESSING))
+
+
+def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, float]]:
+    """p50/p99 seconds of each stage of `STAGES` over the jobs `ids` (PROCESSING ones)."""
+    spans: dict[str, list[float]] = {f"{a}→{b}": [] for a, b in STAGES}
+    for job_id in ids:
+        record = repo.get(job_id)
+        first: dict[str, float] = {"submit": record.created_at}
+        for h in record.history:
+            first.setdefault(h.status, h.time)
+        for a, b in STAGES:
+            if a in first and b in first:
+                spans[f"{a}→{b}"].append(first[b] - first[a])
+    return {
+        name: {"p50": statistics.median(v), "p99": percentile(v, 0.99)}
+        for name, v in spans.items()
+        if v
+    }
+
+
 def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[str, Any]:
     """One platform with N jobs alive; `per_host` guardians per host (0: a process each)."""
     os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
@@ -242,6 +266,7 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
             to_processing = [
                 entered(repo, j, states.PROCESSING) - repo.get(j).created_at for j in alive
             ]
+            stages = stage_seconds(repo, alive)
             # Steady state: N jobs alive, nothing changing.
             s0 = sample(pid, platform.data_dir)
             time.sleep(steady_s)
@@ -278,6 +303,7 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
         "all_processing_s": all_processing_s,
+        "stages_s": stages,
         "daemon_rss_mib": s1["daemon_rss"],
         "daemon_rss_per_job_mib": (s1["daemon_rss"] - before["daemon_rss"]) / n,
         "daemon_cpu_per_job_s": (after["daemon_cpu"] - before["daemon_cpu"]) / n,
@@ -383,6 +409,12 @@ def main() -> None:
     for mode in modes:
         if by_mode[mode]:
             report(by_mode[mode])
+    print("\nwhere submit→PROCESSING goes (p50 / p99 s of each stage):")
+    for row in rows:
+        parts = ", ".join(
+            f"{name} {v['p50']:.2f} / {v['p99']:.2f}" for name, v in row["stages_s"].items()
+        )
+        print(f"  {row['mode']} N={row['n']}: {parts}; all PROCESSING after {row['all_processing_s']:.1f} s")
     print("\nwhat went wrong, and the etcd authentication storm:")
     for row in rows:
         print(
