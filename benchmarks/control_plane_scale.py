@@ -173,6 +173,10 @@ def etcd_auth_calls(url: str) -> dict[str, int]:
 
 HOST_REAUTH = re.compile(r"etcd re-authentications so far: host (\d+), learners (\d+)")
 LCM_REAUTH = re.compile(r"lcm: etcd re-authentications so far: (\d+)")
+LCM_SETUPS = re.compile(
+    r"lcm: job set-ups so far: (\d+) \((\d+) failed\) and (\d+) etcd user removals in (\d+) "
+    r"batches \(largest (\d+)\); ([\d.]+) s in etcd auth changes, ([\d.]+) s the rest"
+)
 
 
 def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
@@ -191,6 +195,13 @@ def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
     text = daemon_log.read_text(errors="replace") if daemon_log.exists() else ""
     counts = LCM_REAUTH.findall(text)
     found["reauth_lcm"] = int(counts[-1]) if counts else 0
+    setups = LCM_SETUPS.findall(text)  # the last report of the LCM's set-up thread
+    if setups:
+        names = ("setups", "setups_failed", "user_removals", "setup_batches", "largest_batch")
+        for name, value in zip(names, setups[-1][:5], strict=True):
+            found[name] = int(value)  # (Counter.update would count the pairs)
+        found["setup_auth_changes_ms"] = int(float(setups[-1][5]) * 1000)
+        found["setup_rest_ms"] = int(float(setups[-1][6]) * 1000)
     found["host_exits"] = len(re.findall(r"guardian host \S+ exited with", text))
     found["hosts_started"] = text.count("started guardian host")
     rounds = re.findall(r"lcm: a round took ([\d.]+) s, ([\d.]+) s of it reading", text)
@@ -206,7 +217,11 @@ def entered(repo: JobsRepository, job_id: str, status: str) -> float:
 # Where submit → PROCESSING goes, stage by stage (each job's history): the scheduler
 # places it (→ PENDING), the LCM sets it up and gives it to a host, whose guardian starts
 # the deploy (→ DEPLOYING), the learners come up (→ PROCESSING).
-STAGES = (("submit", states.PENDING), (states.PENDING, states.DEPLOYING), (states.DEPLOYING, states.PROCESSING))
+STAGES = (
+    ("submit", states.PENDING),
+    (states.PENDING, states.DEPLOYING),
+    (states.DEPLOYING, states.PROCESSING),
+)
 
 
 def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, float]]:
@@ -414,7 +429,9 @@ def main() -> None:
         parts = ", ".join(
             f"{name} {v['p50']:.2f} / {v['p99']:.2f}" for name, v in row["stages_s"].items()
         )
-        print(f"  {row['mode']} N={row['n']}: {parts}; all PROCESSING after {row['all_processing_s']:.1f} s")
+        print(
+            f"  {row['mode']} N={row['n']}: {parts}; all PROCESSING after {row['all_processing_s']:.1f} s"
+        )
     print("\nwhat went wrong, and the etcd authentication storm:")
     for row in rows:
         print(

@@ -259,14 +259,26 @@ _RETRY_WITH_NEW_TOKEN = (
 )
 
 
-# A call refused for its token is tried again with a new one this many times. While the
-# LCM adds and removes job users back to back (tens of auth changes a second at a submit
-# burst), a new token can be overtaken again before the call lands; from the second retry
-# on, a short random pause lets a quiet moment come (benchmarks/etcd_auth_churn.py: 3
-# retries without pauses failed a few calls in every round).
-_TOKEN_RETRIES = 8
-_TOKEN_RETRY_PAUSE_S = 0.02
+# A call refused for its token is tried again with a new one this many times. A token
+# that lapsed is replaced at once. One overtaken by an auth change is replaced after a
+# pause (EtcdClient._wait_out_auth_changes), doubled each time a token is overtaken again
+# (from _TOKEN_RETRY_PAUSE_S up to _TOKEN_RETRY_MAX_PAUSE_S, less a random part): the LCM
+# makes job users' auth changes in bursts (services/lcm/setup.py), a burst refuses every
+# token it overtakes, and a busy client that re-authenticated at once was refused again a
+# few changes later: ~70 new tokens in one burst of 200 users, 8 with pauses of up to
+# 0.5 s, 2-3x fewer than at once with pauses of up to 0.1 s (benchmarks/RESULTS.md,
+# session 10). Longer pauses held the guardian hosts' deploys back until the bursts were
+# over. 20 retries wait ~1.5 s in all, longer than a burst of MAX_BATCH set-ups lasts
+# (benchmarks/etcd_auth_churn.py: 3 retries without pauses failed a few calls in every
+# round).
+_TOKEN_RETRIES = 20
+_TOKEN_RETRY_PAUSE_S = 0.01
+_TOKEN_RETRY_MAX_PAUSE_S = 0.1
+# A token overtaken this long after the last one was starts the pauses over: a new burst.
+_QUIET_AFTER_S = 0.3
 _AUTH_ATTEMPTS = 4
+# What etcd says when an auth change overtook the call (its token's auth revision is old).
+_OVERTAKEN = ("revision in header is old", "revision of auth store is old")
 
 
 def _token_refused(exc: BaseException | None) -> bool:
@@ -275,6 +287,17 @@ def _token_refused(exc: BaseException | None) -> bool:
         return False
     details = str(exc.details() or "")
     return any(m in details for m in _RETRY_WITH_NEW_TOKEN)
+
+
+def _overtaken(exc: BaseException | None) -> bool:
+    """Whether `exc`'s call was refused because an auth change overtook its token."""
+    return isinstance(exc, grpc.RpcError) and any(m in str(exc.details() or "") for m in _OVERTAKEN)
+
+
+def _token_retry_pause(in_a_row: int) -> float:
+    """The pause before a new token, when `in_a_row` tokens were overtaken before."""
+    pause = min(_TOKEN_RETRY_MAX_PAUSE_S, _TOKEN_RETRY_PAUSE_S * 2**in_a_row)
+    return random.uniform(pause / 2, pause)
 
 
 def _auth_refusal(exc: BaseException) -> str:
@@ -396,6 +419,13 @@ class EtcdClient:
         self.reauthentications = 0  # times an expired auth token was replaced
         self._token_lock = threading.Lock()
         self._token_generation = 0  # bumped by each new token; see _refresh_token
+        # Pausing amid a burst of auth changes (_wait_out_auth_changes): the token whose
+        # refusal set the pause, when the next token is got, how many tokens in a row were
+        # overtaken (the pause doubles with it) and when the last one was.
+        self._paused_generation = -1
+        self._retry_at = 0.0
+        self._overtaken_in_a_row = 0
+        self._overtaken_at = 0.0
         host, port = parse_url(url)
         ca = tls_ca_file(url)
         user = credentials.user if credentials else None
@@ -459,8 +489,10 @@ class EtcdClient:
         """`call()` with etcd's errors translated (`_errors`); when etcd refused the call's
         token (`_token_refused`: it lapsed, or an auth change overtook the call),
         authenticate again and retry, a few times (auth changes can keep overtaking calls
-        while the LCM adds many jobs' users). A retry is safe: etcd refused the call before
-        doing anything."""
+        while the LCM adds many jobs' users: after a pause, `_token_retry_pause`). A retry
+        is safe: etcd refused the call before doing anything. A client authenticates again
+        only when a call of its own was refused (never ahead of one), and its threads
+        refused the same token share one new token (`_refresh_token`)."""
         for attempt in range(_TOKEN_RETRIES + 1):
             generation = self._token_generation
             try:
@@ -475,10 +507,31 @@ class EtcdClient:
                         "for its auth token, each new token overtaken by another auth change "
                         "(job users added or removed back to back); try again"
                     ) from exc.__cause__
-            if attempt >= 1:
-                time.sleep(random.uniform(0, _TOKEN_RETRY_PAUSE_S * attempt))
+                if _overtaken(exc.__cause__):
+                    self._wait_out_auth_changes(generation)
             self._refresh_token(generation)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _wait_out_auth_changes(self, refused_generation: int) -> None:
+        """Pause before replacing a token an auth change overtook: amid a burst of them (the
+        LCM's batches of job users) a token got at once would be overtaken again a few
+        changes later. The client's threads share one pause per token (the first thread
+        refused it sets when the next token is got), doubled each time a token is
+        overtaken again, until none was for `_QUIET_AFTER_S` (`_token_retry_pause`): calls
+        do get through between two changes of a burst, so that does not mean it ended."""
+        with self._token_lock:
+            if self._token_generation == refused_generation != self._paused_generation:
+                now = time.monotonic()
+                if now - self._overtaken_at > _QUIET_AFTER_S:
+                    self._overtaken_in_a_row = 0  # a new burst
+                self._paused_generation = refused_generation
+                self._retry_at = now + _token_retry_pause(self._overtaken_in_a_row)
+                self._overtaken_in_a_row += 1
+                self._overtaken_at = now
+            retry_at = self._retry_at
+        delay = retry_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
 
     def _refresh_token(self, refused_generation: int) -> None:
         """A new token in place of the one of `refused_generation`, which etcd refused.

@@ -35,9 +35,10 @@ from services.security.api import JOB_ETCD_CREDENTIALS_ENV
 
 log = logging.getLogger("rhizome.lcm")
 
-# At most this many jobs' auth changes in one burst (4 a set-up, 2 a removal: ~1-3 ms
-# each in etcd, so a burst of 100 set-ups lasts about a second on a busy machine).
-MAX_BATCH = 100
+# At most this many jobs' auth changes in one burst (4 a set-up, 2 a removal: 1-6 ms each
+# in etcd, so a burst of 50 set-ups lasts 0.2-1.2 s): the other clients' calls are
+# refused meanwhile and wait (contract/etcd.py _TOKEN_RETRIES says how long they may).
+MAX_BATCH = 50
 # The pause after a full batch, when more wait: the other clients get new tokens and make
 # their calls before the next burst refuses them again.
 BATCH_GAP_S = 0.05
