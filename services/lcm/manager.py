@@ -369,6 +369,15 @@ class LifecycleManager:
             current = self.guardians.get(job_id)
             if current is not None and current.ref.alive() and self._guards(current, held):
                 return
+            if current is not None and current.host is not None and held is None:
+                # Its live host let go of it: most likely its guardian just ended the job,
+                # after this round read the records. Set up again (its etcd user made
+                # again, then removed) only a job that is still active.
+                try:
+                    if self.jobs.get(job_id).status not in states.ACTIVE_STATES:
+                        return
+                except JobNotFound:
+                    return
             entry = held if held is not None else None
             if entry is not None:
                 value = getattr(entry, "value", {})
