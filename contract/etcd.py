@@ -264,11 +264,10 @@ _RETRY_WITH_NEW_TOKEN = (
 # pause (EtcdClient._wait_out_auth_changes), doubled each time a token is overtaken again
 # (from _TOKEN_RETRY_PAUSE_S up to _TOKEN_RETRY_MAX_PAUSE_S, less a random part): the LCM
 # makes job users' auth changes in bursts (services/lcm/setup.py), a burst refuses every
-# token it overtakes, and a busy client that re-authenticated at once was refused again a
-# few changes later: ~70 new tokens in one burst of 200 users, 8 with pauses of up to
-# 0.5 s, 2-3x fewer than at once with pauses of up to 0.1 s (benchmarks/RESULTS.md,
-# session 10). Longer pauses held the guardian hosts' deploys back until the bursts were
-# over. 20 retries wait ~1.5 s in all, longer than a burst of MAX_BATCH set-ups lasts
+# token it overtakes, and a busy client (4 threads) that re-authenticated at once was
+# refused again a few changes later: ~70 new tokens in one burst of 200 users; 16 with
+# pauses of up to 0.1 s, 8 with 0.5 s (benchmarks/RESULTS.md, session 10). Pauses of
+# 0.5 s held the guardian hosts' deploys back until the bursts were over. 20 retries wait ~1.5 s in all, longer than a burst of MAX_BATCH set-ups lasts
 # (benchmarks/etcd_auth_churn.py: 3 retries without pauses failed a few calls in every
 # round).
 _TOKEN_RETRIES = 20
@@ -529,7 +528,10 @@ class EtcdClient:
                 self._overtaken_in_a_row += 1
                 self._overtaken_at = now
             retry_at = self._retry_at
-        delay = retry_at - time.monotonic()
+            spread = _TOKEN_RETRY_PAUSE_S * min(self._overtaken_in_a_row, 4)
+        # Each thread a little later than the shared moment: hundreds of threads of one
+        # client (a host's guardians and simulated learners) must not call etcd at once.
+        delay = retry_at + random.uniform(0, spread) - time.monotonic()
         if delay > 0:
             time.sleep(delay)
 

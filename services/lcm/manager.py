@@ -100,6 +100,10 @@ class LcmConfig:
     # How long a host may take to take an assigned job's guardian key before the LCM
     # gives the job out again.
     host_adopt_grace_s: float = 10.0
+    # ...unless it has not yet taken any job given to it after this one: it reads its
+    # assignments one at a time, and a burst of set-ups can queue hundreds (each a few ms
+    # to take) at once. Then the LCM waits up to this long.
+    host_adopt_backlog_s: float = 120.0
     # A guardian host's etcd lease (services/guardian/host.py HOST_LEASE_TTL_S says why it
     # is longer than a guardian process's `lease_ttl_s`).
     host_lease_ttl_s: int = HOST_LEASE_TTL_S
@@ -147,6 +151,7 @@ class Supervised:
     child: bool
     started: float = field(default_factory=time.monotonic)
     host: GuardianHostProcess | None = None  # the job's guardian runs in this host
+    taken: bool = False  # its host was seen holding the job's guardian key
 
 
 class LifecycleManager:
@@ -185,6 +190,9 @@ class LifecycleManager:
         )
         self._setups: dict[str, Future[dict[str, str] | None]] = {}
         self._setup_failures: dict[str, int] = {}
+        # Per guardian host, when the latest job it was seen to take was given to it
+        # (`_guards`): a job given before that and not taken was dropped.
+        self._host_progress: dict[str, float] = {}
         self.backend = get_backend(config.backend)
 
     # -- life ------------------------------------------------------------------------------
@@ -409,10 +417,18 @@ class LifecycleManager:
         if current.host is None:
             return True
         value = getattr(held, "value", None)
+        host = current.host.host_id
         if isinstance(value, dict) and value.get("pid") == current.ref.pid:
+            if not current.taken:  # the host has come this far in its assignments
+                current.taken = True
+                self._host_progress[host] = max(self._host_progress.get(host, 0.0), current.started)
             return True
-        if time.monotonic() - current.started < self.config.host_adopt_grace_s:
+        waited = time.monotonic() - current.started
+        if waited < self.config.host_adopt_grace_s:
             return True
+        behind = self._host_progress.get(host, 0.0) < current.started
+        if not current.taken and behind and waited < self.config.host_adopt_backlog_s:
+            return True  # its host has not come to it yet: still taking earlier ones
         current.host.jobs.discard(current.job_id)
         return False
 
