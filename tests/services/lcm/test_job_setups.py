@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,34 @@ def test_the_lcm_gives_each_job_out_once_its_user_exists_and_removes_it_when_it_
     wait_for("removals", lambda: lcm._setup.stats.removals == 3, timeout_s=60)
     for job_id in jobs:
         assert _authenticates(etcd_url, job_id) is (job_id not in jobs[:3])
+
+
+def test_a_job_queued_behind_others_in_a_busy_host_is_not_given_out_again(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    """A host takes its assignments one at a time; a burst of set-ups queues hundreds.
+    A job it has not come to yet is waited for (host_adopt_backlog_s), not given out
+    again after the short grace; one it passed over (it took a job given after it), or
+    took and let go of, is given out again."""
+    from types import SimpleNamespace
+
+    from contract import procs
+    from services.lcm.manager import GuardianHostProcess, Supervised
+
+    config = LcmConfig(tmp_path, stores["etcd_url"], stores["mongo_url"], host_adopt_grace_s=0.0)
+    lcm = LifecycleManager(config, stores["repo"], stores["etcd"])
+    try:
+        me = procs.ProcRef.of(os.getpid())
+        assert me is not None
+        host = GuardianHostProcess("host-a", None, me, {"job-1", "job-2"})
+        given = time.monotonic()
+        first = Supervised("job-1", me, child=False, host=host, started=given - 10.0)
+        later = Supervised("job-2", me, child=False, host=host, started=given - 5.0)
+        assert lcm._guards(first, None) and lcm._guards(later, None)  # not come to yet
+        taken = SimpleNamespace(value={"pid": me.pid, "host": "host-a"})
+        assert lcm._guards(later, taken)  # it took job-2, given after job-1...
+        assert not lcm._guards(first, None)  # ...so it passed job-1 over: out again
+        assert host.jobs == {"job-2"}
+        assert not lcm._guards(later, None)  # taken, then let go of: not waited for
+    finally:
+        lcm._setup.close()
