@@ -173,6 +173,10 @@ def etcd_auth_calls(url: str) -> dict[str, int]:
 
 HOST_REAUTH = re.compile(r"etcd re-authentications so far: host (\d+), learners (\d+)")
 LCM_REAUTH = re.compile(r"lcm: etcd re-authentications so far: (\d+)")
+LCM_SETUPS = re.compile(
+    r"lcm: job set-ups so far: (\d+) \((\d+) failed\) and (\d+) etcd user removals in (\d+) "
+    r"batches \(largest (\d+)\); ([\d.]+) s in etcd auth changes, ([\d.]+) s the rest"
+)
 
 
 def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
@@ -191,6 +195,13 @@ def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
     text = daemon_log.read_text(errors="replace") if daemon_log.exists() else ""
     counts = LCM_REAUTH.findall(text)
     found["reauth_lcm"] = int(counts[-1]) if counts else 0
+    setups = LCM_SETUPS.findall(text)  # the last report of the LCM's set-up thread
+    if setups:
+        names = ("setups", "setups_failed", "user_removals", "setup_batches", "largest_batch")
+        for name, value in zip(names, setups[-1][:5], strict=True):
+            found[name] = int(value)  # (Counter.update would count the pairs)
+        found["setup_auth_changes_ms"] = int(float(setups[-1][5]) * 1000)
+        found["setup_rest_ms"] = int(float(setups[-1][6]) * 1000)
     found["host_exits"] = len(re.findall(r"guardian host \S+ exited with", text))
     found["hosts_started"] = text.count("started guardian host")
     rounds = re.findall(r"lcm: a round took ([\d.]+) s, ([\d.]+) s of it reading", text)
@@ -201,6 +212,34 @@ def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
 
 def entered(repo: JobsRepository, job_id: str, status: str) -> float:
     return next(h.time for h in repo.get(job_id).history if h.status == status)
+
+
+# Where submit → PROCESSING goes, stage by stage (each job's history): the scheduler
+# places it (→ PENDING), the LCM sets it up and gives it to a host, whose guardian starts
+# the deploy (→ DEPLOYING), the learners come up (→ PROCESSING).
+STAGES = (
+    ("submit", states.PENDING),
+    (states.PENDING, states.DEPLOYING),
+    (states.DEPLOYING, states.PROCESSING),
+)
+
+
+def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, float]]:
+    """p50/p99 seconds of each stage of `STAGES` over the jobs `ids` (PROCESSING ones)."""
+    spans: dict[str, list[float]] = {f"{a}→{b}": [] for a, b in STAGES}
+    for job_id in ids:
+        record = repo.get(job_id)
+        first: dict[str, float] = {"submit": record.created_at}
+        for h in record.history:
+            first.setdefault(h.status, h.time)
+        for a, b in STAGES:
+            if a in first and b in first:
+                spans[f"{a}→{b}"].append(first[b] - first[a])
+    return {
+        name: {"p50": statistics.median(v), "p99": percentile(v, 0.99)}
+        for name, v in spans.items()
+        if v
+    }
 
 
 def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[str, Any]:
@@ -242,6 +281,7 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
             to_processing = [
                 entered(repo, j, states.PROCESSING) - repo.get(j).created_at for j in alive
             ]
+            stages = stage_seconds(repo, alive)
             # Steady state: N jobs alive, nothing changing.
             s0 = sample(pid, platform.data_dir)
             time.sleep(steady_s)
@@ -278,6 +318,7 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
         "all_processing_s": all_processing_s,
+        "stages_s": stages,
         "daemon_rss_mib": s1["daemon_rss"],
         "daemon_rss_per_job_mib": (s1["daemon_rss"] - before["daemon_rss"]) / n,
         "daemon_cpu_per_job_s": (after["daemon_cpu"] - before["daemon_cpu"]) / n,
@@ -383,6 +424,14 @@ def main() -> None:
     for mode in modes:
         if by_mode[mode]:
             report(by_mode[mode])
+    print("\nwhere submit→PROCESSING goes (p50 / p99 s of each stage):")
+    for row in rows:
+        parts = ", ".join(
+            f"{name} {v['p50']:.2f} / {v['p99']:.2f}" for name, v in row["stages_s"].items()
+        )
+        print(
+            f"  {row['mode']} N={row['n']}: {parts}; all PROCESSING after {row['all_processing_s']:.1f} s"
+        )
     print("\nwhat went wrong, and the etcd authentication storm:")
     for row in rows:
         print(

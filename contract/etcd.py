@@ -259,14 +259,25 @@ _RETRY_WITH_NEW_TOKEN = (
 )
 
 
-# A call refused for its token is tried again with a new one this many times. While the
-# LCM adds and removes job users back to back (tens of auth changes a second at a submit
-# burst), a new token can be overtaken again before the call lands; from the second retry
-# on, a short random pause lets a quiet moment come (benchmarks/etcd_auth_churn.py: 3
-# retries without pauses failed a few calls in every round).
-_TOKEN_RETRIES = 8
-_TOKEN_RETRY_PAUSE_S = 0.02
+# A call refused for its token is tried again with a new one this many times. A token
+# that lapsed is replaced at once. One overtaken by an auth change is replaced after a
+# pause (EtcdClient._wait_out_auth_changes), doubled each time a token is overtaken again
+# (from _TOKEN_RETRY_PAUSE_S up to _TOKEN_RETRY_MAX_PAUSE_S, less a random part): the LCM
+# makes job users' auth changes in bursts (services/lcm/setup.py), a burst refuses every
+# token it overtakes, and a busy client (4 threads) that re-authenticated at once was
+# refused again a few changes later: ~70 new tokens in one burst of 200 users; 16 with
+# pauses of up to 0.1 s, 8 with 0.5 s (benchmarks/RESULTS.md, session 10). Pauses of
+# 0.5 s held the guardian hosts' deploys back until the bursts were over. 20 retries wait ~1.5 s in all, longer than a burst of MAX_BATCH set-ups lasts
+# (benchmarks/etcd_auth_churn.py: 3 retries without pauses failed a few calls in every
+# round).
+_TOKEN_RETRIES = 20
+_TOKEN_RETRY_PAUSE_S = 0.01
+_TOKEN_RETRY_MAX_PAUSE_S = 0.1
+# A token overtaken this long after the last one was starts the pauses over: a new burst.
+_QUIET_AFTER_S = 0.3
 _AUTH_ATTEMPTS = 4
+# What etcd says when an auth change overtook the call (its token's auth revision is old).
+_OVERTAKEN = ("revision in header is old", "revision of auth store is old")
 
 
 def _token_refused(exc: BaseException | None) -> bool:
@@ -275,6 +286,17 @@ def _token_refused(exc: BaseException | None) -> bool:
         return False
     details = str(exc.details() or "")
     return any(m in details for m in _RETRY_WITH_NEW_TOKEN)
+
+
+def _overtaken(exc: BaseException | None) -> bool:
+    """Whether `exc`'s call was refused because an auth change overtook its token."""
+    return isinstance(exc, grpc.RpcError) and any(m in str(exc.details() or "") for m in _OVERTAKEN)
+
+
+def _token_retry_pause(in_a_row: int) -> float:
+    """The pause before a new token, when `in_a_row` tokens were overtaken before."""
+    pause = min(_TOKEN_RETRY_MAX_PAUSE_S, _TOKEN_RETRY_PAUSE_S * 2**in_a_row)
+    return random.uniform(pause / 2, pause)
 
 
 def _auth_refusal(exc: BaseException) -> str:
@@ -396,6 +418,13 @@ class EtcdClient:
         self.reauthentications = 0  # times an expired auth token was replaced
         self._token_lock = threading.Lock()
         self._token_generation = 0  # bumped by each new token; see _refresh_token
+        # Pausing amid a burst of auth changes (_wait_out_auth_changes): the token whose
+        # refusal set the pause, when the next token is got, how many tokens in a row were
+        # overtaken (the pause doubles with it) and when the last one was.
+        self._paused_generation = -1
+        self._retry_at = 0.0
+        self._overtaken_in_a_row = 0
+        self._overtaken_at = 0.0
         host, port = parse_url(url)
         ca = tls_ca_file(url)
         user = credentials.user if credentials else None
@@ -459,8 +488,10 @@ class EtcdClient:
         """`call()` with etcd's errors translated (`_errors`); when etcd refused the call's
         token (`_token_refused`: it lapsed, or an auth change overtook the call),
         authenticate again and retry, a few times (auth changes can keep overtaking calls
-        while the LCM adds many jobs' users). A retry is safe: etcd refused the call before
-        doing anything."""
+        while the LCM adds many jobs' users: after a pause, `_token_retry_pause`). A retry
+        is safe: etcd refused the call before doing anything. A client authenticates again
+        only when a call of its own was refused (never ahead of one), and its threads
+        refused the same token share one new token (`_refresh_token`)."""
         for attempt in range(_TOKEN_RETRIES + 1):
             generation = self._token_generation
             try:
@@ -475,10 +506,34 @@ class EtcdClient:
                         "for its auth token, each new token overtaken by another auth change "
                         "(job users added or removed back to back); try again"
                     ) from exc.__cause__
-            if attempt >= 1:
-                time.sleep(random.uniform(0, _TOKEN_RETRY_PAUSE_S * attempt))
+                if _overtaken(exc.__cause__):
+                    self._wait_out_auth_changes(generation)
             self._refresh_token(generation)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _wait_out_auth_changes(self, refused_generation: int) -> None:
+        """Pause before replacing a token an auth change overtook: amid a burst of them (the
+        LCM's batches of job users) a token got at once would be overtaken again a few
+        changes later. The client's threads share one pause per token (the first thread
+        refused it sets when the next token is got), doubled each time a token is
+        overtaken again, until none was for `_QUIET_AFTER_S` (`_token_retry_pause`): calls
+        do get through between two changes of a burst, so that does not mean it ended."""
+        with self._token_lock:
+            if self._token_generation == refused_generation != self._paused_generation:
+                now = time.monotonic()
+                if now - self._overtaken_at > _QUIET_AFTER_S:
+                    self._overtaken_in_a_row = 0  # a new burst
+                self._paused_generation = refused_generation
+                self._retry_at = now + _token_retry_pause(self._overtaken_in_a_row)
+                self._overtaken_in_a_row += 1
+                self._overtaken_at = now
+            retry_at = self._retry_at
+            spread = _TOKEN_RETRY_PAUSE_S * min(self._overtaken_in_a_row, 4)
+        # Each thread a little later than the shared moment: hundreds of threads of one
+        # client (a host's guardians and simulated learners) must not call etcd at once.
+        delay = retry_at + random.uniform(0, spread) - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
 
     def _refresh_token(self, refused_generation: int) -> None:
         """A new token in place of the one of `refused_generation`, which etcd refused.
@@ -949,42 +1004,280 @@ def add_job_user(
     """An etcd user for `job_id`'s learners whose role reads and writes only under the
     job's own prefix (`etcd_keys.job_prefix`: its status, control, runtime and elastic
     keys all live there), with `password` (default: a fresh random one). Creating users
-    takes etcd's root user. Called again for the same job, it sets the password given."""
+    takes etcd's root user. Called again for the same job, it sets the password given.
+    One job with a client of its own; the LCM keeps one `JobUsers` for all of them."""
     import secrets
 
-    from contract import etcd_keys
-
-    user = job_etcd_user(job_id)
-    credentials = EtcdCredentials(user, password or secrets.token_urlsafe(24))
-    client = EtcdClient(url, timeout_s, credentials=root)
-    try:
-        with client._errors(f"add etcd user {user}"):
-            grant_prefix(client.raw, user, etcd_keys.job_prefix(job_id), timeout_s)
-            add_user(client.raw, credentials, user, timeout_s)
-    finally:
-        client.close()
-    return credentials
+    with JobUsers(url, root, timeout_s) as users:
+        return users.add(job_id, password or secrets.token_urlsafe(24))
 
 
 def remove_job_user(url: str, root: EtcdCredentials, job_id: str, timeout_s: float = 5.0) -> None:
     """Delete `job_id`'s etcd user and role (when the job ends for good); nothing to do
     when they are gone already."""
-    from pyetcd import etcdrpc
+    with JobUsers(url, root, timeout_s) as users:
+        users.remove(job_id)
 
-    user = job_etcd_user(job_id)
-    client = EtcdClient(url, timeout_s, credentials=root)
-    try:
-        with client._errors(f"remove etcd user {user}"):
-            with contextlib.suppress(grpc.RpcError):  # not found: removed before
-                client.raw.authstub.UserDelete(
-                    etcdrpc.AuthUserDeleteRequest(name=user), timeout_s, **_auth(client.raw)
+
+@dataclass(frozen=True)
+class JobUserChange:
+    """One job's etcd user to make (`password` given) or to remove (`password` None)."""
+
+    job_id: str
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def adds(self) -> bool:
+        return self.password is not None
+
+
+@dataclass(frozen=True)
+class JobUserOutcome:
+    """What became of one `JobUserChange`: the user made (`credentials`; None for a
+    removal), or `error`, which failed that job's change only."""
+
+    job_id: str
+    credentials: EtcdCredentials | None = None
+    error: StoreUnavailable | None = None
+
+
+# etcd's answers (their details) that mean the change is already there: a role or user
+# made before (a job set up again) or removed before.
+_ALREADY_THERE = ("already exists",)
+_ALREADY_GONE = ("not found",)
+# Codes of a call that did not reach etcd, or got no answer: the next change of a batch
+# would not either, so the rest of it fails at once instead of each waiting its deadline.
+_NO_ANSWER = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class JobUsers:
+    """Makes and removes jobs' etcd users and roles, with one long-lived root client (the
+    LCM holds one for all its jobs).
+
+    A job's user is four auth changes (RoleAdd, RoleGrantPermission, UserAdd,
+    UserGrantRole), its removal two (UserDelete, RoleDelete), and after each one etcd
+    refuses every client's token once: each client authenticates again (a password hash
+    in etcd) at its next call. `apply` makes the changes of many jobs back to back, in one
+    burst, so a client is refused about once a burst instead of once a change. The root
+    client is authenticated once, not once per job: etcd checks an auth change's caller
+    for its root role, not its token's revision, and a token that lapsed (idle past
+    etcd's `--auth-token-ttl`) is replaced by `EtcdClient._run`'s retry. Thread-safe: the
+    changes of concurrent callers are serialized."""
+
+    def __init__(self, url: str, root: EtcdCredentials, timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.root = root
+        self.timeout_s = timeout_s
+        self.changes = 0  # auth changes etcd applied for us (tests, logs)
+        self.clients = 0  # root clients opened (one, unless etcd was unreachable)
+        self._client: EtcdClient | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> JobUsers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_client()
+
+    def add(self, job_id: str, password: str) -> EtcdCredentials:
+        """`job_id`'s user with `password` (see `add_job_user`); StoreUnavailable if not."""
+        outcome = self.apply([JobUserChange(job_id, password)])[0]
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.credentials is not None
+        return outcome.credentials
+
+    def remove(self, job_id: str) -> None:
+        """Delete `job_id`'s user and role (nothing to do if gone); StoreUnavailable if not."""
+        outcome = self.apply([JobUserChange(job_id)])[0]
+        if outcome.error is not None:
+            raise outcome.error
+
+    def apply(self, changes: list[JobUserChange]) -> list[JobUserOutcome]:
+        """Make every change, in order, back to back; one outcome per change. A change
+        that etcd refuses fails its own job only, the others go on; once etcd does not
+        answer at all (unreachable, past the deadline), the rest fail with that error."""
+        outcomes: list[JobUserOutcome] = []
+        with self._lock:
+            stop: StoreUnavailable | None = None
+            try:
+                client = self._root_client()
+            except StoreUnavailable as exc:  # EtcdAuthError included: no change can be made
+                stop = exc
+            for change in changes:
+                user = job_etcd_user(change.job_id)
+                what = f"{'add' if change.adds else 'remove'} etcd user {_shown(user)}"
+                if stop is not None:
+                    error = StoreUnavailable(f"cannot {what}: {stop}")
+                    error.__cause__ = stop.__cause__
+                    outcomes.append(JobUserOutcome(change.job_id, error=error))
+                    continue
+                try:
+                    credentials = self._apply(client, change, user)
+                    outcomes.append(JobUserOutcome(change.job_id, credentials))
+                except StoreUnavailable as exc:  # names the change and etcd's answer
+                    outcomes.append(JobUserOutcome(change.job_id, error=exc))
+                    if _no_answer(exc):
+                        stop = exc
+                        self._drop_client()  # a new channel for the next batch
+        return outcomes
+
+    def _root_client(self) -> EtcdClient:
+        if self._client is None:
+            self._client = EtcdClient(self.url, self.timeout_s, credentials=self.root)
+            self.clients += 1
+        return self._client
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _apply(
+        self, client: EtcdClient, change: JobUserChange, user: str
+    ) -> EtcdCredentials | None:
+        from pyetcd import etcdrpc
+        from pyetcd.etcdrpc import auth_pb2
+        from pyetcd.utils import prefix_range_end
+
+        from contract import etcd_keys
+
+        raw, timeout_s = client.raw, self.timeout_s
+        shown = _shown(user)
+        auth = raw.authstub
+        if not change.adds:
+            self._change(
+                client,
+                f"remove etcd user {shown}",
+                _ALREADY_GONE,
+                lambda: auth.UserDelete(
+                    etcdrpc.AuthUserDeleteRequest(name=user), timeout_s, **_auth(raw)
+                ),
+            )
+            self._change(
+                client,
+                f"remove etcd role {shown}",
+                _ALREADY_GONE,
+                lambda: auth.RoleDelete(
+                    etcdrpc.AuthRoleDeleteRequest(role=user), timeout_s, **_auth(raw)
+                ),
+            )
+            return None
+        assert change.password is not None
+        credentials = EtcdCredentials(user, change.password)
+        prefix = etcd_keys.job_prefix(change.job_id).encode()
+        permission = auth_pb2.Permission(
+            permType=auth_pb2.Permission.READWRITE, key=prefix, range_end=prefix_range_end(prefix)
+        )
+        self._change(
+            client,
+            f"add etcd role {shown}",
+            _ALREADY_THERE,
+            lambda: auth.RoleAdd(etcdrpc.AuthRoleAddRequest(name=user), timeout_s, **_auth(raw)),
+        )
+        self._change(
+            client,
+            f"grant etcd role {shown} its prefix",
+            (),
+            lambda: auth.RoleGrantPermission(
+                etcdrpc.AuthRoleGrantPermissionRequest(name=user, perm=permission),
+                timeout_s,
+                **_auth(raw),
+            ),
+        )
+        try:
+            self._change(
+                client,
+                f"add etcd user {shown}",
+                (),
+                lambda: auth.UserAdd(
+                    etcdrpc.AuthUserAddRequest(name=user, password=change.password),
+                    timeout_s,
+                    **_auth(raw),
+                ),
+            )
+        except StoreUnavailable as exc:
+            if not _answered(exc, _ALREADY_THERE):
+                raise
+            # it exists (the job set up again): make its password the one given
+            self._change(
+                client,
+                f"set the password of etcd user {shown}",
+                (),
+                lambda: auth.UserChangePassword(
+                    etcdrpc.AuthUserChangePasswordRequest(name=user, password=change.password),
+                    timeout_s,
+                    **_auth(raw),
+                ),
+            )
+        self._change(
+            client,
+            f"grant etcd user {shown} its role",
+            (),
+            lambda: auth.UserGrantRole(
+                etcdrpc.AuthUserGrantRoleRequest(user=user, role=user), timeout_s, **_auth(raw)
+            ),
+        )
+        return credentials
+
+    def _change(
+        self, client: EtcdClient, what: str, done_if: tuple[str, ...], call: Callable[[], Any]
+    ) -> None:
+        """One auth change through the client's token retry; etcd's answer that it is
+        there already (`done_if`) counts as done. `call` reads the client's token when it
+        runs, so a retry sends the new one."""
+
+        def attempt() -> bool:
+            try:
+                call()
+            except grpc.RpcError as exc:
+                if done_if and _answered_rpc(exc, done_if):
+                    return False
+                raise
+            return True
+
+        try:
+            changed = client._run(what, attempt)
+        except StoreUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, grpc.RpcError) and not _no_answer(exc):
+                # etcd answered no: say so in its words (not "unreachable")
+                refused = type(exc)(
+                    f"etcd at {redact_uri(self.url)} refused to {what}: {cause.code().name} "
+                    f"{cause.details() or ''}".rstrip()
                 )
-            with contextlib.suppress(grpc.RpcError):
-                client.raw.authstub.RoleDelete(
-                    etcdrpc.AuthRoleDeleteRequest(role=user), timeout_s, **_auth(client.raw)
-                )
-    finally:
-        client.close()
+                raise refused from cause
+            raise
+        if changed:
+            self.changes += 1
+
+
+def _shown(name: str, most: int = 100) -> str:
+    """`name` for a message: cut when long (a job id is the caller's)."""
+    return name if len(name) <= most else f"{name[:most]}..."
+
+
+def _answered_rpc(exc: grpc.RpcError, phrases: tuple[str, ...]) -> bool:
+    details = str(exc.details() or "")
+    return any(p in details for p in phrases)
+
+
+def _answered(exc: BaseException, phrases: tuple[str, ...]) -> bool:
+    """Whether etcd's answer behind `exc` (a StoreUnavailable) says one of `phrases`."""
+    cause = exc.__cause__
+    return isinstance(cause, grpc.RpcError) and _answered_rpc(cause, phrases)
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether the call behind `exc` got no answer from etcd (as against a refusal)."""
+    cause = exc.__cause__
+    if isinstance(cause, grpc.RpcError):
+        return cause.code() in _NO_ANSWER
+    return cause is None or isinstance(cause, _UNREACHABLE)
 
 
 def etcd_healthy(url: str) -> bool:

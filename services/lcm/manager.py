@@ -31,24 +31,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import etcd_keys, procs
-from contract.etcd import (
-    EtcdClient,
-    EtcdCredentials,
-    Lease,
-    add_job_user,
-    job_etcd_password,
-    remove_job_user,
-)
+from contract.etcd import EtcdClient, EtcdCredentials, JobUsers, Lease, job_etcd_password
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.placement import place_queued_locally
+from services.lcm.setup import JobSetups
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
@@ -106,6 +100,10 @@ class LcmConfig:
     # How long a host may take to take an assigned job's guardian key before the LCM
     # gives the job out again.
     host_adopt_grace_s: float = 10.0
+    # ...unless it has not yet taken any job given to it after this one: it reads its
+    # assignments one at a time, and a burst of set-ups can queue hundreds (each a few ms
+    # to take) at once. Then the LCM waits up to this long.
+    host_adopt_backlog_s: float = 120.0
     # A guardian host's etcd lease (services/guardian/host.py HOST_LEASE_TTL_S says why it
     # is longer than a guardian process's `lease_ttl_s`).
     host_lease_ttl_s: int = HOST_LEASE_TTL_S
@@ -153,6 +151,7 @@ class Supervised:
     child: bool
     started: float = field(default_factory=time.monotonic)
     host: GuardianHostProcess | None = None  # the job's guardian runs in this host
+    taken: bool = False  # its host was seen holding the job's guardian key
 
 
 class LifecycleManager:
@@ -174,13 +173,26 @@ class LifecycleManager:
         # Whether this leadership term looked for guardian hosts an earlier LCM started.
         self._hosts_found = False
         self._read_s = 0.0  # how long the last round's reads took (_loop rests as long)
-        # A hosted job's set-up (its etcd user, token, certificate: `job_env`) runs here,
-        # off the round: at N=1,000 it took 0.4-0.8 s a job (etcd hashing passwords under
-        # load), and done in the round it held every other round's work (a dead host's
-        # jobs, the ended jobs' users) for minutes. One thread: set-ups in parallel would
-        # refuse each other's etcd tokens (each one changes etcd's auth) for little gain.
-        self._setup = ThreadPoolExecutor(1, thread_name_prefix="job-setup")
+        # Jobs' etcd users, made and removed with one root client (not one per job).
+        self._users = (
+            JobUsers(config.etcd_url, config.etcd_root) if config.etcd_root is not None else None
+        )
+        # A hosted job's set-up (its etcd user, token, certificate) and the removal of an
+        # ended job's etcd user run on the set-up thread, off the round (done in the round,
+        # the set-ups of a burst of submits held every other round's work for minutes), in
+        # batches whose auth changes are made back to back: each auth change refuses every
+        # etcd client's token (services/lcm/setup.py).
+        root = config.etcd_root
+        self._setup = JobSetups(
+            self._users,
+            (lambda job_id: job_etcd_password(root, job_id)) if root is not None else str,
+            self._job_env_rest,
+        )
         self._setups: dict[str, Future[dict[str, str] | None]] = {}
+        self._setup_failures: dict[str, int] = {}
+        # Per guardian host, when the latest job it was seen to take was given to it
+        # (`_guards`): a job given before that and not taken was dropped.
+        self._host_progress: dict[str, float] = {}
         self.backend = get_backend(config.backend)
 
     # -- life ------------------------------------------------------------------------------
@@ -197,7 +209,9 @@ class LifecycleManager:
         self.wake.set()
         if self._thread:
             self._thread.join(timeout=5)
-        self._setup.shutdown(wait=False, cancel_futures=True)
+        self._setup.close()
+        if self._users is not None:
+            self._users.close()
         with self._lock:
             running = [g for g in self.guardians.values() if g.ref.alive()]
             running += [
@@ -222,12 +236,27 @@ class LifecycleManager:
 
     def _loop(self) -> None:
         reauthentications, report_at, slow_report_at = 0, 0.0, 0.0
+        reported_setups = (0, 0)
         while not self._stop.is_set():
             if time.monotonic() >= report_at:  # the auth-change storm, for benchmarks
                 report_at = time.monotonic() + 5.0
                 if self.etcd.reauthentications != reauthentications:
                     reauthentications = self.etcd.reauthentications
                     log.info("lcm: etcd re-authentications so far: %d", reauthentications)
+                setups = self._setup.stats
+                if (setups.setups, setups.removals) != reported_setups:
+                    reported_setups = (setups.setups, setups.removals)
+                    log.info(
+                        "lcm: job set-ups so far: %d (%d failed) and %d etcd user removals "
+                        "in %d batches (largest %d); %.1f s in etcd auth changes, %.1f s the rest",
+                        setups.setups,
+                        setups.failed,
+                        setups.removals,
+                        setups.batches,
+                        setups.largest,
+                        setups.users_s,
+                        setups.rest_s,
+                    )
             started = time.monotonic()
             try:
                 if self.is_leader():
@@ -311,8 +340,11 @@ class LifecycleManager:
             if k == etcd_keys.guardian_lease(etcd_keys.job_of(k) or "")
         }
         active_ids = {j.job_id for j in active}
-        for job_id in [j for j, f in self._setups.items() if j not in active_ids and f.done()]:
-            del self._setups[job_id]  # ended before it was given out (halted, deleted)
+        with self._lock:  # ended before it was given out (halted, deleted): not given out
+            for job_id in [j for j in self._setups if j not in active_ids]:
+                del self._setups[job_id]  # its set-up's end (_set_up) finds it gone
+            for job_id in [j for j in self._setup_failures if j not in active_ids]:
+                del self._setup_failures[job_id]
         for job in active:
             spec = job.spec  # parsed once: a round looks at every active job
             self.ensure_guardian(
@@ -345,6 +377,15 @@ class LifecycleManager:
             current = self.guardians.get(job_id)
             if current is not None and current.ref.alive() and self._guards(current, held):
                 return
+            if current is not None and current.host is not None and held is None:
+                # Its live host let go of it: most likely its guardian just ended the job,
+                # after this round read the records. Set up again (its etcd user made
+                # again, then removed) only a job that is still active.
+                try:
+                    if self.jobs.get(job_id).status not in states.ACTIVE_STATES:
+                        return
+                except JobNotFound:
+                    return
             entry = held if held is not None else None
             if entry is not None:
                 value = getattr(entry, "value", {})
@@ -376,28 +417,53 @@ class LifecycleManager:
         if current.host is None:
             return True
         value = getattr(held, "value", None)
+        host = current.host.host_id
         if isinstance(value, dict) and value.get("pid") == current.ref.pid:
+            if not current.taken:  # the host has come this far in its assignments
+                current.taken = True
+                self._host_progress[host] = max(self._host_progress.get(host, 0.0), current.started)
             return True
-        if time.monotonic() - current.started < self.config.host_adopt_grace_s:
+        waited = time.monotonic() - current.started
+        if waited < self.config.host_adopt_grace_s:
             return True
+        behind = self._host_progress.get(host, 0.0) < current.started
+        if not current.taken and behind and waited < self.config.host_adopt_backlog_s:
+            return True  # its host has not come to it yet: still taking earlier ones
         current.host.jobs.discard(current.job_id)
         return False
 
     def assign(self, job_id: str) -> None:
         """Give the job's guardian to the least loaded host with room, else a new host,
-        once its set-up (`job_env`, on the set-up thread) is ready; a round that finds it
-        not ready yet moves on (the set-up's end wakes the next round)."""
+        once its set-up (on the set-up thread) is ready: the set-up's end gives it
+        (`_set_up`), not the next round (at N=1,000 a round takes seconds)."""
         setup = self._setups.get(job_id)
         if setup is None:
-            setup = self._setup.submit(self.job_env, job_id)
+            setup = self._setup.submit(job_id)
             self._setups[job_id] = setup
-            setup.add_done_callback(lambda _: self.wake.set())
-        if not setup.done():
-            return
-        del self._setups[job_id]
-        env = setup.result()  # None: logged by job_env; the next round tries again
-        if env is None:
-            return
+            setup.add_done_callback(lambda done: self._set_up(job_id, done))
+
+    def _set_up(self, job_id: str, setup: Future[dict[str, str] | None]) -> None:
+        """Job `job_id`'s set-up ended (on the set-up thread): give its guardian to a host
+        now. A set-up that failed (logged) or was cancelled gives nothing: the next round
+        asks again for a job still active."""
+        with self._lock:
+            if self._setups.get(job_id) is not setup:
+                return  # dropped meanwhile (the job ended)
+            del self._setups[job_id]
+            env = None if setup.cancelled() else setup.result()
+            if env is None:
+                # Logged by the set-up; asked again after a pause, longer each time: every
+                # try of a set-up changes etcd's auth (refusing every client's token).
+                failures = self._setup_failures.get(job_id, 0) + 1
+                self._setup_failures[job_id] = failures
+                delay = min(self.config.max_backoff_s, 0.25 * 2**failures)
+                self.not_before[job_id] = time.monotonic() + delay
+                return
+            self._setup_failures.pop(job_id, None)
+            if not self._stop.is_set():
+                self._give(job_id, env)
+
+    def _give(self, job_id: str, env: dict[str, str]) -> None:
         self._drop_dead_hosts()
         while True:
             room = [h for h in self.hosts if len(h.jobs) < self.config.guardians_per_host]
@@ -520,23 +586,29 @@ class LifecycleManager:
         return env
 
     def job_env(self, job_id: str) -> dict[str, str] | None:
-        """The job's credentials for its guardian (its environment, or its line to a
-        host); None, logged, when one cannot be made (the guardian is not started)."""
+        """The job's credentials for its guardian process (its environment): its etcd user
+        made now (a guardian process per job; a hosted job's set-up is batched on the
+        set-up thread instead), and the rest (`_job_env_rest`). None, logged, when one
+        cannot be made (the guardian is not started)."""
+        env = self._job_env_rest(job_id)
+        if env is None or self.config.etcd_root is None or self._users is None:
+            return env
+        try:  # the same password for every guardian of the job: running learners keep theirs
+            user = self._users.add(job_id, job_etcd_password(self.config.etcd_root, job_id))
+        except StoreUnavailable as exc:
+            log.error(
+                "job %s: cannot make its etcd user (%s); not starting its guardian", job_id, exc
+            )
+            return None
+        env[JOB_ETCD_CREDENTIALS_ENV] = user.line()
+        return env
+
+    def _job_env_rest(self, job_id: str) -> dict[str, str] | None:
+        """A job's credentials but its etcd user: its token, the service credential, its
+        TLS client certificate. None, logged, when one cannot be made."""
         env: dict[str, str] = {}
         if self.config.job_token is not None:
             env[JOB_TOKEN_ENV] = self.config.job_token(job_id)
-        if self.config.etcd_root is not None:
-            root = self.config.etcd_root
-            try:  # the same password for every guardian of the job: running learners keep theirs
-                user = add_job_user(
-                    self.config.etcd_url, root, job_id, password=job_etcd_password(root, job_id)
-                )
-            except StoreUnavailable as exc:
-                log.error(
-                    "job %s: cannot make its etcd user (%s); not starting its guardian", job_id, exc
-                )
-                return None
-            env[JOB_ETCD_CREDENTIALS_ENV] = user.line()
         if self.config.scheduler_address and self.config.service_token is not None:
             env[GUARDIAN_SERVICE_TOKEN_ENV] = self.config.service_token()
         if self.config.job_tls is not None:
@@ -653,12 +725,9 @@ class LifecycleManager:
             return
         if status != states.HALTED:  # a resume deploys it again with them
             JobSecrets.in_data_dir(self.config.data_dir).remove(job_id)
-        if self.config.etcd_root is None:
-            return
-        try:
-            remove_job_user(self.config.etcd_url, self.config.etcd_root, job_id)
-        except StoreUnavailable as exc:
-            log.warning("job %s: cannot remove its etcd user (%s)", job_id, exc)
+        # On the set-up thread, in a batch with other removals and set-ups (logged there if
+        # it fails): its two auth changes refuse every client's token like a set-up's.
+        self._setup.remove(job_id)
 
     # -- requests (any replica answers them) -------------------------------------------------
     def request(self, job_id: str, action: str, reason: str) -> str:

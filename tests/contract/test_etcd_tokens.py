@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
+from contract import etcd
 from contract.etcd import EtcdClient, EtcdCredentials, StoreUnavailable
 from contract.procs import free_port
 
@@ -125,8 +126,8 @@ def test_a_call_refused_for_its_token_is_retried_with_new_tokens_then_fails_sayi
 
     with pytest.raises(StoreUnavailable, match="for its auth token"):
         client._run("put /x", overtaken)
-    assert calls == 9  # the call and 8 retries
-    assert client.reauthentications == 8  # a new token before each retry
+    assert calls == etcd._TOKEN_RETRIES + 1  # the call and its retries
+    assert client.reauthentications == etcd._TOKEN_RETRIES  # a new token before each retry
 
     refused_once = iter([True])
 
@@ -136,3 +137,83 @@ def test_a_call_refused_for_its_token_is_retried_with_new_tokens_then_fails_sayi
         return "done"
 
     assert client._run("put /y", lands_on_the_second_try) == "done"
+
+
+def _overtaken_while(client: EtcdClient, token: str) -> object:
+    """A call that etcd refuses as overtaken by an auth change while the client still
+    sends `token`, and answers once it sends another."""
+
+    def call() -> str:
+        if client.raw.metadata == (("token", token),):
+            raise _RpcError(grpc.StatusCode.UNKNOWN, "auth: revision in header is old")
+        return "done"
+
+    return call
+
+
+def test_threads_refused_for_an_overtaken_token_share_one_pause_and_one_new_token() -> None:
+    """Amid a burst of auth changes (the LCM's batch of job users) a token got at once
+    would be overtaken again: the client's threads wait out one pause together and then
+    share one new token."""
+    auth = _AuthService([])
+    client = _client(auth)
+    client._authenticate()
+    call = _overtaken_while(client, "token-1")
+    start = threading.Barrier(8)
+    results: list[object] = []
+
+    def run() -> None:
+        start.wait()
+        results.append(client._run("get /x", call))  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == ["done"] * 8
+    assert auth.calls == 2 and client.reauthentications == 1
+    assert client._overtaken_in_a_row == 1  # one pause, set by the first thread refused
+
+
+def test_pauses_double_while_new_tokens_keep_being_overtaken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    auth = _AuthService([])
+    client = _client(auth)
+    client._authenticate()
+    slept: list[float] = []
+    monkeypatch.setattr(etcd.time, "sleep", slept.append)
+    refusals = iter(range(6))
+
+    def overtaken_six_times() -> str:
+        if next(refusals, None) is not None:
+            raise _RpcError(grpc.StatusCode.UNKNOWN, "auth: revision of auth store is old")
+        return "done"
+
+    assert client._run("put /x", overtaken_six_times) == "done"
+    assert client.reauthentications == 6
+    slept = [s for s in slept if s]  # (the stand-in's own sleep(0) is patched too)
+    assert len(slept) == 6
+    for i, pause in enumerate(slept):  # 10, 20, 40, 80 ms, then 100 ms at most, less a random part
+        most = min(etcd._TOKEN_RETRY_MAX_PAUSE_S, etcd._TOKEN_RETRY_PAUSE_S * 2**i)
+        spread = etcd._TOKEN_RETRY_PAUSE_S * min(i + 1, 4)  # each thread a little apart
+        assert most / 2 - 0.005 <= pause <= most + spread
+
+
+def test_a_lapsed_token_is_replaced_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token etcd forgot (idle past its TTL) is not an auth change: no pause."""
+    auth = _AuthService([])
+    client = _client(auth)
+    client._authenticate()
+    slept: list[float] = []
+    monkeypatch.setattr(etcd.time, "sleep", slept.append)
+    lapsed = iter([True])
+
+    def call() -> str:
+        if next(lapsed, False):
+            raise _RpcError(grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
+        return "done"
+
+    assert client._run("get /x", call) == "done"
+    assert client.reauthentications == 1 and not any(slept)
