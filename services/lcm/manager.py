@@ -63,6 +63,9 @@ log = logging.getLogger("rhizome.lcm")
 MAX_ROUND_REST_S = 2.0
 # A guardian that exits so found the job guarded by another: restarting it cannot help.
 GUARDIAN_ALREADY_GUARDED = ExitCode.FATAL
+# The statuses of a job being started: placed, its guardian deploying, its learners
+# fetching code (LcmConfig.hosted_start_window counts the hosted ones).
+STARTING_STATES = frozenset({states.PENDING, states.DEPLOYING, states.DOWNLOADING})
 
 
 @dataclass
@@ -104,6 +107,12 @@ class LcmConfig:
     # assignments one at a time, and a burst of set-ups can queue hundreds (each a few ms
     # to take) at once. Then the LCM waits up to this long.
     host_adopt_backlog_s: float = 120.0
+    # At most this many hosted jobs are being started at once (set up or given to a host,
+    # and not yet PROCESSING); the others wait for a later round. Without it a burst of
+    # submits, set up in batches within a minute, started every job's guardian and
+    # learners at once: at N=1,000 on two cores etcd stopped answering in time and the
+    # daemon and the hosts lost their leases (benchmarks/RESULTS.md, session 10). 0: none.
+    hosted_start_window: int = 64
     # A guardian host's etcd lease (services/guardian/host.py HOST_LEASE_TTL_S says why it
     # is longer than a guardian process's `lease_ttl_s`).
     host_lease_ttl_s: int = HOST_LEASE_TTL_S
@@ -193,6 +202,8 @@ class LifecycleManager:
         # Per guardian host, when the latest job it was seen to take was given to it
         # (`_guards`): a job given before that and not taken was dropped.
         self._host_progress: dict[str, float] = {}
+        # Hosted jobs being started (hosted_start_window), counted by each round.
+        self._starting = 0
         self.backend = get_backend(config.backend)
 
     # -- life ------------------------------------------------------------------------------
@@ -345,6 +356,9 @@ class LifecycleManager:
                 del self._setups[job_id]  # its set-up's end (_set_up) finds it gone
             for job_id in [j for j in self._setup_failures if j not in active_ids]:
                 del self._setup_failures[job_id]
+            self._starting = sum(
+                1 for j in active if j.status in STARTING_STATES and self._started_hosted(j.job_id)
+            )
         for job in active:
             spec = job.spec  # parsed once: a round looks at every active job
             self.ensure_guardian(
@@ -432,12 +446,22 @@ class LifecycleManager:
         current.host.jobs.discard(current.job_id)
         return False
 
+    def _started_hosted(self, job_id: str) -> bool:
+        """Whether the job's start in a host is under way: set up, or given to a host."""
+        current = self.guardians.get(job_id)
+        return job_id in self._setups or (current is not None and current.host is not None)
+
     def assign(self, job_id: str) -> None:
         """Give the job's guardian to the least loaded host with room, else a new host,
         once its set-up (on the set-up thread) is ready: the set-up's end gives it
-        (`_set_up`), not the next round (at N=1,000 a round takes seconds)."""
+        (`_set_up`), not the next round (at N=1,000 a round takes seconds). While
+        `hosted_start_window` jobs are being started, a later round does it."""
         setup = self._setups.get(job_id)
         if setup is None:
+            window = self.config.hosted_start_window
+            if window > 0 and self._starting >= window:
+                return
+            self._starting += 1
             setup = self._setup.submit(job_id)
             self._setups[job_id] = setup
             setup.add_done_callback(lambda done: self._set_up(job_id, done))

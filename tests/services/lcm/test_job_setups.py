@@ -247,3 +247,65 @@ def test_a_job_queued_behind_others_in_a_busy_host_is_not_given_out_again(
         assert not lcm._guards(later, None)  # taken, then let go of: not waited for
     finally:
         lcm._setup.close()
+
+
+def test_no_more_than_the_start_window_of_hosted_jobs_is_started_at_once(
+    stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of placed jobs is started `hosted_start_window` at a time: the next ones
+    are set up and given out only as earlier ones reach PROCESSING (or end)."""
+    import uuid
+
+    from contract import procs
+    from services.lcm.manager import GuardianHostProcess, Supervised
+    from services.store import states
+    from services.store.jobs import JobsRepository
+    from services.store.mongo import connect
+    from tests.services.guardian.helpers import submit
+
+    # A database of its own: the round looks at every active job in it.
+    repo = JobsRepository(connect(stores["mongo_url"], f"start_window_{uuid.uuid4().hex[:8]}"))
+    repo.ensure_indexes()
+    config = LcmConfig(
+        tmp_path,
+        stores["etcd_url"],
+        stores["mongo_url"],
+        guardians_per_host=10,
+        hosted_start_window=2,
+    )
+    lcm = LifecycleManager(config, repo, stores["etcd"])
+    me = procs.ProcRef.of(os.getpid())
+    assert me is not None
+    host = GuardianHostProcess("host-w", None, me, set())
+    given: list[str] = []
+
+    def give(job_id: str, env: dict[str, str]) -> None:  # as a host that takes its time
+        given.append(job_id)
+        host.jobs.add(job_id)
+        lcm.guardians[job_id] = Supervised(job_id, me, child=False, host=host)
+
+    monkeypatch.setattr(lcm, "_give", give)
+
+    def round_() -> None:
+        lcm.reconcile()
+        wait_for("the round's set-ups", lambda: not lcm._setups, timeout_s=60)
+
+    try:
+        jobs = [submit(repo, tmp_path, "true").job_id for _ in range(5)]
+        round_()
+        assert len(given) == 2 and set(given) <= set(jobs)
+        round_()  # both still starting: nothing more
+        assert len(given) == 2
+        repo.transition(given[0], states.DEPLOYING, "deploying")
+        round_()  # deploying is still starting
+        assert len(given) == 2
+        repo.transition(given[0], states.PROCESSING, "running")
+        round_()  # one of them runs: one more is started
+        assert len(given) == 3
+        repo.transition(given[1], states.FAILED, "ended")
+        repo.transition(given[2], states.DEPLOYING, "deploying")
+        round_()  # one ended, the third still starting: one more
+        assert len(given) == 4
+        assert len(set(given)) == 4 and set(given) <= set(jobs)
+    finally:
+        lcm._setup.close()
