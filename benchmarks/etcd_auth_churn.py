@@ -31,15 +31,8 @@ from pathlib import Path
 from _platform import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 from contract import etcd_keys
-from contract.etcd import (
-    ETCD_BCRYPT_COST,
-    EtcdClient,
-    EtcdCredentials,
-    add_job_user,
-    enable_auth,
-    etcd_argv,
-    remove_job_user,
-)
+from contract.etcd import ETCD_BCRYPT_COST, EtcdClient, EtcdCredentials, etcd_argv
+from contract.etcd_users import add_job_user, enable_auth, remove_job_user
 from services.embedded.servers import EtcdServer
 
 DEFAULT_COST = 10  # etcd's own default

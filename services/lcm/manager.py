@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, EtcdCredentials, JobUsers, Lease, job_etcd_password
+from contract.etcd import EtcdClient, EtcdCredentials, Lease
+from contract.etcd_users import JobUsers, job_etcd_password
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from contract.etcd import JobUserChange, JobUsers
+from contract.etcd_users import JobUserChange, JobUsers
 from services.security.api import JOB_ETCD_CREDENTIALS_ENV
 
 log = logging.getLogger("rhizome.lcm")

@@ -24,13 +24,8 @@ from pathlib import Path
 
 from contract import etcd_keys
 from contract.env import ETCD_CREDENTIALS_FILE
-from contract.etcd import (
-    ETCD_ROOT_CREDENTIALS_FILE,
-    EtcdAuthError,
-    EtcdClient,
-    EtcdCredentials,
-    enable_auth,
-)
+from contract.etcd import ETCD_ROOT_CREDENTIALS_FILE, EtcdAuthError, EtcdClient, EtcdCredentials
+from contract.etcd_users import enable_auth
 
 AUTH_DIR = "etcd-auth"
 ROOT_FILE = "root.credentials"

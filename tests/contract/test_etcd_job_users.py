@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 
 from contract import etcd_keys
-from contract.etcd import (
-    EtcdAuthError,
-    EtcdClient,
-    EtcdCredentials,
-    JobUserChange,
-    JobUsers,
-    StoreUnavailable,
-    enable_auth,
-    job_etcd_user,
-)
+from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, StoreUnavailable
+from contract.etcd_users import JobUserChange, JobUsers, enable_auth, job_etcd_user
 from contract.procs import free_port
 from services.embedded.servers import EtcdServer
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from contract import etcd_keys
-from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, enable_auth
+from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials
+from contract.etcd_users import enable_auth
 from services.embedded.servers import EtcdServer
 
 pytestmark = pytest.mark.integration
@@ -119,7 +120,7 @@ def test_an_expired_auth_token_is_renewed_and_the_call_retried(tmp_path: Path) -
 
 
 def test_a_job_user_reaches_its_own_jobs_keys_only_and_is_removed(etcd_with_auth: str) -> None:
-    from contract.etcd import add_job_user, remove_job_user
+    from contract.etcd_users import add_job_user, remove_job_user
 
     mine = add_job_user(etcd_with_auth, ROOT, "job-a")
     add_job_user(etcd_with_auth, ROOT, "job-b")
@@ -152,7 +153,7 @@ def test_calls_racing_auth_changes_are_retried_not_failed(etcd_with_auth: str) -
     import threading
     import time
 
-    from contract.etcd import add_job_user, remove_job_user
+    from contract.etcd_users import add_job_user, remove_job_user
 
     stop = threading.Event()
     changes = 0

@@ -26,7 +26,8 @@ import pytest
 from rhizome.v1 import job_pb2, tds_pb2
 
 from contract import etcd_keys
-from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, job_etcd_user
+from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials
+from contract.etcd_users import job_etcd_user
 from services.client.sdk import Client
 from services.embedded.platform import load_state
 from services.security.etcd_auth import EtcdAuthFiles

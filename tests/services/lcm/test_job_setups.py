@@ -16,15 +16,8 @@ from typing import Any
 import pytest
 
 from contract import etcd_keys
-from contract.etcd import (
-    EtcdAuthError,
-    EtcdClient,
-    EtcdCredentials,
-    JobUsers,
-    enable_auth,
-    job_etcd_password,
-    job_etcd_user,
-)
+from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials
+from contract.etcd_users import JobUsers, enable_auth, job_etcd_password, job_etcd_user
 from services.embedded.servers import EtcdServer
 from services.lcm.manager import LcmConfig, LifecycleManager
 from services.lcm.setup import JobSetups
