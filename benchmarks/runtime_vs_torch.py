@@ -171,6 +171,8 @@ def run_rhizome(
             str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC], row[OVERRUN]]
             for step, row in sorted(worker.interpreter.frc_profile.per_step.items())
         },
+        # per step: seconds the sync phase waited for the replica's update / applied one
+        "sync_steps": {str(step): row for step, row in sorted(worker.sync_profile.items())},
     }
 
 
@@ -435,8 +437,33 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
         )
 
 
+def sync_profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: per mode and stage, the mean ms per measured step that the sync phase
+    spent waiting for the replica's update and applying a replica update on the step
+    loop's own thread (on the critical path)."""
+    rows = [r for r in recs if r.get("sync_steps")]
+    if not rows:
+        return
+    keys = sorted({k for r in rows for row in r["sync_steps"].values() for k in row})
+    print(f"\n# --profile sync phase: ms per step (steps {WARM}+), mean over repetitions")
+    print("| mode | worker (stage) | " + " | ".join(keys) + " |")
+    print("| --- | --- |" + " ---: |" * len(keys))
+    for mode in sorted({r["mode"] for r in rows}):
+        for w in sorted({r["worker"] for r in rows if r["mode"] == mode}):
+            got = [
+                row
+                for r in rows
+                if r["mode"] == mode and r["worker"] == w
+                for step, row in r["sync_steps"].items()
+                if int(step) >= WARM
+            ]
+            cells = [f"{1000 * statistics.mean(g.get(k, 0.0) for g in got):.1f}" for k in keys]
+            print(f"| {mode} | {w} ({w % stages}) | " + " | ".join(cells) + " |")
+
+
 def profile(recs: list[dict[str, Any]], stages: int) -> None:
     """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
+    sync_profile(recs, stages)
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
         print(
             f"\n# --profile {mode}: FRC ms per step, in bubbles / on the critical path "

@@ -123,6 +123,9 @@ class Worker:
         self.step_ends: list[float] = []
         self.step_cpu: list[float] = []
         self._t_last = time.monotonic()
+        # seconds per step the sync phase spent waiting for the replica's update and
+        # applying one on its own thread (benchmarks/runtime_vs_torch.py --profile)
+        self.sync_profile: dict[int, dict[str, float]] = {}
         # flat gradients (+ the loss on the last stage) per owned block, reused every step
         self._stash_bufs: dict[int, torch.Tensor] = {}
 
@@ -525,17 +528,25 @@ class Worker:
             if st.mode.eager_frc:
                 # before the replica's update is applied: FRC belongs to this step's version
                 self.interpreter.leftover_frc(step, update)
+            t_wait = time.monotonic()
             wait_any([update], st.changed)
             if not update.done.is_set():
                 raise Interrupted(
                     f"configuration changed while waiting for replica update of block {rep.index}"
                 )
             reduced = update.result()
+            t_apply = time.monotonic()
             # applied when the replica is next used (its FRC, in a bubble) or a failover
             # reads it: the optimizer step is off the critical path of the step's end
             st.apply_replica_update()  # the previous one, where no FRC applied it
             with st.lock:
                 st.replica_update = (reduced, step)
+            self.sync_profile[step] = {
+                "replica_wait": t_apply - t_wait,
+                "replica_apply": time.monotonic() - t_apply,
+                # wherever it ran (the sync phase, or an eager FRC before its forward)
+                "replica_apply_total": st.replica_apply_s.pop(step - 1, 0.0),
+            }
         for holder, work in sends:
             if work is None:
                 continue

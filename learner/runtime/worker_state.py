@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -148,6 +149,8 @@ class WorkerState:
         self.progress = StepProgress(-1)
         # the replica's pending optimizer update (reduced gradients, step), see apply_replica_update
         self.replica_update: tuple[torch.Tensor, int] | None = None
+        # seconds each replica update took to apply, by the step it belongs to (profile)
+        self.replica_apply_s: dict[int, float] = {}
         self.batches: dict[tuple[int, int], Batch] = {}
         # shapes and dtype of block outputs, so a receiver can allocate before the message comes
         self.act_shapes: list[torch.Size] = []
@@ -209,4 +212,6 @@ class WorkerState:
         with self.lock:
             got, self.replica_update = self.replica_update, None
             if got is not None and self.replica is not None:
+                t0 = time.monotonic()
                 self.replica.apply(got[0], got[1])
+                self.replica_apply_s[got[1]] = time.monotonic() - t0
