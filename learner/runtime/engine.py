@@ -6,7 +6,9 @@ thread (``comm.POOL``: no thread is started per step); then the sync phase: per 
 gradients are stashed, all-reduced across pipelines (on a copy), a snapshot of parameters
 and optimizer state is taken and the optimizer steps; the reduced gradients go to the
 block's replica holder, which applies the same update, so replica and original stay
-bit-identical. A watcher thread keeps the etcd lease and acts on the cluster state's
+bit-identical. The holder's step ends once that update is received; applying it runs on
+the worker's kept updater thread (``replica_update``), off the step loop, while the next
+step's forwards and waits go on. A watcher thread keeps the etcd lease and acts on the cluster state's
 changes, which an etcd watch delivers (``cluster_watch``; nothing polls etcd in steady
 training). An
 interrupted step (a link error, a new generation) goes to ``Failover``, which returns
@@ -391,6 +393,7 @@ class Worker:
                 self.job.on_fatal(exc)
             raise
         finally:
+            st.updater.close()
             self._stopped.set()
             self._view.changed.set()  # wake the watcher to stop its watch
             if self._cancel_watch is not None:
@@ -534,18 +537,16 @@ class Worker:
                 raise Interrupted(
                     f"configuration changed while waiting for replica update of block {rep.index}"
                 )
-            reduced = update.result()
-            t_apply = time.monotonic()
-            # applied when the replica is next used (its FRC, in a bubble) or a failover
-            # reads it: the optimizer step is off the critical path of the step's end
-            st.apply_replica_update()  # the previous one, where no FRC applied it
-            with st.lock:
-                st.replica_update = (reduced, step)
+            # applied on the updater's kept thread from now on, while this thread finishes
+            # the step and starts the next (its forwards, its waits: the bubbles); the
+            # step still ends only once the update is here (what a failover relies on)
+            st.updater.submit(rep, update.result(), step, st.epoch)
             self.sync_profile[step] = {
-                "replica_wait": t_apply - t_wait,
-                "replica_apply": time.monotonic() - t_apply,
-                # wherever it ran (the sync phase, or an eager FRC before its forward)
-                "replica_apply_total": st.replica_apply_s.pop(step - 1, 0.0),
+                "replica_wait": time.monotonic() - t_wait,
+                # the previous update, on the updater's thread
+                "replica_apply_bg": st.updater.applied_s.pop(step - 1, 0.0),
+                # how long this step's threads waited for it (eager FRC before its forward)
+                "replica_settle": st.replica_settle_s.pop(step, 0.0),
             }
         for holder, work in sends:
             if work is None:
