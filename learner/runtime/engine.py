@@ -69,6 +69,14 @@ __all__ = ["KillPoint", "Worker", "WorkerOptions"]
 # torch.manual_seed is process-global; in-process runs build several workers at once.
 _SEED_LOCK = threading.Lock()
 
+# Lease refreshes per TTL: every TTL/3, as etcd's own Go client (clientv3) refreshes. In
+# steady training they are all the runtime sends etcd, and etcd's CPU grows with their
+# rate (benchmarks/RESULTS.md, session 10: +1.05 / +0.46 / +0.14 % of a core at 8 / 4 /
+# 2 refreshes a second); a third fewer than at TTL/4 still leaves two thirds of the TTL
+# for a late refresh. Failure detection does not depend on it: a lease lapses TTL after
+# its worker's last refresh either way.
+KEEPALIVES_PER_TTL = 3
+
 
 class Worker:
     """A pipeline stage process (or thread, in-process) of one job."""
@@ -301,7 +309,8 @@ class Worker:
         """Keep the lease; flag a new generation; declare dead a peer whose lease expired.
 
         Event-driven (``cluster_watch``): it wakes on a change under the job's prefix and,
-        every quarter of the lease TTL, to refresh this worker's lease; nothing else.
+        every third of the lease TTL (``KEEPALIVES_PER_TTL``), to refresh this worker's lease;
+        nothing else.
         """
         st = self.state
         view = self._view
@@ -313,7 +322,7 @@ class Worker:
                     self.cluster.keepalive()
                 except Exception as exc:  # etcd away for a moment: the lease outlives it
                     st.log(f"watcher: lease refresh: {exc!r}")
-                next_keepalive = now + self.opts.lease_ttl_s / 4
+                next_keepalive = now + self.opts.lease_ttl_s / KEEPALIVES_PER_TTL
                 if self.halt is not None:
                     try:
                         # put at once: the peers' agreement must not wait for this
