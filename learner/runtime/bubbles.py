@@ -79,7 +79,11 @@ class BubblePredictor:
 # (on the critical path), past the arrival of the message whose wait it filled (an
 # overrun, on the critical path too), or on demand before an eager BRC that needed its graph
 IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC = "bubble", "sync", "overrun", "brc"
-PLACES = (IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC)
+# left over by the compute phase, run on the replica updater's thread beside the sync
+# phase's own work (replica_update): the step loop waits only for what outlasts that work
+# (``Worker.sync_profile``'s ``leftover_frc_wait``)
+BESIDE_SYNC = "beside_sync"
+PLACES = (IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC, BESIDE_SYNC)
 
 
 class FrcProfile:

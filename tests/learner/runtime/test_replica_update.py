@@ -161,3 +161,22 @@ def test_a_failover_while_the_replica_update_is_applied_in_the_background(
     )
     assert "[worker 0] promoted replica of block 1" in proc.stderr
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_a_loss_in_the_sync_phase_keeps_the_frc_run_beside_it(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    """Eager FRC (the toy's default): worker 1 dies at its all-reduce of step 1, after
+    every microbatch went through it. Worker 0 is in its sync phase, where the FRC that
+    found no bubble runs on the updater thread; the join waits for it (``settle``) before
+    it promotes the replica, so every microbatch's FRC graph is there: the shadow runs
+    only the lost block's backwards over them (lazy BRC), no forward, and the run ends
+    with the reference's parameters."""
+    steps = 3
+    argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps, kill="1:1:allreduce")
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert_survived(proc, 1, steps)
+    assert "[worker 0] promoted replica of block 1" in proc.stderr
+    plan = r"\[worker 0\] joined .*resume at step 1; pipeline 0: 0 forwards, [34] backwards"
+    assert re.search(plan, proc.stderr), proc.stderr[-3000:]
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
