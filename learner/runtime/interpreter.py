@@ -11,9 +11,10 @@ Redundant computation: the block whose successor this worker shadows runs the re
 forward (eager FRC) as filler while a receive is in flight, where ``BubblePredictor``
 says it fits (the last stage takes its pipeline-fill wait as at least as long as the
 schedule's FRC plan, ``schedule.frc_plan``, says); what is left runs on the replica
-updater's thread beside the sync phase's own work (``leftover_frc``). Eager BRC runs the replica's backward where the
-schedule puts ``Op.BRC``. ``frc_profile`` records where each FRC ran: FRC time before
-the awaited message arrived counts as in a bubble, time past it as an overrun.
+updater's thread beside the sync phase's own work (``leftover_frc``). Eager BRC runs the
+replica's backward where the schedule puts ``Op.BRC``. ``frc_profile`` records where each
+FRC ran: FRC time before the awaited message arrived counts as in a bubble, time past it
+as an overrun, the left-over as beside the sync phase.
 """
 
 from __future__ import annotations
