@@ -142,7 +142,7 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
 def run_rhizome(
     job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any, cap_to_plan: bool = False
 ) -> dict[str, Any]:
-    from learner.runtime.bubbles import BESIDE_SYNC, FOR_BRC, IN_BUBBLE, IN_SYNC, OVERRUN
+    from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC, OVERRUN
     from learner.runtime.cluster_state import EtcdClusterStateStore
     from learner.runtime.engine import Worker
 
@@ -164,18 +164,11 @@ def run_rhizome(
             "sync_s": totals[IN_SYNC],
             "overrun_s": totals[OVERRUN],
             "brc_s": totals[FOR_BRC],
-            "beside_s": totals[BESIDE_SYNC],
         },
         # per step: seconds of FRC in bubbles / in the sync phase / before an eager BRC /
-        # past the arrival of the message whose wait it filled / beside the sync phase
+        # past the arrival of the message whose wait it filled
         "frc_steps": {
-            str(step): [
-                row[IN_BUBBLE],
-                row[IN_SYNC],
-                row[FOR_BRC],
-                row[OVERRUN],
-                row[BESIDE_SYNC],
-            ]
+            str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC], row[OVERRUN]]
             for step, row in sorted(worker.interpreter.frc_profile.per_step.items())
         },
         # per step: seconds the sync phase waited for the replica's update / applied one
@@ -365,8 +358,7 @@ def summarize(
         row["losses"] = lasts[0]["losses"] if lasts else []
         frc = [r["frc"] for r in runs if r["frc"] is not None]
         spent = {
-            k: sum(f.get(k, 0.0) for f in frc)
-            for k in ("bubble_s", "sync_s", "overrun_s", "brc_s", "beside_s")
+            k: sum(f.get(k, 0.0) for f in frc) for k in ("bubble_s", "sync_s", "overrun_s", "brc_s")
         }
         total = sum(spent.values())
         row["frc_bubble_share"] = spent["bubble_s"] / total if total else None
@@ -425,8 +417,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
                 f"# {mode}: FRC per step per worker: {f['bubble']:.1f} ms in bubbles, "
                 f"{f['sync']:.1f} ms in the sync phase with nothing awaited, "
                 f"{f['overrun']:.1f} ms past a message's arrival (overrun), "
-                f"{f['brc']:.1f} ms before an eager BRC, "
-                f"{f['beside']:.1f} ms beside the sync phase (updater thread)"
+                f"{f['brc']:.1f} ms before an eager BRC"
             )
     print(f"losses match torch 1F1B within {LOSS_TOL:g}: {summary['losses_match']}")
     for mode, (base, goal) in GOALS.items():
@@ -475,9 +466,8 @@ def profile(recs: list[dict[str, Any]], stages: int) -> None:
     sync_profile(recs, stages)
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
         print(
-            f"\n# --profile {mode}: FRC ms per step, in bubbles / beside the sync phase "
-            "(updater thread) / on the critical path (sync phase with nothing awaited + "
-            "overruns)"
+            f"\n# --profile {mode}: FRC ms per step, in bubbles / on the critical path "
+            "(sync phase with nothing awaited + overruns)"
         )
         runs = [r for r in recs if r["mode"] == mode and r.get("frc_steps")]
         steps = sorted({int(k) for r in runs for k in r["frc_steps"]})
@@ -486,10 +476,8 @@ def profile(recs: list[dict[str, Any]], stages: int) -> None:
         for r in sorted(runs, key=lambda r: (r["worker"], r["rep"])):
             cells = []
             for k in steps:
-                bubble, sync, _, over, beside = r["frc_steps"].get(str(k), [0.0] * 5)
-                cells.append(
-                    f"{bubble * 1000:.0f} / {beside * 1000:.0f} / {(sync + over) * 1000:.0f}"
-                )
+                bubble, sync, _, over = r["frc_steps"].get(str(k), [0.0, 0.0, 0.0, 0.0])
+                cells.append(f"{bubble * 1000:.0f} / {(sync + over) * 1000:.0f}")
             print(
                 f"| {r['worker']} ({r['worker'] % stages}) | {r['rep']} | "
                 + " | ".join(cells)

@@ -9,10 +9,9 @@ the block's instruction list) took from post to arrival, and the cost of one FRC
 forward; the interpreter runs a pending FRC while a receive is in flight only if it is
 predicted to end before the message arrives; the last stage takes its pipeline-fill
 wait as at least its planned FRC forwards long (a stage that arrived late last step
-measured its bubble short). What does not fit anywhere runs on the replica updater's
-thread beside the sync phase's own work (``replica_update``; on the last stage that is its
-cool-down bubble, the wait for its replica's update). The first step has no FRC cost
-measured and fills nothing.
+measured its bubble short). What does not fit anywhere runs in the sync phase, while the worker waits for
+its replica's update (free on the last stage, whose cool-down bubble is at the end of
+the step). The first step has no FRC cost measured and fills nothing.
 
 Measured waits do not depend on the filler: the receive runs in its own thread and its
 arrival time is taken there, so the prediction does not shrink as the bubble fills.
@@ -75,17 +74,12 @@ class BubblePredictor:
         return max(self.predicted_wait(key), floor_frcs * cost)
 
 
-# where an eager FRC ran: while a message was awaited (a bubble: the pipeline's waits),
-# in the sync phase with nothing awaited (on the critical path; since session 10 the
-# left-over runs beside the sync phase instead, below, so nothing is recorded here), past
-# the arrival of the message whose wait it filled (an overrun, on the critical path too),
-# or on demand before an eager BRC that needed its graph
+# where an eager FRC ran: while a message was awaited (a bubble: the pipeline's waits, or
+# the sync phase's wait for the replica's update), in the sync phase with nothing awaited
+# (on the critical path), past the arrival of the message whose wait it filled (an
+# overrun, on the critical path too), or on demand before an eager BRC that needed its graph
 IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC = "bubble", "sync", "overrun", "brc"
-# left over by the compute phase, run on the replica updater's thread beside the sync
-# phase's own work (replica_update): the step loop waits only for what outlasts that work
-# (``Worker.sync_profile``'s ``leftover_frc_wait``)
-BESIDE_SYNC = "beside_sync"
-PLACES = (IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC, BESIDE_SYNC)
+PLACES = (IN_BUBBLE, IN_SYNC, OVERRUN, FOR_BRC)
 
 
 class FrcProfile:

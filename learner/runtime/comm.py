@@ -24,9 +24,9 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -193,14 +193,7 @@ class BackgroundCall(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-class Waitable(Protocol):
-    """What ``wait_any`` waits on: a ``BackgroundCall``, or a task of the replica updater."""
-
-    done: threading.Event
-    _on_done: Callable[[], None] | None
-
-
-def wait_any(calls: Sequence[Waitable], stop: threading.Event) -> None:
+def wait_any(calls: list[BackgroundCall[Any]], stop: threading.Event) -> None:
     """Block until one of ``calls`` is done or ``stop`` is set, whichever comes first.
 
     No timer when ``stop`` is a ``WakeableEvent`` (the worker's ``changed`` is one); a

@@ -493,16 +493,6 @@ class Worker:
         assert tr is not None and groups is not None
         sends: list[tuple[int, Any]] = []  # (the replica's holder, the send's work)
         loss: float | None = None
-        prof: dict[str, float] = {}
-        leftover = None
-        if st.mode.eager_frc and st.replica is not None and self.interpreter.has_frc(step):
-            epoch = st.epoch
-            # The eager FRC that found no bubble runs on the updater's thread beside this
-            # phase's own work (all-reduce, optimizer step, the update exchange), not after
-            # it; the replica's update, queued behind it, is applied after it.
-            leftover = st.updater.run(
-                lambda: self.interpreter.leftover_frc(step, epoch), f"leftover-frc-{step}"
-            )
         for b in sorted(st.owned):
             blk = st.owned[b]
             if blk.stash_step != step:
@@ -540,10 +530,16 @@ class Worker:
             rep = st.replica
             src = st.topo.owner(st.pipe, rep.index)
             shape = torch.Size([rep.numel()])
+            # posted first: the FRC left over runs while the update is on its way (on the
+            # last stage that is its cool-down bubble: the update comes after its
+            # predecessors' last backwards)
             update = BackgroundCall(
                 lambda: tr.recv(src, tag(SYNC, rep.index, step, 0), shape, self.job.dtype),
                 f"wait-replica-update-{rep.index}",
             )
+            if st.mode.eager_frc:
+                # before the replica's update is applied: FRC belongs to this step's version
+                self.interpreter.leftover_frc(step, update)
             t_wait = time.monotonic()
             wait_any([update], st.changed)
             if not update.done.is_set():
@@ -554,11 +550,13 @@ class Worker:
             # the step and starts the next (its forwards, its waits: the bubbles); the
             # step still ends only once the update is here (what a failover relies on)
             st.updater.submit(rep, update.result(), step, st.epoch)
-            prof["replica_wait"] = time.monotonic() - t_wait
-            # the previous update, on the updater's thread
-            prof["replica_apply_bg"] = st.updater.applied_s.pop(step - 1, 0.0)
-            # how long this step's threads waited for it (eager FRC before its forward)
-            prof["replica_settle"] = st.replica_settle_s.pop(step, 0.0)
+            self.sync_profile[step] = {
+                "replica_wait": time.monotonic() - t_wait,
+                # the previous update, on the updater's thread
+                "replica_apply_bg": st.updater.applied_s.pop(step - 1, 0.0),
+                # how long this step's threads waited for it (eager FRC before its forward)
+                "replica_settle": st.replica_settle_s.pop(step, 0.0),
+            }
         for holder, work in sends:
             if work is None:
                 continue
@@ -568,17 +566,6 @@ class Worker:
                 # gloo's "Connection closed by peer" when the holder died mid-send: a lost
                 # peer (failover), like every other send and receive, not a crash
                 raise LinkError(holder, first_sentence(exc)) from exc
-        if leftover is not None:
-            # the step ends with its FRC done: what a failover finds of the step (and the
-            # next step's inputs, which replace this step's) must not change under it
-            t_frc = time.monotonic()
-            wait_any([leftover], st.changed)
-            if not leftover.done.is_set():
-                raise Interrupted(f"configuration changed while the FRC of step {step} ran")
-            leftover.result()
-            prof["leftover_frc_wait"] = time.monotonic() - t_frc
-        if prof:
-            self.sync_profile[step] = prof
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
         self.step_ends.append(now)

@@ -10,11 +10,10 @@ failover (still blocked in gloo, see ``comm``) can never touch the step that rep
 Redundant computation: the block whose successor this worker shadows runs the replica's
 forward (eager FRC) as filler while a receive is in flight, where ``BubblePredictor``
 says it fits (the last stage takes its pipeline-fill wait as at least as long as the
-schedule's FRC plan, ``schedule.frc_plan``, says); what is left runs on the replica
-updater's thread beside the sync phase's own work (``leftover_frc``). Eager BRC runs the
-replica's backward where the schedule puts ``Op.BRC``. ``frc_profile`` records where each
-FRC ran: FRC time before the awaited message arrived counts as in a bubble, time past it
-as an overrun, the left-over as beside the sync phase.
+schedule's FRC plan, ``schedule.frc_plan``, says); what is left runs in the sync phase
+while the replica's update is awaited. Eager BRC runs the replica's backward where the
+schedule puts ``Op.BRC``. ``frc_profile`` records where each FRC ran: FRC time before
+the awaited message arrived counts as in a bubble, time past it as an overrun.
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ import torch
 
 from learner.runtime.api import LinkError, RuntimeFailure
 from learner.runtime.bubbles import (
-    BESIDE_SYNC,
     FOR_BRC,
     IN_BUBBLE,
+    IN_SYNC,
     OVERRUN,
     BubblePredictor,
     FrcProfile,
@@ -172,12 +171,22 @@ class Interpreter:
                 except RuntimeError as exc:
                     raise LinkError(-1, str(exc).splitlines()[0].split(". ")[0]) from exc
 
-    def leftover_frc(self, step: int, epoch: int) -> None:
-        """Eager FRC that found no bubble in the pipeline part, run by the replica
-        updater's thread beside the sync phase's own work (``BESIDE_SYNC``); ``epoch``:
-        the step's, so a failover fences its results off."""
+    def leftover_frc(self, step: int, awaited: BackgroundCall[Any] | None = None) -> None:
+        """Eager FRC that found no bubble in the pipeline part (run by the sync phase).
+
+        ``awaited``: the receive of the replica's update, already posted. Until it arrives
+        the worker has nothing else to do (the last stage's cool-down bubble: it waits for
+        its predecessors' last backwards), so FRC time before its arrival counts as in a
+        bubble; FRC after it is on the critical path (``IN_SYNC``).
+        """
+        epoch = self.state.epoch
         while (m := self._next_frc(step)) is not None:
-            self._ensure_frc(step, m, epoch, BESIDE_SYNC)
+            if awaited is None or awaited.done.is_set():
+                self._ensure_frc(step, m, epoch, IN_SYNC)
+            else:
+                span = self._ensure_frc(step, m, epoch, None)
+                if span is not None:
+                    self._attribute(step, span, awaited, IN_SYNC)
 
     def _recv(
         self,
@@ -238,10 +247,6 @@ class Interpreter:
         if t1 - t0 > inside:
             self.frc_profile.record(step, late, t1 - t0 - inside)
 
-    def has_frc(self, step: int) -> bool:
-        """Whether an eager FRC of ``step`` is still to run and can run now."""
-        return self._next_frc(step) is not None
-
     def _next_frc(self, step: int) -> int | None:
         """The first microbatch whose eager FRC is still to run and can run now."""
         st = self.state
@@ -250,8 +255,6 @@ class Interpreter:
             return None
         k = rep.index
         with st.lock:
-            if st.progress.step != step:
-                return None  # the inputs held are another step's
             for m in range(st.M):
                 rec = st.frc.get((k, m))
                 if rec is not None and rec.step == step:

@@ -16,14 +16,8 @@ hold the thread that applies the next configuration's updates. Only a received u
 handed over, so an interrupted receive never reaches the replica (it is dropped with its
 pool call, as before) and is not an error.
 
-The eager FRC that found no bubble in the compute phase runs on the same thread (``run``),
-queued before the step's update: beside the sync phase's own work (all-reduce, optimizer
-step, the update exchange) instead of after it, and still on the replica's version of the
-step. The step loop waits for it before the step ends (what a failover reports of the
-step must not change under it), not for the update's apply.
-
 Everything that reads or replaces the replica calls ``settle`` first, which waits until
-every queued update and task is done: eager FRC before the replica's forward, a failover
+every handed-over update is applied: eager FRC before the replica's forward, a failover
 before it reports versions, promotes the replica or rolls it back, and reconfiguration
 (which runs inside the failover's join); the end of the run closes the thread. Fencing: an update
 carries the epoch it was received in; one that finds the epoch moved on (a failover
@@ -37,11 +31,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
-
-from learner.runtime.api import Interrupted
 
 
 class Updatable(Protocol):
@@ -60,39 +52,15 @@ class _Update:
     epoch: int
 
 
-class Task:
-    """A call run on the updater's thread, in order with the updates (``run``).
-
-    ``done`` is set when it returned or raised, and its completion callback is chained
-    like a pool call's, so ``comm.wait_any`` waits for it too.
-    """
-
-    def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        self.fn = fn
-        self.name = name
-        self.done = threading.Event()
-        self._on_done: Callable[[], None] | None = None
-        self.finished_at = 0.0
-        self.error: BaseException | None = None
-
-    def result(self) -> None:
-        """Wait for the call; raise its error (an ``Interrupted`` one is dropped: it was
-        abandoned by a failover, whose fence keeps its results out)."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-
-
 class ReplicaUpdater:
-    """Applies handed-over replica updates (and runs replica tasks) in order on one kept
-    daemon thread."""
+    """Applies handed-over replica updates in order on one kept daemon thread."""
 
     def __init__(self, epoch: Callable[[], int], log: Callable[[str], None]) -> None:
         """``epoch()``: the worker's current epoch (bumped by every failover's join)."""
         self._epoch = epoch
         self._log = log
         self._cv = threading.Condition()
-        self._queue: deque[_Update | Task] = deque()
+        self._queue: deque[_Update] = deque()
         self._busy = False
         self._error: BaseException | None = None
         self._closed = False
@@ -111,32 +79,18 @@ class ReplicaUpdater:
             self._raise_error()
             if self._closed:
                 raise RuntimeError("replica updater already closed")
-            self._enqueue(_Update(block, reduced, step, epoch))
-
-    def run(self, fn: Callable[[], Any], name: str) -> Task:
-        """Run ``fn`` on the updater's thread after what is queued, before what comes
-        next (eager FRC left over by the compute phase: it must see the replica before the
-        step's update is applied); returns at once."""
-        task = Task(fn, name)
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("replica updater already closed")
-            self._enqueue(task)
-        return task
-
-    def _enqueue(self, job: _Update | Task) -> None:
-        self._queue.append(job)
-        if self._thread is None:
-            # started once, on the first job: one thread per worker for the run
-            self._thread = threading.Thread(target=self._serve, name="replica-updater", daemon=True)
-            self._thread.start()
-        self._cv.notify_all()
+            self._queue.append(_Update(block, reduced, step, epoch))
+            if self._thread is None:
+                # started once, on the first update: one thread per worker for the run
+                self._thread = threading.Thread(
+                    target=self._serve, name="replica-updater", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify_all()
 
     def settle(self) -> float:
         """Wait until every handed-over update is applied (or discarded); returns the
         seconds waited. Raises the error of an update that failed to apply."""
-        if threading.current_thread() is self._thread:
-            return 0.0  # a task of the updater: everything queued before it is applied
         with self._cv:
             t0 = time.monotonic()
             while self._queue or self._busy:
@@ -170,9 +124,6 @@ class ReplicaUpdater:
                     return
                 job = self._queue.popleft()
                 self._busy = True
-            if isinstance(job, Task):
-                self._run_task(job)
-                continue
             try:
                 if job.epoch != self._epoch():
                     self.discarded += 1
@@ -194,19 +145,3 @@ class ReplicaUpdater:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
-
-    def _run_task(self, task: Task) -> None:
-        try:
-            task.fn()
-        except Interrupted:
-            pass  # abandoned by a failover: the epoch fence kept its results out
-        except BaseException as exc:
-            task.error = exc  # raised by whoever waits for it (Task.result)
-        finally:
-            task.finished_at = time.monotonic()
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
-            task.done.set()
-            if task._on_done is not None:
-                task._on_done()

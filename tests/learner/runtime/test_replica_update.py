@@ -163,15 +163,16 @@ def test_a_failover_while_the_replica_update_is_applied_in_the_background(
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
 
 
-def test_a_loss_in_the_sync_phase_keeps_the_frc_run_beside_it(
+def test_a_loss_in_the_sync_phase_keeps_every_frc_graph(
     etcd_server: ManagedServer, tmp_path: Path
 ) -> None:
     """Eager FRC (the toy's default): worker 1 dies at its all-reduce of step 1, after
-    every microbatch went through it. Worker 0 is in its sync phase, where the FRC that
-    found no bubble runs on the updater thread; the join waits for it (``settle``) before
-    it promotes the replica, so every microbatch's FRC graph is there: the shadow runs
-    only the lost block's backwards over them (lazy BRC), no forward, and the run ends
-    with the reference's parameters."""
+    every microbatch went through it, while worker 0 is in its sync phase: the FRC that
+    found no bubble runs there, and the replica's update of step 0 may still be being
+    applied on the updater thread. The join settles it before it promotes the replica,
+    and every microbatch's FRC graph is there: the shadow runs only the lost block's
+    backwards over them (lazy BRC), no forward, and the run ends with the reference's
+    parameters."""
     steps = 3
     argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps, kill="1:1:allreduce")
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
