@@ -171,6 +171,8 @@ def run_rhizome(
             str(step): [row[IN_BUBBLE], row[IN_SYNC], row[FOR_BRC], row[OVERRUN]]
             for step, row in sorted(worker.interpreter.frc_profile.per_step.items())
         },
+        # per step: seconds the sync phase waited for the replica's update / applied one
+        "sync_steps": {str(step): row for step, row in sorted(worker.sync_profile.items())},
     }
 
 
@@ -435,8 +437,33 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
         )
 
 
+def sync_profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: per mode and stage, the mean ms per measured step that the sync phase
+    spent waiting for the replica's update and applying a replica update on the step
+    loop's own thread (on the critical path)."""
+    rows = [r for r in recs if r.get("sync_steps")]
+    if not rows:
+        return
+    keys = sorted({k for r in rows for row in r["sync_steps"].values() for k in row})
+    print(f"\n# --profile sync phase: ms per step (steps {WARM}+), mean over repetitions")
+    print("| mode | worker (stage) | " + " | ".join(keys) + " |")
+    print("| --- | --- |" + " ---: |" * len(keys))
+    for mode in sorted({r["mode"] for r in rows}):
+        for w in sorted({r["worker"] for r in rows if r["mode"] == mode}):
+            got = [
+                row
+                for r in rows
+                if r["mode"] == mode and r["worker"] == w
+                for step, row in r["sync_steps"].items()
+                if int(step) >= WARM
+            ]
+            cells = [f"{1000 * statistics.mean(g.get(k, 0.0) for g in got):.1f}" for k in keys]
+            print(f"| {mode} | {w} ({w % stages}) | " + " | ".join(cells) + " |")
+
+
 def profile(recs: list[dict[str, Any]], stages: int) -> None:
     """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
+    sync_profile(recs, stages)
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
         print(
             f"\n# --profile {mode}: FRC ms per step, in bubbles / on the critical path "
@@ -463,7 +490,8 @@ def lease_refresh_cost(refreshes: int, as_json: bool) -> None:
     refresh (the client library's ``refresh_lease``, what the runtime did before) against
     one kept stream (``contract.etcd.Lease.refresh``), in blocks of 50 alternating, in one
     run against one private etcd; and what that costs at the runtime's rate (every worker
-    refreshes every TTL/4: 2 workers at TTL 2 s are 4 refreshes a second)."""
+    refreshed every TTL/4 until session 10, every TTL/3 since: 2 workers at TTL 2 s were
+    4 refreshes a second; the figure below keeps that rate, comparable with earlier runs)."""
     from contract.etcd import EtcdClient
     from learner.runtime.launch import private_etcd_process
 
@@ -490,7 +518,7 @@ def lease_refresh_cost(refreshes: int, as_json: bool) -> None:
             client.close()
     n = blocks * block
     per = {way: ns / n / 1000 for way, ns in spent.items()}  # microseconds per refresh
-    rate = 2 * 4  # refreshes per second: 2 workers, TTL 2 s, every TTL/4
+    rate = 2 * 4  # refreshes per second: 2 workers, TTL 2 s, every TTL/4 (as recorded before)
     out = {
         "refreshes_each": n,
         "etcd_cpu_us_per_refresh": per,

@@ -6,7 +6,9 @@ thread (``comm.POOL``: no thread is started per step); then the sync phase: per 
 gradients are stashed, all-reduced across pipelines (on a copy), a snapshot of parameters
 and optimizer state is taken and the optimizer steps; the reduced gradients go to the
 block's replica holder, which applies the same update, so replica and original stay
-bit-identical. A watcher thread keeps the etcd lease and acts on the cluster state's
+bit-identical. The holder's step ends once that update is received; applying it runs on
+the worker's kept updater thread (``replica_update``), off the step loop, while the next
+step's forwards and waits go on. A watcher thread keeps the etcd lease and acts on the cluster state's
 changes, which an etcd watch delivers (``cluster_watch``; nothing polls etcd in steady
 training). An
 interrupted step (a link error, a new generation) goes to ``Failover``, which returns
@@ -67,6 +69,14 @@ __all__ = ["KillPoint", "Worker", "WorkerOptions"]
 # torch.manual_seed is process-global; in-process runs build several workers at once.
 _SEED_LOCK = threading.Lock()
 
+# Lease refreshes per TTL: every TTL/3, as etcd's own Go client (clientv3) refreshes. In
+# steady training they are all the runtime sends etcd, and etcd's CPU grows with their
+# rate (benchmarks/RESULTS.md, session 10: +1.05 / +0.46 / +0.14 % of a core at 8 / 4 /
+# 2 refreshes a second); a third fewer than at TTL/4 still leaves two thirds of the TTL
+# for a late refresh. Failure detection does not depend on it: a lease lapses TTL after
+# its worker's last refresh either way.
+KEEPALIVES_PER_TTL = 3
+
 
 class Worker:
     """A pipeline stage process (or thread, in-process) of one job."""
@@ -123,6 +133,9 @@ class Worker:
         self.step_ends: list[float] = []
         self.step_cpu: list[float] = []
         self._t_last = time.monotonic()
+        # seconds per step the sync phase spent waiting for the replica's update and
+        # applying one on its own thread (benchmarks/runtime_vs_torch.py --profile)
+        self.sync_profile: dict[int, dict[str, float]] = {}
         # flat gradients (+ the loss on the last stage) per owned block, reused every step
         self._stash_bufs: dict[int, torch.Tensor] = {}
 
@@ -296,7 +309,8 @@ class Worker:
         """Keep the lease; flag a new generation; declare dead a peer whose lease expired.
 
         Event-driven (``cluster_watch``): it wakes on a change under the job's prefix and,
-        every quarter of the lease TTL, to refresh this worker's lease; nothing else.
+        every third of the lease TTL (``KEEPALIVES_PER_TTL``), to refresh this worker's lease;
+        nothing else.
         """
         st = self.state
         view = self._view
@@ -308,7 +322,7 @@ class Worker:
                     self.cluster.keepalive()
                 except Exception as exc:  # etcd away for a moment: the lease outlives it
                     st.log(f"watcher: lease refresh: {exc!r}")
-                next_keepalive = now + self.opts.lease_ttl_s / 4
+                next_keepalive = now + self.opts.lease_ttl_s / KEEPALIVES_PER_TTL
                 if self.halt is not None:
                     try:
                         # put at once: the peers' agreement must not wait for this
@@ -388,6 +402,7 @@ class Worker:
                 self.job.on_fatal(exc)
             raise
         finally:
+            st.updater.close()
             self._stopped.set()
             self._view.changed.set()  # wake the watcher to stop its watch
             if self._cancel_watch is not None:
@@ -525,17 +540,23 @@ class Worker:
             if st.mode.eager_frc:
                 # before the replica's update is applied: FRC belongs to this step's version
                 self.interpreter.leftover_frc(step, update)
+            t_wait = time.monotonic()
             wait_any([update], st.changed)
             if not update.done.is_set():
                 raise Interrupted(
                     f"configuration changed while waiting for replica update of block {rep.index}"
                 )
-            reduced = update.result()
-            # applied when the replica is next used (its FRC, in a bubble) or a failover
-            # reads it: the optimizer step is off the critical path of the step's end
-            st.apply_replica_update()  # the previous one, where no FRC applied it
-            with st.lock:
-                st.replica_update = (reduced, step)
+            # applied on the updater's kept thread from now on, while this thread finishes
+            # the step and starts the next (its forwards, its waits: the bubbles); the
+            # step still ends only once the update is here (what a failover relies on)
+            st.updater.submit(rep, update.result(), step, st.epoch)
+            self.sync_profile[step] = {
+                "replica_wait": time.monotonic() - t_wait,
+                # the previous update, on the updater's thread
+                "replica_apply_bg": st.updater.applied_s.pop(step - 1, 0.0),
+                # how long this step's threads waited for it (eager FRC before its forward)
+                "replica_settle": st.replica_settle_s.pop(step, 0.0),
+            }
         for holder, work in sends:
             if work is None:
                 continue

@@ -136,7 +136,12 @@ class Failover:
 
     def _join(self) -> tuple[int, RecoveryPlan | None]:
         st = self.state
-        st.apply_replica_update()
+        # the replica's received updates, applied on the updater's thread, are in before
+        # the epoch moves (the fence would discard them), before its version is reported
+        # and before it is promoted, demoted, handed over or rolled back
+        waited = st.settle_replica()
+        if waited > 0:
+            st.log(f"joining: waited {waited:.3f} s for the replica's update being applied")
         state = self.read_state()
         with st.lock:
             st.epoch += 1

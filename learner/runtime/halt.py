@@ -49,7 +49,7 @@ from learner.runtime.worker_state import WorkerState
 # How long a worker with a notice waits at its step boundary for every live worker's
 # notice before it takes the notice for its own alone (at most a quarter of the time
 # left). A halt's SIGTERMs reach every worker within milliseconds; each watcher puts its
-# key within a quarter of the lease TTL.
+# key within a third of the lease TTL (engine.KEEPALIVES_PER_TTL).
 NOTICE_WINDOW_S = 5.0
 POLL_S = 0.02
 

@@ -286,7 +286,9 @@ class Interpreter:
             rec = st.frc.get((k, m))
             if rec is not None and rec.step == step:
                 return None
-        st.apply_replica_update()
+        # the replica's forward is of this step's version: its update of the previous step,
+        # applied on the updater's thread since, must be in
+        st.settle_replica()
         st.check_kill(Op.FRC, m)
         t0 = time.monotonic()
         if k == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -90,6 +91,14 @@ def main(argv: list[str] | None = None) -> None:
         help="testing: seconds each batch load sleeps, so that a signal a test sends at "
         "step N lands while the run is still far from its end (the values are unchanged)",
     )
+    p.add_argument(
+        "--slow-optimizer",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="testing: seconds every optimizer step sleeps first, so that a replica's update "
+        "is still being applied in the background when a failure lands (values unchanged)",
+    )
     a = p.parse_args(argv)
     job = toy_job(
         steps=a.steps,
@@ -98,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         depth=a.depth,
         optimizer=a.optimizer,
     )
+    if a.slow_optimizer > 0:
+        job.optimizer = slowed_optimizer(job.optimizer, a.slow_optimizer)
     if a.gate or a.die or a.die_replacement:
         job.batch = gated(job.batch, a.gate, a.die, a.die_replacement)
     if a.sleep > 0:
@@ -123,6 +134,26 @@ def held(
         return batch(at, pipeline, microbatch)
 
     return hold
+
+
+def slowed_optimizer(
+    make: Callable[[Any], torch.optim.Optimizer], sleep_s: float
+) -> Callable[[Any], torch.optim.Optimizer]:
+    """``make`` whose optimizers sleep ``sleep_s`` before every step (``--slow-optimizer``)."""
+    import time
+
+    def slow(params: Any) -> torch.optim.Optimizer:
+        opt = make(params)
+        inner = opt.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(sleep_s)
+            return inner(*args, **kwargs)
+
+        opt.step = step  # type: ignore[method-assign]
+        return opt
+
+    return slow
 
 
 def slowed(

@@ -2,10 +2,12 @@
 
 ``WorkerState`` is the worker's mutable state: the blocks it owns and shadows, what it
 holds of the current step (``StepProgress``, eager-FRC records), the configuration it
-runs in (generation, topology, links) and the lock and epoch that fence threads abandoned
-by a failover. The step loop (``engine``), the instruction interpreter (``interpreter``)
-and failover (``failover``) each keep their own state and share this one object, because
-all three read and write the same blocks under the same lock.
+runs in (generation, topology, links), the lock and epoch that fence threads abandoned
+by a failover, and the updater that applies the replica's received updates on its own
+thread (``replica_update``; readers of the replica call ``settle_replica`` first).
+The step loop (``engine``), the instruction interpreter (``interpreter``) and failover
+(``failover``) each keep their own state and share this one object, because all three
+read and write the same blocks under the same lock.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from learner.runtime.api import Batch, Interrupted, PipelineJob, RuntimeFailure
 from learner.runtime.comm import Groups, Transport, WakeableEvent
 from learner.runtime.options import WorkerOptions
 from learner.runtime.recovery import BlockProgress
+from learner.runtime.replica_update import ReplicaUpdater
 from learner.runtime.schedule import Op
 from learner.runtime.snapshot import OptimizerSnapshot
 from learner.runtime.topology import Topology
@@ -146,8 +149,10 @@ class WorkerState:
         self.replica: BlockState | None = None
         self.frc: dict[tuple[int, int], FrcRecord] = {}
         self.progress = StepProgress(-1)
-        # the replica's pending optimizer update (reduced gradients, step), see apply_replica_update
-        self.replica_update: tuple[torch.Tensor, int] | None = None
+        # applies the replica's received updates on its own kept thread (settle_replica)
+        self.updater = ReplicaUpdater(lambda: self.epoch, self.log)
+        # seconds the worker's threads waited for the updater, by step (the profile)
+        self.replica_settle_s: dict[int, float] = {}
         self.batches: dict[tuple[int, int], Batch] = {}
         # shapes and dtype of block outputs, so a receiver can allocate before the message comes
         self.act_shapes: list[torch.Size] = []
@@ -199,14 +204,14 @@ class WorkerState:
                 self.batches[key] = got
         return got
 
-    def apply_replica_update(self) -> None:
-        """Bring the replica to the owner's version.
+    def settle_replica(self) -> float:
+        """Wait until the replica's received updates are applied (``replica_update``).
 
-        The sync phase leaves the update pending: it is applied when the replica is next
-        used (its FRC, in a bubble) or a failover reads it, off the critical path of the
-        step's end.
+        Called by whatever reads or replaces the replica: eager FRC before its forward, a
+        failover's join before it reports versions or promotes the replica. Returns the
+        seconds waited.
         """
-        with self.lock:
-            got, self.replica_update = self.replica_update, None
-            if got is not None and self.replica is not None:
-                self.replica.apply(got[0], got[1])
+        waited = self.updater.settle()
+        if waited > 0:
+            self.replica_settle_s[self.step] = self.replica_settle_s.get(self.step, 0.0) + waited
+        return waited
