@@ -305,10 +305,10 @@ def wait_end(a: argparse.Namespace, data_dir: Path, job_id: str) -> dict[str, An
     """The job once it ended (`rhizome show`). While the workers train, its status is not
     read: a status read is a `rhizome` CLI process (0.3-0.7 CPU s: its imports) on the two
     cores the pinned workers use, which the bare run, watched by nobody, does not pay, and
-    a user's client runs on their own machine. Only the learners' files are read (in this
-    process), and the status once both workers printed `finished:`, once a learner's
-    command exited (its controller's `exit-*` file), or when nothing in the learner
-    directories changed for STALL_S (a job that failed early or never deployed). Until
+    a user's client runs on their own machine. Only the names and sizes of the learners'
+    files are read (in this process), and the status once both workers' commands exited
+    (each controller's `exit-*` file), or when nothing in the learner directories changed
+    for STALL_S (a job that failed early or never deployed). Until
     session 10 a `rhizome show` ran every 10 s throughout (`--show-every 10` does that
     again); `--poll-show` starts one every second, as this benchmark did before that."""
     learners = data_dir / "jobs" / job_id / "learners"
@@ -323,10 +323,9 @@ def wait_end(a: argparse.Namespace, data_dir: Path, job_id: str) -> dict[str, An
             files = learner_files(learners)
             if files != seen:
                 seen, changed_at = files, now
-            logs = [learners / str(r) / "stderr.log" for r in (0, 1)]
+            exited = {Path(n).parent.name for n, _ in files if Path(n).name.startswith("exit-")}
             due = (
-                all(f.exists() and "finished:" in f.read_text() for f in logs)
-                or any(Path(name).name.startswith("exit-") for name, _ in files)
+                exited >= {"0", "1"}
                 or (a.show_every > 0 and now - last_show >= a.show_every)
                 or now - max(changed_at, last_show) >= STALL_S
             )
