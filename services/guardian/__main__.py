@@ -37,16 +37,22 @@ from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from services.store.preemption_stats import PreemptionStatsRepository
 
+# How long an exited child nobody watches is left to whoever started it (subprocess.run
+# waits for its own child: reaped here first, it would read exit code 0) before it is
+# reaped as an orphan: the Reaper's old poll interval, which gave them that much.
+UNWATCHED_GRACE_S = 0.05
+
 
 class WaitingReaper(procs.Reaper):
     """The guardian process's reaper: its thread sleeps in `waitid` on any child until one
     exits (a learner's controller, an adopted orphan), instead of the Reaper's poll every
     50 ms. That poll was the busiest thread of a running pipeline job's guardian, on the
-    cores its workers train on (issue #16, benchmarks/RESULTS.md "session 10"); an exit
-    is now seen at once rather than within 50 ms. `WNOWAIT` leaves the child to
-    `reap_once`, which reaps and reports every exited child as before. With no child at
-    all (before the deploy) `waitid` fails at once: the thread then waits for `watch` (a
-    child just started) or `interval_s` (an orphan adopted meanwhile)."""
+    cores its workers train on (issue #16, benchmarks/RESULTS.md "session 10"); a watched
+    child's exit is now seen at once rather than within 50 ms. `WNOWAIT` leaves the child
+    to `reap_once`, which reaps and reports every exited child as before; a child nobody
+    watches is reaped UNWATCHED_GRACE_S later. With no child at all (before the deploy)
+    `waitid` fails at once: the thread then waits for `watch` (a child just started) or
+    `interval_s` (an orphan adopted meanwhile)."""
 
     def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(interval_s)
@@ -56,14 +62,20 @@ class WaitingReaper(procs.Reaper):
         super().watch(pid, callback)
         self._child.set()
 
+    def _watched(self, pid: int) -> bool:
+        with self._lock:
+            return pid in self._callbacks
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
             except ChildProcessError:
                 self._child.wait(self.interval_s)
                 self._child.clear()
                 continue
+            if exited is not None and not self._watched(exited.si_pid):
+                self._stop.wait(UNWATCHED_GRACE_S)
             self.reap_once()
 
 

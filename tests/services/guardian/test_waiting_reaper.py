@@ -1,6 +1,6 @@
 """The guardian process's reaper (services/guardian/__main__.py `WaitingReaper`): exits are
-reported with their codes, orphans are reaped, and the thread wakes for exits only (no
-poll). Run in a child interpreter of its own: a reaper reaps every child of its process,
+reported with their codes, orphans are reaped, a child its starter waits for keeps its
+code, and the thread wakes for exits only (no poll). Run in a child interpreter of its own: a reaper reaps every child of its process,
 and this one's children include the test servers."""
 
 from __future__ import annotations
@@ -63,7 +63,12 @@ def gone(pid):
 
 
 until("the orphan reaped", lambda: gone(orphan))
-print(json.dumps({"codes": codes, "rounds_for_one_exit": rounds_for_one_exit}))
+
+# a child its starter waits for itself (subprocess.run): left to it, so it reads the code
+own_codes = [subprocess.run([sys.executable, "-c", sleep, "0", "5"]).returncode for _ in range(5)]
+print(json.dumps(
+    {"codes": codes, "rounds_for_one_exit": rounds_for_one_exit, "own_codes": own_codes}
+))
 """
 
 
@@ -74,6 +79,7 @@ def test_the_guardian_reaper_reports_exits_reaps_orphans_and_wakes_only_for_exit
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["codes"] == {"slow": 7, "quick": 3}
+    assert got["own_codes"] == [5] * 5
     # one child ran for a second: a poll every 50 ms would have reaped ~20 times; the
     # waiting reaper reaps when an exit wakes it (the first watch may add one round)
     assert got["rounds_for_one_exit"] <= 2, got
