@@ -1,7 +1,7 @@
 """Pipeline jobs on the platform vs the bare launcher, failover and reconfiguration pauses.
 
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
-        [--rounds 5] [--no-pin] [--throughput-only] [--poll-show]
+        [--rounds 5] [--no-pin] [--throughput-only] [--show-every S | --poll-show]
     .venv/bin/python benchmarks/pipeline_platform.py --steady 200 [--rounds 2]
         [--idle-s 10] [--baseline-tree DIR]
 
@@ -13,7 +13,8 @@ pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
    rendezvous store in the platform's etcd);
 
 throughput = steps per second over the steady steps (the last stage's `step ... time T`
-lines, the first 5 steps left out: start-up is not throughput), and the ratio
+lines, the first 5 steps left out: start-up is not throughput; the same window, steps 6
+to N of the worker's own step timer, for the bare and the platform run), and the ratio
 platform / bare (goal ≥ 0.97). The two are interleaved over `--rounds` rounds, the order
 alternating (bare first in even rounds, platform first in odd ones), so that a change in
 the machine's load hits both alike; the embedded platform is started once, before the
@@ -30,10 +31,13 @@ every process of the run by kind, from /proc every 0.2 s: the launcher's process
 the bare run; everything whose command line or working directory is under the
 platform's data directory for the platform job: workers, controllers, guardian, daemon,
 etcd, MongoDB-wire, Elasticsearch-API, the `rhizome` CLI), printed under each round.
-While the platform job trains it is watched through its learners' files (a `rhizome
-show` every 10 s for a job that fails early); `--poll-show` starts a `rhizome show`
-every second as this benchmark did before (a CLI process a second that the bare run,
-watched by nobody, did not pay).
+While the platform job trains it is watched through its learners' files only; its
+status is read (`rhizome show`) once they show that it ended, or when they stop changing
+for 30 s (a job that failed early): a user's client runs on their own machine, not on
+the two cores the pinned workers use, and the bare run is watched by nobody. Until
+session 10 a `rhizome show` ran every 10 s throughout (0.3-0.7 CPU s a round, a share
+of the steady steps' cores; `--show-every 10` measures that way again); `--poll-show`
+starts one every second, as before session 9.
 
 3. **failover and reconfiguration** (launcher, `--replace`, a private etcd): worker 1 is
    SIGKILLed from outside at step 30; a replacement starts and joins. From the step
@@ -64,6 +68,7 @@ The simulator comparison under the p3 trace (issue #16) is benchmarks/pipeline_t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -276,28 +281,62 @@ def platform_job(a: argparse.Namespace, data_dir: Path, n: int) -> tuple[float, 
     return steady_throughput(out)[0], profile.seconds()
 
 
+# With nothing under the job's learner directories changing for this long, its status is
+# read: a job that failed before its workers wrote anything, or that never deployed.
+STALL_S = 30.0
+
+
+def learner_files(learners: Path) -> tuple[tuple[str, int], ...]:
+    """Name and size of every file in the job's learner directories (what changes while
+    the workers train: their logs, a command's exit file)."""
+    found: list[tuple[str, int]] = []
+    try:
+        for rank in os.scandir(learners):
+            if rank.is_dir():
+                for f in os.scandir(rank.path):
+                    with contextlib.suppress(OSError):
+                        found.append((f.path, f.stat().st_size))
+    except OSError:
+        pass  # not deployed yet
+    return tuple(sorted(found))
+
+
 def wait_end(a: argparse.Namespace, data_dir: Path, job_id: str) -> dict[str, Any]:
-    """The job once it ended (`rhizome show`). While the workers train, only their files
-    are read (in this process): a `rhizome` CLI started every second, as this benchmark
-    did before, took a core's share on a 2-core machine that the bare run, watched by
-    nobody, did not pay (`--poll-show`: the old way, for comparison). A `rhizome show`
-    every 10 s meanwhile catches a job that fails before its workers finish."""
+    """The job once it ended (`rhizome show`). While the workers train, its status is not
+    read: a status read is a `rhizome` CLI process (0.3-0.7 CPU s: its imports) on the two
+    cores the pinned workers use, which the bare run, watched by nobody, does not pay, and
+    a user's client runs on their own machine. Only the names and sizes of the learners'
+    files are read (in this process), and the status once both workers' commands exited
+    (each controller's `exit-*` file), or when nothing in the learner directories changed
+    for STALL_S (a job that failed early or never deployed). Until
+    session 10 a `rhizome show` ran every 10 s throughout (`--show-every 10` does that
+    again); `--poll-show` starts one every second, as this benchmark did before that."""
     learners = data_dir / "jobs" / job_id / "learners"
     deadline = time.monotonic() + 900
-    next_show = time.monotonic() + 10
-    trained = False
+    last_show = time.monotonic()  # the submit (`rhizome train`) was the last status read
+    seen, changed_at = learner_files(learners), last_show
     while True:
-        if not trained and not a.poll_show:
-            logs = [learners / str(r) / "stderr.log" for r in (0, 1)]
-            trained = all(f.exists() and "finished:" in f.read_text() for f in logs)
-        if a.poll_show or trained or time.monotonic() >= next_show:
+        now = time.monotonic()
+        if a.poll_show:
+            due = True
+        else:
+            files = learner_files(learners)
+            if files != seen:
+                seen, changed_at = files, now
+            exited = {Path(n).parent.name for n, _ in files if Path(n).name.startswith("exit-")}
+            due = (
+                exited >= {"0", "1"}
+                or (a.show_every > 0 and now - last_show >= a.show_every)
+                or now - max(changed_at, last_show) >= STALL_S
+            )
+        if due and now - last_show >= 1.0:
             job: dict[str, Any] = json.loads(rz(data_dir, "show", job_id, "--json"))
             if job["status"] in ("COMPLETED", "FAILED", "HALTED", "DELETED"):
                 return job
-            next_show = time.monotonic() + 10
+            last_show = time.monotonic()
         if time.monotonic() > deadline:
             sys.exit(f"platform job {job_id} did not end")
-        time.sleep(1 if a.poll_show or trained else 0.2)
+        time.sleep(0.2)
 
 
 Round = tuple[float, float, dict[str, float], dict[str, float], str]
@@ -701,6 +740,14 @@ def main() -> None:
         "this benchmark measured before: a CLI process a second on the same cores)",
     )
     p.add_argument(
+        "--show-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="also read the platform job's status (`rhizome show`) every S seconds while it "
+        "trains, as this benchmark did until session 10 (S = 10); default: not while it trains",
+    )
+    p.add_argument(
         "--steady",
         type=int,
         default=0,
@@ -740,7 +787,13 @@ def main() -> None:
     ratios = [p_ / b for b, p_, _, _, _ in rounds]
     bares = [b for b, _, _, _, _ in rounds]
     pin = "each worker pinned to one core" if a.pin else "not pinned"
-    watch = "rhizome show every second" if a.poll_show else "its files, rhizome show every 10 s"
+    watch = (
+        "rhizome show every second"
+        if a.poll_show
+        else f"its files, rhizome show every {a.show_every:g} s"
+        if a.show_every
+        else "its files, its status read once they show it ended (no rhizome show while it trains)"
+    )
     print(
         f"{a.rounds} interleaved rounds, 2 stages x 1 pipeline, {pin}; platform job watched by {watch}:"
     )

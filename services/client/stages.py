@@ -57,15 +57,27 @@ def stage_placement(
     stage s-1 of the same pipeline, which holds its replica) should be in another zone,
     so that one zone's preemption wave cannot take a stage and its shadow together
     (the scheduler's zone-aware placement). ``zones``: node -> zone, None if unknown.
-    ``taken``: learner -> slot for learners beyond the shape that serve one
-    (`slots_taken` of the history): listed with that slot's stage and pipeline."""
+    ``taken``: learner -> slot for learners that serve a slot other than their own
+    (`slots_taken` of the history): listed with that slot's stage and pipeline; a learner
+    of the shape whose slot another took is listed as a standby."""
     all_zones = set(zones.values()) if zones else set()
+    # slot -> the learner serving it: its own learner, unless the history says another
+    # took it (a base learner whose slot a standby took is then a standby itself: its
+    # replacement, a new incarnation of the rank, queues as one; docs/lifecycle.md)
+    holder = {slot: slot for slot in range(stages * pipelines)}
+    for learner, slot in (taken or {}).items():
+        holder[slot] = learner
     rows = []
     for rank in range(stages * pipelines):
         node = learner_nodes.get(rank, "?")
-        stage, pipe = rank % stages, rank // stages
-        shadow = pipe * stages + (stage - 1) % stages
         zone = zones.get(node, "?") if zones is not None else "?"
+        slot = (taken or {}).get(rank, rank)
+        if holder.get(slot) != rank:
+            rows.append(_waiting(rank, node, zone, "waits for a lost slot (its own was taken)"))
+            continue
+        stage, pipe = slot % stages, slot // stages
+        shadow_slot = pipe * stages + (stage - 1) % stages
+        shadow = holder.get(shadow_slot, shadow_slot)
         shadow_zone = zones.get(learner_nodes.get(shadow, ""), "?") if zones is not None else "?"
         if stages == 1:
             why = "one stage: no shadow"
@@ -93,37 +105,40 @@ def stage_placement(
     for rank in sorted(r for r in learner_nodes if r >= stages * pipelines):
         node = learner_nodes[rank]
         zone = zones.get(node, "?") if zones is not None else "?"
-        slot = (taken or {}).get(rank)
-        if slot is not None:
+        extra = (taken or {}).get(rank)
+        if extra is not None:
             # a grown pipeline's learner, or a standby serving a lost slot (the history)
-            grown = slot >= stages * pipelines
+            grown = extra >= stages * pipelines
             rows.append(
                 {
                     "learner": rank,
-                    "stage": slot % stages,
-                    "pipeline": slot // stages,
+                    "stage": extra % stages,
+                    "pipeline": extra // stages,
                     "node": node,
                     "zone": zone,
                     "why": (
-                        f"joined by growth: slot {slot}"
+                        f"joined by growth: slot {extra}"
                         if grown
-                        else f"standby serving learner {slot}'s slot"
+                        else f"standby serving learner {extra}'s slot"
                     ),
                 }
             )
             continue
         # `pipeline.standbys`: still waiting (the history names a slot once one is taken)
-        rows.append(
-            {
-                "learner": rank,
-                "stage": "standby",
-                "pipeline": "-",
-                "node": node,
-                "zone": zone,
-                "why": "waits for a lost slot",
-            }
-        )
+        rows.append(_waiting(rank, node, zone, "waits for a lost slot"))
     return rows
+
+
+def _waiting(rank: int, node: str, zone: str, why: str) -> dict[str, Any]:
+    """The row of a learner that serves no slot: a standby."""
+    return {
+        "learner": rank,
+        "stage": "standby",
+        "pipeline": "-",
+        "node": node,
+        "zone": zone,
+        "why": why,
+    }
 
 
 def stage_rows(client: Client, job: job_pb2.Job) -> list[dict[str, Any]]:

@@ -115,15 +115,25 @@ def with_zones(
 ) -> dict[str, Any]:
     """The placement rows with each node's zone (`?` when the scheduler cannot say), and
     for a pipeline job its stages: which learner shadows which, and whether they sit in
-    different zones (the CLI's `rhizome show` table, `stage_placement`)."""
-    from services.client.stages import stage_placement
+    different zones (the CLI's `rhizome show` table, `stage_placement`). A learner that
+    took a slot (a D+1 growth's new pipeline, or a standby admitted into a lost slot) is
+    shown with the stage it serves, as the guardian wrote it into the history
+    (services/guardian/pipeline.py): the dashboard reads the job record, not etcd, and the
+    history is that record's account of who serves what."""
+    from services.client.stages import slots_taken, stage_placement
 
     for row in view.get("placement", []):
         row["zone"] = (zones or {}).get(row["node"], "?")
     pipeline = job.spec.pipeline
     placed = {int(r["learner"]): str(r["node"]) for r in view.get("placement", [])}
     view["stages"] = (
-        stage_placement(placed, zones, pipeline.stages, pipeline.pipelines)
+        stage_placement(
+            placed,
+            zones,
+            pipeline.stages,
+            pipeline.pipelines,
+            slots_taken(h.message for h in job.history),
+        )
         if pipeline is not None and placed
         else []
     )

@@ -13,7 +13,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,47 @@ from services.store.errors import StoreUnavailable
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from services.store.preemption_stats import PreemptionStatsRepository
+
+# How long an exited child nobody watches is left to whoever started it (subprocess.run
+# waits for its own child: reaped here first, it would read exit code 0) before it is
+# reaped as an orphan: the Reaper's old poll interval, which gave them that much.
+UNWATCHED_GRACE_S = 0.05
+
+
+class WaitingReaper(procs.Reaper):
+    """The guardian process's reaper: its thread sleeps in `waitid` on any child until one
+    exits (a learner's controller, an adopted orphan), instead of the Reaper's poll every
+    50 ms. That poll was the busiest thread of a running pipeline job's guardian, on the
+    cores its workers train on (issue #16, benchmarks/RESULTS.md "session 10"); a watched
+    child's exit is now seen at once rather than within 50 ms. `WNOWAIT` leaves the child
+    to `reap_once`, which reaps and reports every exited child as before; a child nobody
+    watches is reaped UNWATCHED_GRACE_S later. With no child at all (before the deploy)
+    `waitid` fails at once: the thread then waits for `watch` (a child just started) or
+    `interval_s` (an orphan adopted meanwhile)."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        super().__init__(interval_s)
+        self._child = threading.Event()
+
+    def watch(self, pid: int, callback: Callable[[int, int], None]) -> None:
+        super().watch(pid, callback)
+        self._child.set()
+
+    def _watched(self, pid: int) -> bool:
+        with self._lock:
+            return pid in self._callbacks
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                self._child.wait(self.interval_s)
+                self._child.clear()
+                continue
+            if exited is not None and not self._watched(exited.si_pid):
+                self._stop.wait(UNWATCHED_GRACE_S)
+            self.reap_once()
 
 
 def _job_tls(raw: str) -> dict[str, str]:
@@ -67,8 +109,27 @@ def pop_job_credentials(env: MutableMapping[str, str]) -> dict[str, Any]:
     }
 
 
+# grpc's blocking waits (a stream's next message, a future's result) sleep in slices of
+# `grpc._common.MAXIMUM_WAIT_TIMEOUT` (0.1 s), so that a signal handler in a main thread
+# blocked there runs within 0.1 s. A running job's guardian holds such waits all the time
+# (its etcd watch, its lease's keep-alive stream): each woke 10 times a second, on the
+# cores the job's workers train on. The slice only bounds how late a waiter looks again
+# without being notified (a message wakes it at once), and our SIGTERM handler only sets
+# events: 1 s is enough. Measured idle (an etcd client, a watch, a lease at TTL/4):
+# 0.0055 -> 0.0039 CPU s per second (issue #16, benchmarks/RESULTS.md "session 10").
+GRPC_WAIT_SLICE_S = 1.0
+
+
+def quiet_grpc_waits() -> None:
+    """Make grpc's blocking waits wake every GRPC_WAIT_SLICE_S (see above)."""
+    import grpc._common
+
+    grpc._common.MAXIMUM_WAIT_TIMEOUT = max(grpc._common.MAXIMUM_WAIT_TIMEOUT, GRPC_WAIT_SLICE_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.guardian", description=__doc__)
+    quiet_grpc_waits()
     parser.add_argument("--job-id", required=True)
     # The LCM passes both URIs in the environment (popped below, so the learners do not
     # inherit them): a command line is readable by every local user and a URI may hold a
@@ -124,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     # Orphans of our learners (a controller died) land on us, and we reap them.
     procs.become_subreaper()
-    reaper = procs.Reaper().start()
+    reaper = WaitingReaper().start()
     backend = get_backend(config.backend, reaper=reaper)
     guardian = Guardian(config, etcd, jobs, backend, stats)
 
