@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import sys
@@ -30,8 +31,46 @@ from contract.env import Role
 _PR_SET_CHILD_SUBREAPER = 36
 
 
+# Listening ports are picked below the kernel's ephemeral range. A port got by binding
+# port 0 comes from that range, where every outgoing connection of every process also takes
+# its local port: between choosing such a port and the server binding it (seconds, when
+# other servers start first), a client connection could take it, and the server failed
+# with "address already in use" (seen in `make test`). Below the range only another
+# listener can take it, and a random pick makes two pickers unlikely to agree.
+_LOWEST_LISTEN_PORT = 10000
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PICKS = 64
+_port_random = random.Random()  # its own: a test seeding `random` must not align pickers
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default if it
+    does not say)."""
+    try:
+        low, high = (int(x) for x in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    """A TCP port on 127.0.0.1 that nobody listens on right now, below the ephemeral range
+    where there is room (see above), else any the kernel gives."""
+    below = ephemeral_port_range()[0] - 1
+    if below - _LOWEST_LISTEN_PORT >= 1000:
+        for _ in range(_PICKS):
+            port = _port_random.randint(_LOWEST_LISTEN_PORT, below)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

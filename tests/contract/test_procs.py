@@ -7,6 +7,8 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from contract import procs
 from contract.env import Role, labels
 
@@ -72,3 +74,32 @@ def test_reaper_reports_exit_codes_of_watched_children() -> None:
     finally:
         reaper.stop()
     assert codes == {proc.pid: 5}
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
+    """A listening port picked from the ephemeral range can be taken by any process's
+    outgoing connection before its server binds it; free_port picks below it."""
+    import socket
+
+    low, _ = procs.ephemeral_port_range()
+    assert low > procs._LOWEST_LISTEN_PORT + 1000, "this machine leaves no room below its range"
+    ports = {procs.free_port() for _ in range(20)}
+    assert all(procs._LOWEST_LISTEN_PORT <= p < low for p in ports)
+    assert len(ports) > 1  # random picks, not one port for every caller
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_somebody_listens_on_is_not_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", procs.free_port()))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        other = procs.free_port()
+        assert other != busy
+        picks = iter([busy, busy, other])
+        monkeypatch.setattr(procs._port_random, "randint", lambda a, b: next(picks))
+        assert procs.free_port() == other
