@@ -53,7 +53,8 @@ def ephemeral_port_range() -> tuple[int, int]:
     return low, high
 
 
-def _bindable(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether nobody listens on (or holds) `port` on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -69,7 +70,7 @@ def free_port() -> int:
     if below - _LOWEST_LISTEN_PORT >= 1000:
         for _ in range(_PICKS):
             port = _port_random.randint(_LOWEST_LISTEN_PORT, below)
-            if _bindable(port):
+            if port_free(port):
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

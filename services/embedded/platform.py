@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract.etcd import StoreUnavailable
-from contract.procs import free_port, pid_alive, stop_process_group
+from contract.procs import free_port, pid_alive, port_free, stop_process_group
 from services.embedded.process import DependencyError, ManagedServer
 from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
 from services.embedded.supervisor import LOG_FILE as SUPERVISOR_LOG
@@ -31,15 +30,6 @@ from services.security.etcd_auth import EtcdAuthFiles, EtcdAuthSetupError, ensur
 
 STATE_FILE = "platform.json"
 Progress = Callable[[str], None]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _pick(port: int | None) -> int:
