@@ -15,7 +15,9 @@ generation from a new TCPStore (new port) hosted by the leader; the state (param
 optimizer, data plan, step) comes from the member with the most steps done, broadcast
 only when someone needs it (a joiner, or a survivor behind after a partial failure).
 Old process groups are kept, never destroyed: destroying one closes sockets that a peer
-still blocked on it would read as a fresh failure.
+still blocked on it would read as a fresh failure. A wait walked away from stays blocked
+in gloo until its peer goes; it runs on a non-daemon thread (`walkable_wait`) so that the
+process still exits cleanly.
 """
 
 from __future__ import annotations
@@ -74,6 +76,37 @@ def default_collate(items: Sequence[Any]) -> Any:
     return torch.tensor(list(items))
 
 
+def walkable_wait(
+    wait: Callable[[], object], name: str
+) -> tuple[threading.Event, list[BaseException]]:
+    """Run a blocking collective `wait` in a thread the caller may walk away from; the
+    event is set when it returned or raised, the list then holds what it raised.
+
+    The thread is *not* a daemon. gloo cannot cancel a wait (neither `abort()` nor
+    `shutdown()` ends one, torch 2.13): an abandoned one ends only when its peer closes
+    the connection or the group's timeout expires. A daemon thread that comes back from
+    C++ while the interpreter finalizes is ended by force, through pybind's
+    GIL-release guard, and the process aborts ("terminate called without an active
+    exception", exit -6) — which happened when a survivor exited while the peer it had
+    been waiting on exited too. A non-daemon thread is joined before finalization, so
+    the process exits with its own code once the peer has gone (at worst after the
+    group's timeout).
+    """
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            wait()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=False).start()
+    return done, errors
+
+
 class ElasticWorker(ElasticJob):
     def __init__(
         self,
@@ -123,6 +156,8 @@ class ElasticWorker(ElasticJob):
         self._membership = EMPTY
         self._group: Any = None
         self._graveyard: list[Any] = []
+        # collective waits walked away from (walkable_wait), by generation
+        self._abandoned: list[tuple[int, threading.Event]] = []
         self._pending: tuple[DataPlan, dict[str, Range | None]] | None = None
         self._leave_reason: str | None = None
         self._joins_held = False  # the leader holds joiners until the expected ones came
@@ -440,22 +475,15 @@ class ElasticWorker(ElasticJob):
         runs in a thread this worker walks away from when another worker reports the
         generation broken (`abort`), so nobody sits out the group's whole timeout."""
         generation = self._membership.generation
-        errors: list[BaseException] = []
-        done = threading.Event()
-
-        def wait() -> None:
-            try:
-                self._group.allreduce([buf]).wait()
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=wait, name=f"allreduce-g{generation}", daemon=True).start()
+        group = self._group
+        done, errors = walkable_wait(
+            lambda: group.allreduce([buf]).wait(), f"allreduce-g{generation}"
+        )
         while not done.wait(0.05):
             if self.rdzv.abort_changed.is_set():
                 self.rdzv.abort_changed.clear()
                 if self.rdzv.aborted(generation):
+                    self._abandoned.append((generation, done))
                     return f"generation {generation} aborted by a peer"
         if errors:
             self.rdzv.abort(generation)
@@ -499,3 +527,12 @@ class ElasticWorker(ElasticJob):
             self._log.close()
             self._log = None
         self.client.close()
+        pending = sorted({g for g, done in self._abandoned if not done.is_set()})
+        if pending:
+            log.info(
+                "%s: the all-reduce of generation %s it walked away from is still blocked in gloo;"
+                " the process exits when that peer has gone (at most %.0f s)",
+                self.me,
+                ", ".join(map(str, pending)),
+                self.timeout.total_seconds(),
+            )
