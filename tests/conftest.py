@@ -14,6 +14,7 @@ import pytest
 
 from services.embedded.process import ManagedServer
 from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
+from tests import etcd_auth
 
 # As root the local backend runs each job's learners under a uid of its own, which must be
 # able to enter the data directory; pytest's temp directories are 0700, and most tests'
@@ -94,6 +95,14 @@ def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedSe
 def es_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedServer]:
     """A real Elasticsearch-API server (noida-db) on 127.0.0.1."""
     yield from _serve(ElasticsearchServer(Path(tmp_path_factory.mktemp("es"))))
+
+
+@pytest.fixture(scope="module")
+def etcd_with_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real etcd of the module's own with authentication on (tests/etcd_auth.py: its
+    ROOT and PLATFORM users); the URL."""
+    with etcd_auth.etcd_with_auth(Path(tmp_path_factory.mktemp("etcd-auth"))) as url:
+        yield url
 
 
 @pytest.fixture

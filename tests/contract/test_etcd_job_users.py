@@ -16,22 +16,9 @@ from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials, StoreUnava
 from contract.etcd_users import JobUserChange, JobUsers, enable_auth, job_etcd_user
 from contract.procs import free_port
 from services.embedded.servers import EtcdServer
+from tests.etcd_auth import PLATFORM, ROOT
 
 pytestmark = pytest.mark.integration
-
-ROOT = EtcdCredentials("root", "root-pw-" + os.urandom(6).hex())
-PLATFORM = EtcdCredentials("rhizome", "platform-pw-" + os.urandom(6).hex())
-
-
-@pytest.fixture(scope="module")
-def etcd_with_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-job-users")))
-    server.start()
-    try:
-        enable_auth(server.url, ROOT, PLATFORM, etcd_keys.ROOT + "/")
-        yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture

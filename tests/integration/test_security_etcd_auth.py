@@ -3,9 +3,7 @@ real etcd of its own (authentication would lock the shared one's other users out
 
 from __future__ import annotations
 
-import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,22 +12,9 @@ from contract import etcd_keys
 from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials
 from contract.etcd_users import enable_auth
 from services.embedded.servers import EtcdServer
+from tests.etcd_auth import PLATFORM, ROOT
 
 pytestmark = pytest.mark.integration
-
-ROOT = EtcdCredentials("root", "root-pw-" + os.urandom(6).hex())
-PLATFORM = EtcdCredentials("rhizome", "platform-pw-" + os.urandom(6).hex())
-
-
-@pytest.fixture(scope="module")
-def etcd_with_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-auth")))
-    server.start()
-    try:
-        enable_auth(server.url, ROOT, PLATFORM, etcd_keys.ROOT + "/")
-        yield server.url
-    finally:
-        server.stop()
 
 
 def test_an_unauthenticated_client_is_refused_naming_why(etcd_with_auth: str) -> None:
