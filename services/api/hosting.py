@@ -250,18 +250,23 @@ def build(ctx: DaemonContext) -> Hosted:
 
         app = rest_gate(app, ctx.leading)  # a hot standby answers 503 until it leads
         host, port = split_address(ctx.config.rest_address)
-        tls: dict[str, Any] = {}
-        if ctx.config.tls_cert:  # the same certificate as the public gRPC port
-            from services.api.tls_writes import GatheringH11Protocol
+        # httptools (C) named rather than uvicorn's "auto", which falls back to the
+        # pure-Python h11 without a word when httptools is missing: a REST submit cost the
+        # daemon twice a gRPC one's CPU (issue #18), and the HTTP parsing is part of it.
+        from services.api.rest_http import RestHttpProtocol
 
-            tls = {
+        http: dict[str, Any] = {"http": RestHttpProtocol}
+        if ctx.config.tls_cert:  # the same certificate as the public gRPC port
+            from services.api.tls_writes import GatheringRestHttpProtocol
+
+            http = {
                 "ssl_certfile": ctx.config.tls_cert,
                 "ssl_keyfile": ctx.config.tls_key,
                 # one TLS record per response, not one per part (tls_writes.py: why)
-                "http": GatheringH11Protocol,
+                "http": GatheringRestHttpProtocol,
             }
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, **tls
+            app, host=host, port=port, log_level="warning", access_log=False, **http
         )
         server = uvicorn.Server(config)
         # The daemon owns signal handling; uvicorn must not replace its handlers.

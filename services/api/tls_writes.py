@@ -1,6 +1,6 @@
 """The REST gateway's HTTP protocol over TLS: one TLS record per response, not two.
 
-uvicorn's h11 protocol writes a response as separate transport writes (status line and
+uvicorn's HTTP protocols write a response as separate transport writes (status line and
 headers, then the body; a chunked response's end is a third). Over TLS each write goes through asyncio's `SSLProtocol`:
 Python code per write, an `SSLObject.write` (one TLS record, and a release and re-take of
 the GIL, which the daemon's gRPC and worker threads contend for) and a socket send. The
@@ -12,7 +12,7 @@ of that step (`loop.call_soon`): same bytes, same order, one record and one send
 Only the writes are gathered: reading, flow control (pause/resume), the peer's address and
 TLS details pass through to the real transport, and closing sends what is gathered first.
 Plaintext needs none of it (a socket send per write is all a plain write costs) and is
-served by uvicorn's own protocol.
+served by rest_http.py's protocol as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from services.api.rest_http import RestHttpProtocol
 
 
 class GatheringTransport:
@@ -64,8 +64,9 @@ class GatheringTransport:
         return getattr(self._transport, name)
 
 
-class GatheringH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, writing through a `GatheringTransport` (see the module)."""
+class GatheringRestHttpProtocol(RestHttpProtocol):
+    """The gateway's HTTP protocol (rest_http.py), writing through a `GatheringTransport`
+    (see the module)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         gathering = GatheringTransport(transport, self.loop)  # type: ignore[arg-type]

@@ -232,3 +232,26 @@ def test_without_a_token_a_bad_request_is_401_before_the_body_is_read(
     )
     assert r.status_code == 401, r.text
     assert r.json()["code"] == "unauthenticated"
+
+
+def test_a_request_the_http_parser_refuses_is_a_json_400_saying_what_to_fix(
+    api: RunningApi,
+) -> None:
+    url = urlparse(api.rest)
+    request = (
+        f"GET /v1/models HTTP/1.1\r\nHost: {url.hostname}\r\n"
+        "Authorization: Bearer \x7f-a-control-character\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)
+    assert error["code"] == "bad_request"
+    assert "control character" in error["message"]
+    # the gateway goes on serving
+    assert httpx.get(f"{api.rest}/healthz", timeout=5).status_code == 200

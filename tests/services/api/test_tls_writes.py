@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from contract.procs import free_port
-from services.api.tls_writes import GatheringH11Protocol, GatheringTransport
+from services.api.tls_writes import GatheringRestHttpProtocol, GatheringTransport
 from services.embedded.platform import TlsChoice
 
 
@@ -90,7 +90,7 @@ def tls_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         log_level="warning",
         ssl_certfile=tls.cert,
         ssl_keyfile=tls.key,
-        http=GatheringH11Protocol,
+        http=GatheringRestHttpProtocol,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
