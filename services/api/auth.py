@@ -134,6 +134,17 @@ class Authenticator:
         user = headers.get(USER_HEADER) or watson_user(headers.get(WATSON_HEADER))
         return self.resolve(headers.get("authorization", ""), user or "")
 
+    def from_http_without_lookup(self, headers: Any) -> Principal | None:
+        """`from_http` when it needs no token store (a fresh cache hit, or no token at
+        all); None when only a lookup can tell. The REST gateway calls this on its event
+        loop and goes to a worker thread only for the lookup: a thread hop per request
+        was a visible part of a REST submit's cost (issue #18)."""
+        token = bearer(headers.get("authorization", ""))
+        if not token:
+            return self.from_http(headers)  # the user header, or 401: no store either way
+        record = self._cached(token)
+        return None if record is None else Principal(record.user, record.role, record.token_id)
+
     def resolve(self, authorization: str, user_header: str = "") -> Principal:
         token = bearer(authorization)
         if token:
@@ -143,18 +154,27 @@ class Authenticator:
             return as_principal(user_header)
         raise errors.Unauthenticated(f"no credential: {HOW_TO_GET_A_TOKEN}")
 
-    def _lookup(self, secret: str) -> TokenRecord:
+    def _cached(self, secret: str) -> TokenRecord | None:
+        """The token's record from this daemon's cache while fresh, else None; 401 when
+        the cached record has expired."""
         now = self._clock()
         with self._lock:
             hit = self._cache.get(secret)
-        if hit is not None and now - hit[1] < self.cache_s:
-            record = hit[0]
-            if record.expired():
-                self.forget(record.token_id)
-                raise errors.Unauthenticated(
-                    f"{ExpiredToken(record.token_id, record.expires_at)}; {HOW_TO_GET_A_TOKEN}"
-                )
-            return record
+        if hit is None or now - hit[1] >= self.cache_s:
+            return None
+        record = hit[0]
+        if record.expired():
+            self.forget(record.token_id)
+            raise errors.Unauthenticated(
+                f"{ExpiredToken(record.token_id, record.expires_at)}; {HOW_TO_GET_A_TOKEN}"
+            )
+        return record
+
+    def _lookup(self, secret: str) -> TokenRecord:
+        cached = self._cached(secret)
+        if cached is not None:
+            return cached
+        now = self._clock()
         if self.tokens is None:
             raise errors.Unauthenticated(f"this daemon has no token store; {HOW_TO_GET_A_TOKEN}")
         try:

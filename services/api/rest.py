@@ -184,7 +184,9 @@ class RequestGate:
         path = scope["path"]
         if path not in self.public_paths and not is_dashboard_path(path):
             try:
-                principal = await run_in_threadpool(self.authenticator.from_http, headers)
+                principal = self.authenticator.from_http_without_lookup(headers)
+                if principal is None:  # the token store must say: off the event loop
+                    principal = await run_in_threadpool(self.authenticator.from_http, headers)
             except errors.ApiError as exc:
                 refusal = JSONResponse(
                     {"code": exc.code, "message": exc.message}, status_code=exc.http_status

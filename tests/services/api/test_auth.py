@@ -106,6 +106,24 @@ def test_valid_lookups_are_cached_for_the_bound_and_no_longer() -> None:
         auth.resolve("Bearer rz_alice")
 
 
+def test_without_lookup_answers_only_what_needs_no_token_store() -> None:
+    auth, tokens, clock = make(cache_s=5.0)
+    alice = {"authorization": "Bearer rz_alice"}
+    assert auth.from_http_without_lookup(alice) is None  # not cached: only a lookup can tell
+    assert tokens.lookups == 0
+    auth.from_http(alice)  # the lookup (the gateway makes it off its event loop)
+    assert auth.from_http_without_lookup(alice) == Principal("alice", "user", "tok_alice")
+    assert tokens.lookups == 1
+    clock.now += 5.1  # past the cache's bound: a lookup again
+    assert auth.from_http_without_lookup(alice) is None
+    with pytest.raises(errors.Unauthenticated, match="rhizome token create"):
+        auth.from_http_without_lookup({})  # no credential at all: 401 at once
+    with pytest.raises(errors.Unauthenticated, match="malformed"):
+        auth.from_http_without_lookup({"authorization": "Basic abc"})
+    trusting, _, _ = make(trust=True)
+    assert trusting.from_http_without_lookup({"X-Rhizome-User": "mallory"}).user == "mallory"  # type: ignore[union-attr]
+
+
 def test_a_cached_token_past_its_expiry_is_refused() -> None:
     auth, tokens, _ = make(cache_s=60.0)
     tokens.add("rz_short", "sam", expires_at=time.time() + 0.2)
