@@ -20,7 +20,8 @@ for all N to be COMPLETED. It reports, per N:
   per job, and the re-authentications (`EtcdClient.reauthentications`) the guardian
   hosts (their own client and their simulated learners') and the LCM log, per job;
 - what went wrong: FAILED jobs by reason, hosts that lost their lease or exited, backend
-  calls that timed out;
+  calls that timed out, a daemon that lost its leadership or exited (its last log lines;
+  `RHIZOME_BENCH_KEEP=1` keeps every log of the run);
 - cost per job at the largest N against the smallest (goal: ≤ 1.2x), and the memory a
   10,000-job run would need at the measured cost per job against this machine's memory:
   what breaks first.
@@ -202,6 +203,7 @@ def log_findings(data_dir: Path, daemon_log: Path) -> dict[str, int]:
             found[name] = int(value)  # (Counter.update would count the pairs)
         found["setup_auth_changes_ms"] = int(float(setups[-1][5]) * 1000)
         found["setup_rest_ms"] = int(float(setups[-1][6]) * 1000)
+    found["daemon_lost_leadership"] = text.count("lost leadership")
     found["host_exits"] = len(re.findall(r"guardian host \S+ exited with", text))
     found["hosts_started"] = text.count("started guardian host")
     rounds = re.findall(r"lcm: a round took ([\d.]+) s, ([\d.]+) s of it reading", text)
@@ -306,6 +308,14 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
             auth_after = etcd_auth_calls(platform.etcd.url)
             assert platform.daemon.log_path is not None
             findings = log_findings(platform.data_dir, Path(platform.daemon.log_path))
+            # A daemon gone mid-run (its samples read 0 from then on) is what broke:
+            # its last log lines say why (RHIZOME_BENCH_KEEP=1 keeps the whole log).
+            daemon_alive = Path(f"/proc/{pid}").exists()
+            last_words = (
+                []
+                if daemon_alive
+                else Path(platform.daemon.log_path).read_text(errors="replace").splitlines()[-5:]
+            )
             db.client.close()
             # Guardians end with their jobs; any left are ours to stop.
             for gpid in guardian_pids(platform.data_dir):
@@ -344,6 +354,8 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
         )
         / n,
         "findings": findings,
+        "daemon_alive_at_end": daemon_alive,
+        "daemon_last_words": last_words,
     }
 
 
@@ -438,6 +450,12 @@ def main() -> None:
             f"  {row['mode']} N={row['n']}: etcd auth calls {row['etcd_auth_calls']}; "
             f"logs {row['findings']}; FAILED/late by reason {row['failed_why'] or 'none'}"
         )
+        if not row["daemon_alive_at_end"]:
+            print(
+                f"  {row['mode']} N={row['n']}: THE DAEMON EXITED during the run; its last lines:"
+            )
+            for line in row["daemon_last_words"]:
+                print(f"    {line[:200]}")
     if args.json:
         print(json.dumps(rows, indent=2))
 
