@@ -1,6 +1,6 @@
 """The pipeline runtime against torch.distributed.pipelining, in the same processes (issue #24).
 
-    .venv/bin/python benchmarks/runtime_vs_torch.py [--steps 12] [--reps 3] [--json]
+    .venv/bin/python benchmarks/runtime_vs_torch.py [--steps 40] [--reps 3] [--profile] [--json]
 
 Two stages (``--stages``) on CPU, gloo, one torch thread per process, launched by
 ``learner.runtime.launch`` with this script as the training script. Inside the same worker
@@ -16,9 +16,18 @@ pre-norm blocks of width 128, context 64) split where the runtime's ``balance="p
 splits it, from the same seed, on the same 4 microbatches of 8 sequences per step, with
 AdamW. Prints, per mode: the last stage's iteration time (median of the per-repetition
 medians, and the best repetition), the ratios to torch 1F1B and to Rhizome none (same run),
-the largest per-step loss difference to torch 1F1B, the CPU of each worker and of etcd in
-steady state (fraction of one core), and for eager FRC the share of its time that ran
-inside bubbles. ``--json`` prints one JSON object instead:
+the largest per-step loss difference to torch 1F1B, the CPU of each worker (fraction of
+one core, steps 3+), and for eager FRC the share of its time that ran inside bubbles.
+
+etcd's CPU, two ways: ``etcd CPU (steps 3+)``, the figure of the earlier sessions (its
+threads' ``schedstat``, interpolated between 50 ms samples, from the end of step 2 to the
+end of each run's last step), and ``etcd steady (steps k+)``, issue #24's goal: ``utime + stime`` of
+the etcd process (``/proc/<pid>/stat``, every thread's, exited ones too; 10 ms ticks)
+from the end of step k-1 (``--steady-from``, default a quarter of the steps) to the end
+of the last-but-one step, so neither the run's start-up (leases, watches, rendezvous,
+the first steps) nor its finish (``done/`` keys) is inside, summed over the
+repetitions. Its baseline is etcd's own CPU with no job at all (``--idle-s`` seconds
+before the first run and after the last). ``--json`` prints one JSON object instead:
 ``{"modes": {"torch-1f1b": {"iter_ms": ...}, ...}, "losses_match": true|false, ...}``.
 """
 
@@ -65,6 +74,10 @@ EXTRA_MODES = {PLAN_CAPPED: "eager-frc-lazy-brc"}
 RZ_MODES_ALL = {**RZ_MODES, **EXTRA_MODES}
 ALL_MODES = [*TORCH_MODES, *RZ_MODES]
 WARM = 3  # steps dropped at the start of every run (allocator, bubble history)
+DEFAULT_STEPS = 40  # per run: the steady etcd window needs seconds (10 ms CPU ticks)
+PROFILE_STEPS = 12  # columns of --profile's per-step FRC table
+IDLE_SETTLE_S = 2.0  # before an idle window: etcd's start (or the last run's end) settles
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOSS_TOL = 1e-4
 # issue #24's goals, each a ratio measured in the same run
 GOALS = {
@@ -240,6 +253,21 @@ def worker_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ driver side
 
 
+def _stat_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` from ``/proc/<pid>/stat``, in seconds.
+
+    The process's total, exited threads included (``schedstat`` per live thread would
+    miss those); counted in clock ticks (10 ms), so a rate below 1 % of a core needs a
+    window of seconds.
+    """
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        # fields after the command name, which may itself hold spaces or parentheses:
+        # state is field 3, utime 14, stime 15
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / CLK_TCK
+    return 0.0
+
+
 def _cpu_ns(pid: int) -> int:
     """CPU time of every live thread of ``pid`` (``schedstat``: nanoseconds, not ticks)."""
     total = 0
@@ -251,36 +279,52 @@ def _cpu_ns(pid: int) -> int:
 
 
 class CpuSampler:
-    """``(time.monotonic(), CPU ns)`` of one process every 50 ms, in a thread.
+    """``(time.monotonic(), schedstat CPU s, stat CPU s)`` of one process every 50 ms, in a
+    thread.
 
-    etcd's threads live as long as etcd, so summing them misses nothing; the CPU used over
-    any window of the run is interpolated between the samples around it.
+    Two counters: the sum of the live threads' ``schedstat`` (nanoseconds; the earlier
+    sessions' etcd column) and the process's ``utime + stime`` (``_stat_cpu_s``: exited
+    threads too, 10 ms ticks; the steady figure). The CPU used over any window of the run
+    is interpolated between the samples around it (workers' step ends are
+    ``time.monotonic()`` too: one clock for every process of the machine).
     """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic(), _cpu_ns(self.pid)))
+            self.samples.append((time.monotonic(), _cpu_ns(self.pid) / 1e9, _stat_cpu_s(self.pid)))
             self._stop.wait(0.05)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
-    def at(self, t: float) -> float:
-        """CPU seconds at monotonic time ``t`` (linear between samples)."""
+    def at(self, t: float, stat: bool = False) -> float:
+        """CPU seconds at monotonic time ``t`` (linear between samples): by ``schedstat``,
+        or with ``stat`` by ``utime + stime``."""
+        i = 2 if stat else 1
         s = self.samples
-        for (t0, c0), (t1, c1) in itertools.pairwise(s):
-            if t0 <= t <= t1:
-                frac = 0.0 if t1 == t0 else (t - t0) / (t1 - t0)
-                return (c0 + frac * (c1 - c0)) / 1e9
-        return (s[-1][1] if t > s[-1][0] else s[0][1]) / 1e9
+        for a, b in itertools.pairwise(s):
+            if a[0] <= t <= b[0]:
+                frac = 0.0 if b[0] == a[0] else (t - a[0]) / (b[0] - a[0])
+                return a[i] + frac * (b[i] - a[i])
+        return s[-1][i] if t > s[-1][0] else s[0][i]
+
+
+def idle_window(pid: int, seconds: float) -> dict[str, float]:
+    """etcd's CPU (``utime + stime``) over ``seconds`` with no job running, after letting
+    whatever came before settle: the floor the steady figure is read against."""
+    time.sleep(IDLE_SETTLE_S)
+    t0, c0 = time.monotonic(), _stat_cpu_s(pid)
+    time.sleep(seconds)
+    t1, c1 = time.monotonic(), _stat_cpu_s(pid)
+    return {"window_s": t1 - t0, "cpu_s": c1 - c0, "cores": (c1 - c0) / (t1 - t0)}
 
 
 def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
@@ -326,9 +370,24 @@ def args_steps(runs: list[dict[str, Any]]) -> int:
     return len(runs[0]["times"]) if runs else 0
 
 
+def steady_from(args: argparse.Namespace) -> int:
+    """The first step of the steady etcd window (``--steady-from``, else a quarter of the
+    steps, and never inside the dropped warm-up)."""
+    k = args.steady_from if args.steady_from is not None else args.steps // 4
+    return min(max(WARM + 1, k), args.steps - 2)
+
+
 def summarize(
-    recs: list[dict[str, Any]], modes: list[str], stages: int, etcd_cpu: CpuSampler
+    recs: list[dict[str, Any]],
+    modes: list[str],
+    stages: int,
+    etcd_cpu: CpuSampler,
+    first_steady: int = WARM + 1,
+    idle: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
+    """Per mode: iteration times, CPU, etcd's CPU (steps 3+, and steady: from the end of
+    step ``first_steady - 1`` to the end of the last-but-one step), FRC; ``idle``: etcd's
+    idle windows (``idle_window``) by name."""
     last = stages - 1
     per_mode: dict[str, dict[str, Any]] = {}
     for mode in modes:
@@ -343,6 +402,7 @@ def summarize(
         # CPU in steady state: from the end of the warm-up steps to the end of the run
         cpu: dict[str, float] = {}
         etcd_s = etcd_wall = 0.0
+        steady_s = steady_wall = steady_sched_s = 0.0
         for w in range(stages):
             used = wall = 0.0
             for r in (r for r in runs if r["worker"] == w):
@@ -352,9 +412,22 @@ def summarize(
                     t0, t1 = r["ends"][WARM - 1], r["ends"][-1]
                     etcd_s += etcd_cpu.at(t1) - etcd_cpu.at(t0)
                     etcd_wall += t1 - t0
+                    # steady: start-up and finish left out (see the module docstring)
+                    ends = r["ends"]
+                    if len(ends) >= first_steady + 2:
+                        s0, s1 = ends[first_steady - 1], ends[-2]
+                        steady_s += etcd_cpu.at(s1, stat=True) - etcd_cpu.at(s0, stat=True)
+                        # the same window by the finer counter: how much the ticks blur
+                        steady_sched_s += etcd_cpu.at(s1) - etcd_cpu.at(s0)
+                        steady_wall += s1 - s0
             cpu[f"worker{w}"] = used / wall if wall else 0.0
         row["cpu_cores"] = cpu
         row["etcd_cpu_cores"] = etcd_s / etcd_wall if etcd_wall else 0.0
+        row["etcd_steady_cpu_cores"] = steady_s / steady_wall if steady_wall > 0 else None
+        row["etcd_steady_window_s"] = steady_wall
+        row["etcd_steady_schedstat_cpu_cores"] = (
+            steady_sched_s / steady_wall if steady_wall > 0 else None
+        )
         row["losses"] = lasts[0]["losses"] if lasts else []
         frc = [r["frc"] for r in runs if r["frc"] is not None]
         spent = {
@@ -381,7 +454,18 @@ def summarize(
             matched = matched and equal_len and bool(diffs) and max(diffs) <= LOSS_TOL
         if none is not None:
             row["vs_rz_none"] = row["iter_ms"] / none["iter_ms"]
-    return {"modes": per_mode, "losses_match": matched}
+    windows = [w for w in (idle or {}).values() if w["window_s"] > 0]
+    idle_cores = (
+        sum(w["cpu_s"] for w in windows) / sum(w["window_s"] for w in windows) if windows else None
+    )
+    return {
+        "modes": per_mode,
+        "losses_match": matched,
+        # etcd's steady window: steps first_steady .. steps-2 of every repetition
+        "steady_from_step": first_steady,
+        "etcd_idle_cpu_cores": idle_cores,
+        "etcd_idle_windows": idle or {},
+    }
 
 
 def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
@@ -392,15 +476,18 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
         f"model {args.model}, 4 microbatches; "
         f"{args.steps} steps per run (first {WARM} dropped), {args.reps} interleaved repetitions"
     )
+    k = summary["steady_from_step"]
     print(
         "| mode | iteration ms (median) | best | vs torch 1F1B | best vs best | vs rz none "
-        "| max loss diff | CPU per worker (cores) | etcd CPU | FRC in bubbles |"
+        f"| max loss diff | CPU per worker (cores) | etcd CPU (steps {WARM}+) "
+        f"| etcd steady (steps {k}+) | FRC in bubbles |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for mode, row in modes.items():
         cpu = " / ".join(f"{v:.2f}" for v in row["cpu_cores"].values())
         share = row["frc_bubble_share"]
         diff = row.get("max_loss_diff")
+        steady = row["etcd_steady_cpu_cores"]
         print(
             f"| {mode} | {row['iter_ms']:.1f} | {row['best_ms']:.1f} "
             f"| {row.get('vs_torch_1f1b', float('nan')):.3f} "
@@ -408,6 +495,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
             f"| {row.get('vs_rz_none', float('nan')):.3f} "
             f"| {'-' if diff is None else f'{diff:.1e}'} | {cpu} "
             f"| {row['etcd_cpu_cores'] * 100:.2f} % "
+            f"| {'-' if steady is None else f'{steady * 100:.2f} %'} "
             f"| {'-' if share is None else f'{share * 100:.0f} %'} |"
         )
     for mode, row in modes.items():
@@ -425,15 +513,40 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
             ratio = modes[mode]["iter_ms"] / modes[base]["iter_ms"]
             verdict = "met" if ratio <= goal else "NOT met"
             print(f"goal: {mode} <= {goal:.2f}x {base}: {ratio:.3f} -> {verdict}")
-    # etcd's own floor (its timers, the driver's sampling) is what it uses while torch
-    # trains: torch never talks to it
-    idle = modes["torch-1f1b"]["etcd_cpu_cores"] if "torch-1f1b" in modes else 0.0
+    idle = summary["etcd_idle_cpu_cores"]
+    windows = summary["etcd_idle_windows"]
+    window_s = max((row["etcd_steady_window_s"] for row in modes.values()), default=0.0)
+    print(
+        f"# etcd CPU (steps {WARM}+): its threads' schedstat from the end of step {WARM - 1} "
+        "to the end of each run's last step (the earlier sessions' column); "
+        f"etcd steady (steps {k}+): utime+stime of the etcd process (10 ms ticks) from the "
+        f"end of step {k - 1} to the end of step {args.steps - 2} of every repetition, "
+        f"{window_s:.1f} s per mode; etcd idle (no job): "
+        + (
+            ", ".join(
+                f"{w['cores'] * 100:.2f} % {name} ({w['window_s']:.0f} s)"
+                for name, w in windows.items()
+            )
+            if windows
+            else "not measured (--idle-s 0)"
+        )
+    )
+    # the floors: etcd with no job at all, and etcd while torch trains (torch never
+    # talks to it) in the same steady window
+    torch_steady = modes.get("torch-1f1b", {}).get("etcd_steady_cpu_cores")
     for mode in (m for m in modes if m.startswith("rz-")):
-        etcd = modes[mode]["etcd_cpu_cores"]
+        etcd = modes[mode]["etcd_steady_cpu_cores"]
+        if etcd is None:
+            continue
         verdict = "met" if etcd < ETCD_GOAL else "NOT met"
+        over = [] if idle is None else [f"{(etcd - idle) * 100:+.2f} % over etcd idle"]
+        if torch_steady is not None:
+            over.append(f"{(etcd - torch_steady) * 100:+.2f} % over its level while torch trains")
         print(
-            f"goal: etcd CPU < 1 % of a core during {mode}: {etcd * 100:.2f} % "
-            f"({(etcd - idle) * 100:+.2f} % over its level while torch trains) -> {verdict}"
+            f"goal: etcd CPU in steady training < 1 % of a core during {mode}: "
+            f"{etcd * 100:.2f} % ({'; '.join(over)}; schedstat over the same window: "
+            f"{modes[mode]['etcd_steady_schedstat_cpu_cores'] * 100:.2f} %; steps {WARM}+ "
+            f"column: {modes[mode]['etcd_cpu_cores'] * 100:.2f} %) -> {verdict}"
         )
 
 
@@ -470,7 +583,9 @@ def profile(recs: list[dict[str, Any]], stages: int) -> None:
             "(sync phase with nothing awaited + overruns)"
         )
         runs = [r for r in recs if r["mode"] == mode and r.get("frc_steps")]
-        steps = sorted({int(k) for r in runs for k in r["frc_steps"]})
+        # the first steps only: with 40 steps a row of all of them is too wide to read
+        # (the sync-phase table above and the summary line cover every step)
+        steps = sorted({int(k) for r in runs for k in r["frc_steps"]})[:PROFILE_STEPS]
         print("| worker (stage) | rep | " + " | ".join(f"step {k}" for k in steps) + " |")
         print("| --- | ---: |" + " ---: |" * len(steps))
         for r in sorted(runs, key=lambda r: (r["worker"], r["rep"])):
@@ -548,13 +663,18 @@ def driver(args: argparse.Namespace) -> None:
         raise SystemExit(f"--stages {args.stages}: use 2, 3 or 4")
     from learner.runtime.launch import private_etcd_process
 
+    idle: dict[str, dict[str, float]] = {}
     with private_etcd_process() as (url, pid):
         sampler = CpuSampler(pid)
         try:
+            if args.idle_s > 0:
+                idle["before"] = idle_window(pid, args.idle_s)
             recs = launch(args, url)
+            if args.idle_s > 0:
+                idle["after"] = idle_window(pid, args.idle_s)
         finally:
             sampler.stop()
-    summary = summarize(recs, modes, args.stages, sampler)
+    summary = summarize(recs, modes, args.stages, sampler, steady_from(args), idle)
     if args.json:
         for row in summary["modes"].values():
             row.pop("losses", None)
@@ -569,7 +689,9 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--steps", type=int, default=12, help="steps per run (first 3 dropped)")
+    p.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help="steps per run (first 3 dropped)"
+    )
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of every mode")
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (2-4)")
     p.add_argument(
@@ -582,6 +704,20 @@ def main() -> None:
         default="gpt",
         choices=sorted(MODELS),
         help="gpt: the char GPT of examples/pipeline-gpt (the figures); tiny: the tests' MLP",
+    )
+    p.add_argument(
+        "--steady-from",
+        type=int,
+        default=None,
+        metavar="K",
+        help="etcd's steady window starts at the end of step K-1 (default: steps // 4, "
+        f"at least {WARM + 1})",
+    )
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=10.0,
+        help="seconds of etcd with no job, before the first run and after the last (0: skip)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(

@@ -106,6 +106,23 @@ class FrcProfile:
                     out[where] += seconds
         return out
 
+    def summary(self, first_step: int = 0) -> str | None:
+        """One line for the worker's log at the end of a run (``engine``): mean ms of FRC
+        per step in each place and the share in bubbles; None when no FRC ran."""
+        steps = [s for s in self.per_step if s >= first_step]
+        t = self.totals(first_step)
+        total = sum(t.values())
+        if not steps or total == 0:
+            return None
+        per = 1000.0 / len(steps)
+        return (
+            f"eager FRC per step (steps {min(steps)}-{max(steps)}): "
+            f"{t[IN_BUBBLE] * per:.1f} ms in bubbles, {t[IN_SYNC] * per:.1f} ms in the sync "
+            f"phase, {t[OVERRUN] * per:.1f} ms past a message's arrival, "
+            f"{t[FOR_BRC] * per:.1f} ms before an eager BRC "
+            f"({100 * t[IN_BUBBLE] / total:.0f} % in bubbles)"
+        )
+
     def bubble_share(self, first_step: int = 0) -> float | None:
         """Fraction of FRC time that ran inside bubbles; None when no FRC ran."""
         t = self.totals(first_step)

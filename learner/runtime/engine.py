@@ -607,6 +607,10 @@ class Worker:
                     f"finished: {self.job.steps} steps, blocks {sorted(st.owned)} of pipeline "
                     f"{st.pipe}, generation {st.generation}"
                 )
+                # where the redundant forward ran (issue #24): the claim, in every run's log
+                frc = self.interpreter.frc_profile.summary()
+                if frc is not None:
+                    st.log(frc)
                 return
             time.sleep(self.opts.poll_s)
         st.log("some workers did not finish; leaving anyway")

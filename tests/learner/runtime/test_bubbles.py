@@ -5,8 +5,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import torch.distributed as dist
+
+from learner.runtime.api import RedundancyMode
 from learner.runtime.bubbles import IN_BUBBLE, IN_SYNC, OVERRUN, BubblePredictor, FrcProfile
+from learner.runtime.cluster_state import InMemoryClusterStateStore
+from learner.runtime.engine import Worker, WorkerOptions
 from learner.runtime.interpreter import Interpreter
+from learner.runtime.toy import toy_job
 
 
 def test_nothing_fits_before_an_frc_was_measured() -> None:
@@ -92,3 +98,52 @@ def test_the_bubble_share_counts_only_frc_time_inside_bubbles() -> None:
     profile.record(5, IN_SYNC, 0.2)
     profile.record(1, IN_SYNC, 9.0)  # before first_step: not counted
     assert profile.bubble_share(first_step=2) == 0.5
+
+
+def test_the_summary_line_gives_ms_per_step_in_each_place_and_the_share() -> None:
+    profile = FrcProfile()
+    assert profile.summary() is None  # no FRC ran: nothing to say
+    profile.record(2, IN_BUBBLE, 0.030)
+    profile.record(2, IN_SYNC, 0.010)
+    profile.record(3, IN_BUBBLE, 0.010)
+    profile.record(3, OVERRUN, 0.010)
+    assert profile.summary() == (
+        "eager FRC per step (steps 2-3): 20.0 ms in bubbles, 5.0 ms in the sync phase, "
+        "5.0 ms past a message's arrival, 0.0 ms before an eager BRC (67 % in bubbles)"
+    )
+
+
+def _events_of_a_run(mode: RedundancyMode) -> list[list[str]]:
+    """Two in-process workers (in-memory cluster state, gloo over a HashStore)."""
+    shared = InMemoryClusterStateStore()
+    store = dist.HashStore()
+    job = toy_job(steps=4, microbatches=4, redundancy=mode)
+    workers = [
+        Worker(
+            job, WorkerOptions(worker=w, stages=2, pipelines=1, verbose=False), shared.view(), store
+        )
+        for w in range(2)
+    ]
+    errors: list[BaseException] = []
+
+    def run(worker: Worker) -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return [w.events for w in workers]
+
+
+def test_every_eager_worker_logs_where_its_frc_ran_at_the_end_of_the_run() -> None:
+    for events in _events_of_a_run(RedundancyMode.EAGER_FRC_LAZY_BRC):
+        lines = [e for e in events if e.startswith("eager FRC per step")]
+        assert len(lines) == 1 and lines[0].endswith("% in bubbles)"), events[-3:]
+    for events in _events_of_a_run(RedundancyMode.NONE):
+        assert not [e for e in events if e.startswith("eager FRC")]

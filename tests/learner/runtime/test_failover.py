@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -210,6 +211,57 @@ def test_sigkill_from_outside_at_any_instant(etcd_server: ManagedServer, tmp_pat
     assert proc.returncode == 0, stderr[-3000:]
     assert "worker 1 killed by signal 9" in stderr
     assert f"step {steps - 1} loss" in "".join(out_lines)
+    assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_a_silent_worker_is_found_by_its_lease_through_the_watch(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    """A SIGSTOPped worker breaks no link (its sockets stay open, gloo waits up to the
+    10 s detection timeout): only its lease lapses. Its peer must learn of that from the
+    etcd watch (the deletion of ``members/1``; nothing polls etcd), declare it dead for
+    that reason, fail over and finish with the reference's parameters."""
+    steps = 25
+    argv = launcher_argv(etcd_server, tmp_path / "params", 2, 1, steps)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids, err_lines, reader = follow_worker_pids(proc)
+    stopped = threading.Event()
+
+    def kill_once_replaced() -> None:
+        # the stopped worker can never leave by itself: SIGKILL it once its peer took
+        # over (or after a minute, so a failing run still ends)
+        stopped.wait(120)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any("joined generation 1" in line for line in err_lines):
+                break
+            time.sleep(0.1)
+        os.kill(pids[1], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_once_replaced, daemon=True)
+    killer.start()
+    out_lines: list[str] = []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            out_lines.append(line)
+            if not stopped.is_set() and line.startswith("step 2 "):
+                os.kill(pids[1], signal.SIGSTOP)
+                stopped.set()
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    killer.join(timeout=70)
+    reader.join(timeout=10)
+    stderr = "".join(err_lines)
+    assert stopped.is_set()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "declared worker 1 dead (etcd lease expired)" in stderr, stderr[-3000:]
+    assert f"step {steps - 1} loss" in "".join(out_lines)
+    assert "generation 1" in out_lines[-1]
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
 
 

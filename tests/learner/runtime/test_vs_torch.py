@@ -3,7 +3,8 @@
 The benchmark's own harness on the tests' float64 MLP: two worker processes through the
 launcher, a real etcd started (and stopped by pid) by the script, torch's Schedule1F1B
 and ScheduleGPipe and the runtime's modes in the same processes, from the same seed on
-the same microbatches. Only the per-step losses are checked here, never the timings.
+the same microbatches. Only the per-step losses and the ``--json`` shape are checked here,
+never the timings.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def test_per_step_losses_of_every_mode_equal_torch_pipelining() -> None:
             "5",
             "--reps",
             "1",
+            "--idle-s",
+            "0.5",
             "--json",
         ],
         cwd=REPO,
@@ -52,4 +55,13 @@ def test_per_step_losses_of_every_mode_equal_torch_pipelining() -> None:
         assert row["max_loss_diff"] is not None, f"{mode}: no losses compared"
         assert row["max_loss_diff"] <= 1e-4, f"{mode}: losses differ by {row['max_loss_diff']}"
         assert row["iter_ms"] > 0
+        # etcd's CPU in steady training beside the earlier figure (issue #24's goal): a
+        # window that leaves the run's start-up and finish out, and etcd's idle floor
+        assert row["etcd_steady_window_s"] > 0, f"{mode}: no steady window"
+        assert 0 <= row["etcd_steady_cpu_cores"] < 2, mode
+        assert row["etcd_cpu_cores"] >= 0, mode
     assert got["losses_match"] is True
+    assert got["steady_from_step"] >= 3
+    assert set(got["etcd_idle_windows"]) == {"before", "after"}
+    assert all(w["window_s"] >= 0.5 for w in got["etcd_idle_windows"].values())
+    assert got["etcd_idle_cpu_cores"] is not None and got["etcd_idle_cpu_cores"] >= 0
