@@ -40,6 +40,7 @@ from contract.etcd import EtcdClient, EtcdCredentials, Lease
 from contract.etcd_users import JobUsers, job_etcd_password
 from contract.status import ExitCode
 from services.backends.api import get_backend
+from services.guardian.__main__ import WaitingReaper
 from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.placement import place_queued_locally
@@ -174,7 +175,12 @@ class LifecycleManager:
         self.hosts: list[GuardianHostProcess] = []
         self.failures: dict[str, int] = {}
         self.not_before: dict[str, float] = {}
-        self.reaper = procs.Reaper()
+        # Guardians and guardian hosts are our children, and orphans land on us: reaped by
+        # a thread asleep in `waitid` until one exits (the guardian process's reaper), not
+        # by a poll every 50 ms, which woke the daemon 20 times a second on a machine whose
+        # cores pinned workers train on (issue #16). A guardian's exit still wakes the
+        # round at once (`_guardian_exited`).
+        self.reaper: procs.Reaper = WaitingReaper()
         self.wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.RLock()
