@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, EtcdCredentials, Lease
+from contract.etcd import Entry, EtcdClient, EtcdCredentials, Lease
 from contract.etcd_users import JobUsers, job_etcd_password
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.guardian.__main__ import WaitingReaper
 from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
+from services.lcm.job_keys import JobKeys
 from services.lcm.placement import place_queued_locally
 from services.lcm.setup import JobSetups
 from services.security.api import (
@@ -182,6 +183,9 @@ class LifecycleManager:
         # round at once (`_guardian_exited`).
         self.reaper: procs.Reaper = WaitingReaper()
         self.wake = threading.Event()
+        # The keys under the jobs prefix, kept by a watch rather than read every round; a
+        # guardian key's change wakes the round (job_keys.py). Started by the first round.
+        self._job_keys = JobKeys(etcd, self.wake.set)
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -249,6 +253,7 @@ class LifecycleManager:
                     os.killpg(g.ref.pid, signal.SIGKILL)
         self.reaper.reap_once()
         self.reaper.stop()
+        self._job_keys.stop()
         if self._leader_lease:
             self._leader_lease.revoke()
 
@@ -350,7 +355,7 @@ class LifecycleManager:
             place_queued_locally(self.jobs)
         reading = time.monotonic()
         active = self.jobs.by_status(states.ACTIVE_STATES)
-        keys = self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        keys = self.job_keys()
         self._read_s = time.monotonic() - reading
         guardian_keys = {
             k: e
@@ -392,6 +397,16 @@ class LifecycleManager:
         leftover = {j for j in map(etcd_keys.job_of, keys) if j} - active_ids
         for job_id in leftover:
             self.collect(job_id, guardian_keys.get(etcd_keys.guardian_lease(job_id)))
+
+    def job_keys(self) -> dict[str, Entry]:
+        """Every key under the jobs prefix: the watched view (job_keys.py), or, until its
+        watch could be started (etcd away), a read of the prefix as every round made before."""
+        if not self._job_keys.started:
+            try:
+                self._job_keys.start()
+            except StoreUnavailable:
+                return self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        return self._job_keys.snapshot()
 
     def ensure_guardian(self, job_id: str, held: object, hostable: bool = False) -> None:
         with self._lock:
@@ -725,6 +740,13 @@ class LifecycleManager:
 
     def collect(self, job_id: str, held: object) -> None:
         """Erase what a finished job left (a guardian that died after writing the end)."""
+        # Read here, not taken from the watched view: its guardian may have just erased
+        # them (the usual end), and the view may not have heard yet; a job collected
+        # twice would have its etcd user removed twice (an auth change each time).
+        left = self.etcd.get_prefix(etcd_keys.job_prefix(job_id))
+        if not left:
+            return
+        held = left.get(etcd_keys.guardian_lease(job_id))
         if held is not None:
             value = getattr(held, "value", {})
             if isinstance(value, dict) and procs.ref_alive(value.get("pid"), value.get("start")):
