@@ -34,6 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from contract import etcd_keys, procs
 from contract.etcd import Entry, EtcdClient, EtcdCredentials, Lease
@@ -46,6 +47,7 @@ from services.lcm.hosting import guardians_per_host_from_env
 from services.lcm.job_keys import JobKeys
 from services.lcm.placement import place_queued_locally
 from services.lcm.setup import JobSetups
+from services.manifest import Manifest
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
@@ -154,6 +156,15 @@ class GuardianHostProcess:
                 self.conn.close()
             elif self.proc is not None and self.proc.stdin is not None:
                 self.proc.stdin.close()
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """What a round reads of an active job (JobsRepository.manifests_by_status)."""
+
+    job_id: str
+    status: str
+    manifest: dict[str, Any]
 
 
 @dataclass
@@ -354,7 +365,8 @@ class LifecycleManager:
         if self.config.place_locally:
             place_queued_locally(self.jobs)
         reading = time.monotonic()
-        active = self.jobs.by_status(states.ACTIVE_STATES)
+        # Ids, statuses and manifests only: not the records' histories (manifests_by_status).
+        active = [ActiveJob(*job) for job in self.jobs.manifests_by_status(states.ACTIVE_STATES)]
         keys = self.job_keys()
         self._read_s = time.monotonic() - reading
         guardian_keys = {
@@ -372,7 +384,7 @@ class LifecycleManager:
                 1 for j in active if j.status in STARTING_STATES and self._started_hosted(j.job_id)
             )
         for job in active:
-            spec = job.spec  # parsed once: a round looks at every active job
+            spec = Manifest.from_document(job.manifest)  # parsed once per round
             self.ensure_guardian(
                 job.job_id,
                 guardian_keys.get(etcd_keys.guardian_lease(job.job_id)),

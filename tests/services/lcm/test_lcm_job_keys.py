@@ -15,9 +15,10 @@ import pytest
 from contract import etcd_keys
 from contract.etcd import EtcdClient
 from services.lcm.manager import LcmConfig, LifecycleManager
+from services.store import states
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
-from tests.services.guardian.helpers import wait_for
+from tests.services.guardian.helpers import submit, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -81,3 +82,42 @@ def test_rounds_read_the_watched_view_wake_on_a_guardian_key_and_still_collect(
         assert etcd.reads == [], etcd.reads
     finally:
         lcm.stop()
+
+
+class RecordingRepo:
+    """The LCM's jobs repository, recording which of its reads a round calls."""
+
+    def __init__(self, repo: JobsRepository) -> None:
+        self._repo = repo
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._repo, name)
+        if callable(attr):
+            self.calls.append(name)
+        return attr
+
+
+def test_a_round_reads_ids_statuses_and_manifests_not_whole_records(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    # Five rounds a second read every active job: the records' histories, checkpoints and
+    # placements were most of what the MongoDB-wire server encoded for them.
+    repo = JobsRepository(connect(stores["mongo_url"], f"lcm_reads_{uuid.uuid4().hex[:8]}"))
+    repo.ensure_indexes()
+    queued = submit(repo, tmp_path, "true", place=False)
+    placed = submit(repo, tmp_path, "true", learners=2)  # PENDING: active
+    assert repo.manifests_by_status(states.ACTIVE_STATES) == [
+        (placed.job_id, states.PENDING, placed.manifest)
+    ]
+    assert [j for j, _, _ in repo.manifests_by_status({states.QUEUED})] == [queued.job_id]
+
+    recording = RecordingRepo(JobsRepository(connect(stores["mongo_url"], "lcm_reads_empty")))
+    config = LcmConfig(tmp_path, stores["etcd_url"], stores["mongo_url"], place_locally=False)
+    lcm = LifecycleManager(config, recording, stores["etcd"])  # type: ignore[arg-type]
+    try:
+        lcm.reconcile()
+    finally:
+        lcm.stop()
+    assert "manifests_by_status" in recording.calls
+    assert "by_status" not in recording.calls
