@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
         [--rounds 5] [--no-pin] [--throughput-only] [--show-every S | --poll-show]
     .venv/bin/python benchmarks/pipeline_platform.py --steady 200 [--rounds 2]
-        [--idle-s 10] [--baseline-tree DIR]
+        [--idle-s 10] [--settle-s 20] [--threads] [--baseline-tree DIR]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
 pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
@@ -50,7 +50,8 @@ starts one every second, as before session 9.
 
 4. **steady cost** (`--steady N`): what the platform spends per second of a running job,
    in CPU seconds (load-independent, unlike steps/s on a shared machine). Per round: the
-   embedded platform is started, sampled idle for `--idle-s` seconds, then one N-step job
+   embedded platform is started, left `--settle-s` seconds (its start-up), sampled idle
+   for `--idle-s` seconds, then one N-step job
    runs and the platform is sampled again over its steady phase only (from the last
    stage's step 20 to step N-10, read from its stdout.log as it grows: deploy and the end
    are left out). Printed per kind of process: CPU s per wall second idle, during the
@@ -60,7 +61,10 @@ starts one every second, as before session 9.
    -C DIR` plus this tree's gen/) every round runs the platform from DIR and from this
    tree (or `--tree DIR2`), the order alternating, so a change is measured before and
    after in one run. Another tree's code runs through `PYTHONPATH` (the daemon, guardian
-   and controllers inherit it; the learners' interpreter wrapper keeps it).
+   and controllers inherit it; the learners' interpreter wrapper keeps it). `--threads`
+   also prints every platform thread's CPU s per second, idle and steady (`/proc/<pid>/
+   task`), named by `py-spy dump` when py-spy is installed in the venv (else the
+   thread's comm): which thread of which process a running job costs.
 
 The simulator comparison under the p3 trace (issue #16) is benchmarks/pipeline_trace.py.
 """
@@ -609,7 +613,10 @@ def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float
     cli(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
     try:
         url = etcd_url(marker)
-        time.sleep(5)  # the platform's own start-up is not its idle cost
+        # The platform's own start-up is not its idle cost. 5 s was not always enough
+        # (session 11: an idle window of 0.10 CPU s/s against 0.05-0.07 in the other
+        # rounds, every process raised): `--settle-s`.
+        time.sleep(a.settle_s)
         first = Reading(marker, url, a.threads)
         time.sleep(a.idle_s)
         idle_end = Reading(marker, url, a.threads)
@@ -850,6 +857,13 @@ def main() -> None:
         f"phase (steps {STEADY_FROM} to N-{STEADY_TAIL}) against the idle platform",
     )
     p.add_argument("--idle-s", type=float, default=10.0, help="with --steady: idle window")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="with --steady: seconds after `rhizome up` before the idle window (start-up "
+        "is not idle cost; 5 until session 11)",
+    )
     p.add_argument(
         "--threads",
         action="store_true",
