@@ -1,8 +1,9 @@
 """The lifecycle manager: keeps exactly one live guardian for every job that needs one.
 
 Level-triggered, like a Kubernetes controller: every round (a short period, or at once
-when woken by an RPC or a guardian's exit) the leader reads the active jobs from MongoDB
-and the job keys from etcd, then
+when woken by an RPC, a guardian's exit or a guardian key's change) the leader reads the
+active jobs from MongoDB and the job keys from its view of etcd (kept by a watch,
+`job_keys.py`), then
 
 1. (no scheduler hosted) places QUEUED jobs on the local machine (`placement.py`);
 2. for every active job makes sure a guardian runs: one it started and still supervises,
