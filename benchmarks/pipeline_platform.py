@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
         [--rounds 5] [--no-pin] [--throughput-only] [--show-every S | --poll-show]
     .venv/bin/python benchmarks/pipeline_platform.py --steady 200 [--rounds 2]
-        [--idle-s 10] [--baseline-tree DIR]
+        [--idle-s 10] [--settle-s 20] [--threads] [--baseline-tree DIR]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
 pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
@@ -50,7 +50,8 @@ starts one every second, as before session 9.
 
 4. **steady cost** (`--steady N`): what the platform spends per second of a running job,
    in CPU seconds (load-independent, unlike steps/s on a shared machine). Per round: the
-   embedded platform is started, sampled idle for `--idle-s` seconds, then one N-step job
+   embedded platform is started, left `--settle-s` seconds (its start-up), sampled idle
+   for `--idle-s` seconds, then one N-step job
    runs and the platform is sampled again over its steady phase only (from the last
    stage's step 20 to step N-10, read from its stdout.log as it grows: deploy and the end
    are left out). Printed per kind of process: CPU s per wall second idle, during the
@@ -60,7 +61,10 @@ starts one every second, as before session 9.
    -C DIR` plus this tree's gen/) every round runs the platform from DIR and from this
    tree (or `--tree DIR2`), the order alternating, so a change is measured before and
    after in one run. Another tree's code runs through `PYTHONPATH` (the daemon, guardian
-   and controllers inherit it; the learners' interpreter wrapper keeps it).
+   and controllers inherit it; the learners' interpreter wrapper keeps it). `--threads`
+   also prints every platform thread's CPU s per second, idle and steady (`/proc/<pid>/
+   task`), named by `py-spy dump` when py-spy is installed in the venv (else the
+   thread's comm): which thread of which process a running job costs.
 
 The simulator comparison under the p3 trace (issue #16) is benchmarks/pipeline_trace.py.
 """
@@ -460,13 +464,70 @@ class Window:
         return {k: v / self.seconds for k, v in self.etcd.items()}
 
 
-class Reading:
-    """One moment's `platform_cpu` and `etcd_requests`."""
+ThreadKey = tuple[int, int, int]  # (pid, process start, tid)
 
-    def __init__(self, marker: str, url: str) -> None:
+
+def thread_cpu(procs: dict[ProcKey, tuple[str, float]]) -> dict[ThreadKey, float]:
+    """CPU seconds so far of every thread of `procs` (a `platform_cpu` reading)."""
+    out: dict[ThreadKey, float] = {}
+    for pid, start in procs:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            out[(pid, start, int(tid))] = (int(fields[11]) + int(fields[12])) * TICK_S
+    return out
+
+
+PY_SPY_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(\w+\): "(.*)"$')
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """tid -> Python thread name, from `py-spy dump` (next to this interpreter); {} without
+    py-spy. Threads py-spy does not list (grpc's, etcd's Go threads) keep their comm."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return {}
+    try:
+        out = subprocess.run(
+            [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    names: dict[int, str] = {}
+    for line in out.splitlines():
+        m = PY_SPY_THREAD.match(line.strip())
+        if m:
+            raw = m.group(1)
+            names[int(raw, 16) if raw.startswith("0x") else int(raw)] = m.group(2)
+    return names
+
+
+def thread_label(pid: int, tid: int, names: dict[int, dict[int, str]]) -> str:
+    name = names.get(pid, {}).get(tid)
+    if name:
+        return name
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return f"tid {tid}"
+
+
+class Reading:
+    """One moment's `platform_cpu` and `etcd_requests` (and, with `threads`, every
+    platform thread's CPU)."""
+
+    def __init__(self, marker: str, url: str, threads: bool = False) -> None:
         self.at = time.monotonic()
         self.cpu = platform_cpu(marker)
         self.etcd = etcd_requests(url)
+        self.threads = thread_cpu(self.cpu) if threads else {}
 
     def since(self, earlier: Reading) -> Window:
         etcd = {k: v - earlier.etcd.get(k, 0.0) for k, v in self.etcd.items()}
@@ -512,6 +573,38 @@ def tree_cli(tree: Path) -> Cli:
     return run
 
 
+def thread_lines(
+    idle: tuple[Reading, Reading], steady: tuple[Reading, Reading], names: dict[int, dict[int, str]]
+) -> list[str]:
+    """Per thread of every platform process, CPU s per second idle and over the job's
+    steady phase, the busiest first (--threads)."""
+    kinds = {key: kind for key, (kind, _) in steady[1].cpu.items()}
+
+    def rates(pair: tuple[Reading, Reading]) -> dict[ThreadKey, float]:
+        span = pair[1].at - pair[0].at
+        return {k: (v - pair[0].threads.get(k, 0.0)) / span for k, v in pair[1].threads.items()}
+
+    i, s = rates(idle), rates(steady)
+    rows = []
+    for key, rate in s.items():
+        kind = kinds.get((key[0], key[1]), "?")
+        if kind not in PLATFORM_KINDS:
+            continue
+        job = rate - i.get(key, 0.0)
+        if abs(job) >= 0.0003 or rate >= 0.0005:
+            label = thread_label(key[0], key[2], names)
+            rows.append(
+                (
+                    job,
+                    f"    {kind:<12} pid {key[0]:<7} {label[:28]:<28} idle "
+                    f"{i.get(key, 0.0):.4f}  steady {rate:.4f}  job {job:+.4f}",
+                )
+            )
+    return ["  per thread (CPU s/s; job = steady - idle):"] + [
+        line for _, line in sorted(rows, key=lambda r: -r[0])
+    ]
+
+
 def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float]:
     """A fresh embedded platform (run by `cli`): idle for `a.idle_s`, then one job of
     `a.steady` steps; the idle window, the job's steady window and its steps/s."""
@@ -520,10 +613,14 @@ def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float
     cli(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
     try:
         url = etcd_url(marker)
-        time.sleep(5)  # the platform's own start-up is not its idle cost
-        first = Reading(marker, url)
+        # The platform's own start-up is not its idle cost. 5 s was not always enough
+        # (session 11: an idle window of 0.10 CPU s/s against 0.05-0.07 in the other
+        # rounds, every process raised): `--settle-s`.
+        time.sleep(a.settle_s)
+        first = Reading(marker, url, a.threads)
         time.sleep(a.idle_s)
-        idle = Reading(marker, url).since(first)
+        idle_end = Reading(marker, url, a.threads)
+        idle = idle_end.since(first)
         code = data_dir / "code"
         shutil.copytree(GPT, code)
         args = [Path(x).name if x.startswith(str(code)) else x for x in entry(a, code)]
@@ -539,11 +636,15 @@ def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float
         while True:
             step = last_step(out)
             if start is None and step >= STEADY_FROM:
-                start = Reading(marker, url)
+                start = Reading(marker, url, a.threads)
                 first_step = step
             if start is not None and step >= a.steady - STEADY_TAIL:
-                end = Reading(marker, url)
+                end = Reading(marker, url, a.threads)
                 steady = end.since(start)
+                if a.threads:  # named while they still run (py-spy dump: ~0.1 s each)
+                    names = {pid: thread_names(pid) for pid, _ in end.cpu}
+                    for line in thread_lines((first, idle_end), (start, end), names):
+                        print(line, flush=True)
                 break
             if time.monotonic() > deadline:
                 sys.exit(f"platform job {job_id} did not reach step {a.steady - STEADY_TAIL}")
@@ -756,6 +857,19 @@ def main() -> None:
         f"phase (steps {STEADY_FROM} to N-{STEADY_TAIL}) against the idle platform",
     )
     p.add_argument("--idle-s", type=float, default=10.0, help="with --steady: idle window")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="with --steady: seconds after `rhizome up` before the idle window (start-up "
+        "is not idle cost; 5 until session 11)",
+    )
+    p.add_argument(
+        "--threads",
+        action="store_true",
+        help="with --steady: also CPU s/s per thread of every platform process, idle and "
+        "steady (named by `py-spy dump` when py-spy is installed next to this interpreter)",
+    )
     p.add_argument(
         "--baseline-tree",
         default="",

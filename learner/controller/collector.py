@@ -34,11 +34,16 @@ Exactly once, in order, across crashes of the collector, the TDS or Elasticsearc
   one; the TDS stores them under deterministic document ids, so a re-sent batch
   overwrites itself;
 - `collector.offsets.json` beside the logs holds, per stream, the byte offset and next
-  seq just past the last *acknowledged* batch, and every metric source's state; it is
-  written atomically (temp file, fsync, rename) only after the TDS acknowledged both
-  the lines and the samples. A restarted collector re-reads from there: it cuts the same
-  lines (see `tail.py`) and numbers them the same, so whatever the TDS already had is
-  overwritten with identical documents and nothing is skipped;
+  seq just past an *acknowledged* batch, and every metric source's state; it is written
+  atomically (temp file, fsync, rename) only after the TDS acknowledged both the lines
+  and the samples. A restarted collector re-reads from there: it cuts the same lines
+  (see `tail.py`) and numbers them the same, so whatever the TDS already had is
+  overwritten with identical documents and nothing is skipped. Because a resent line
+  costs nothing but the resending, the acknowledged position is written at most every
+  `commit_interval_s` (`OFFSETS_COMMIT_S`, 2 s) while lines keep coming, and at once by
+  a drain, a store check and a stop: its write and fsync were a fifth of a shipping
+  learner's collector CPU at two batches a second (issue #16), and a crash now resends
+  at most 2 s more;
 - while the TDS is unreachable the collector retries with exponential backoff
   (tenacity), holding its place; the learner keeps writing to its files meanwhile;
 - an acknowledgement is not taken on trust for ever: a search server can lose writes it
@@ -107,6 +112,9 @@ BURST_LINES = 100
 BURST_PAUSE_S = 0.02
 # With inotify, the longest sleep with nothing written (a safety net behind the wake-ups).
 IDLE_SAFETY_S = 1.0
+# The acknowledged position is written to the offsets file at most this often while lines
+# keep coming (module docstring: a crash resends at most this much, overwriting).
+OFFSETS_COMMIT_S = 2.0
 OFFSETS_FILE = "collector.offsets.json"
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -288,6 +296,7 @@ class Collector:
         verify_interval_s: float = 5.0,
         max_rewinds: int = 3,
         max_in_flight: int = 3,
+        commit_interval_s: float = OFFSETS_COMMIT_S,
         token: str = "",
         tls: Mapping[str, str] | None = None,
         clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
@@ -313,6 +322,12 @@ class Collector:
         if max_in_flight < 1:
             raise CollectorError(f"max_in_flight is {max_in_flight}; it must be >= 1")
         self.max_in_flight = max_in_flight
+        self.commit_interval_s = commit_interval_s
+        # The latest acknowledged position not yet in the offsets file, and when the file
+        # was last written (`_commit`).
+        self._acked: dict[str, Any] | None = None
+        self._committed_at = -float("inf")
+        self.commits = 0  # offsets file writes so far (tests)
         # Sent, not yet acknowledged, oldest first: (calls, offsets snapshot, lines, samples);
         # each call is (its future, how to send it again).
         self._in_flight: collections.deque[
@@ -548,6 +563,27 @@ class Collector:
         acknowledged, committing the offsets."""
         self.send()
         self._settle(everything=True)
+        self._commit(force=True)
+
+    def _write_offsets(self, snapshot: dict[str, Any]) -> None:
+        write_json_atomically(self.offsets_path, snapshot)
+        self.commits += 1
+        self._committed_at = time.monotonic()
+        self._acked = None  # whatever was acknowledged before is in it, or superseded
+
+    def _commit(self, force: bool = False) -> None:
+        """Write the latest acknowledged position, if any, when `commit_interval_s` has
+        passed since the last write (or `force`)."""
+        if self._acked is None:
+            return
+        if force or time.monotonic() - self._committed_at >= self.commit_interval_s:
+            self._write_offsets(self._acked)
+
+    def _commit_due(self) -> float | None:
+        """Seconds until the acknowledged position is due in the file (None: nothing)."""
+        if self._acked is None:
+            return None
+        return max(0.0, self._committed_at + self.commit_interval_s - time.monotonic())
 
     def send(self) -> None:
         """Send the pending batch without waiting for it; then wait only while more than
@@ -603,7 +639,7 @@ class Collector:
                 # The TDS refused the data itself; resending cannot help and must not stall
                 # the learner's logs behind it.
                 log.error("TDS refused a batch of %d lines, skipping it: %s", n_lines, exc)
-        write_json_atomically(self.offsets_path, snapshot)
+        self._acked = snapshot  # written by `_commit`, at most every commit_interval_s
         self.sent_lines += n_lines
         self.sent_samples += n_samples
         self._in_flight.popleft()
@@ -668,7 +704,9 @@ class Collector:
                         or "metrics",
                     )
                     self._rewind(ver)
-                    write_json_atomically(self.offsets_path, self._snapshot())
+                    # the acknowledged position not yet written is dropped with it: a
+                    # crash must resend from here too
+                    self._write_offsets(self._snapshot())
                     return False
                 # The same window came up short every time: the store refuses these
                 # records (a refused batch is skipped, see flush). Stop resending them.
@@ -679,7 +717,7 @@ class Collector:
                 )
         self._failed_checks = 0
         self._verified = acked
-        write_json_atomically(self.offsets_path, self._snapshot())
+        self._write_offsets(self._snapshot())
         return True
 
     def _verify_due(self, idle: bool = True) -> bool:
@@ -746,6 +784,9 @@ class Collector:
         if self.verify_interval_s > 0 and self._position() != self._verified:
             since = time.monotonic() - self._last_verify
             timeout = min(timeout, max(0.01, self.verify_interval_s - since))
+        commit = self._commit_due()
+        if commit is not None:
+            timeout = min(timeout, max(0.01, commit))
         waiter.wait(timeout)
 
     def run(self) -> None:
@@ -763,6 +804,7 @@ class Collector:
                 if self._due():
                     self.send()
                 self._settle()
+                self._commit()
                 if self._verify_due(idle=n == 0):
                     self._settle(everything=True)  # verify counts what is acknowledged
                     self.verify()
@@ -781,6 +823,11 @@ class Collector:
             self.error = exc
             raise
         finally:
+            # Stopped without a drain (or failing): what was acknowledged is kept.
+            try:
+                self._commit(force=True)
+            except OSError as exc:
+                log.warning("could not write %s: %s", self.offsets_path, exc)
             waiter, self._waiter = self._waiter, None
             if waiter is not None:
                 waiter.close()

@@ -44,9 +44,9 @@ UNWATCHED_GRACE_S = 0.05
 
 
 class WaitingReaper(procs.Reaper):
-    """The guardian process's reaper: its thread sleeps in `waitid` on any child until one
-    exits (a learner's controller, an adopted orphan), instead of the Reaper's poll every
-    50 ms. That poll was the busiest thread of a running pipeline job's guardian, on the
+    """The guardian process's reaper (and the LCM's, services/lcm/manager.py): its thread
+    sleeps in `waitid` on any child until one exits (a learner's controller, a guardian,
+    an adopted orphan), instead of the Reaper's poll every 50 ms. That poll was the busiest thread of a running pipeline job's guardian, on the
     cores its workers train on (issue #16, benchmarks/RESULTS.md "session 10"); a watched
     child's exit is now seen at once rather than within 50 ms. `WNOWAIT` leaves the child
     to `reap_once`, which reaps and reports every exited child as before; a child nobody
@@ -74,8 +74,18 @@ class WaitingReaper(procs.Reaper):
                 self._child.wait(self.interval_s)
                 self._child.clear()
                 continue
-            if exited is not None and not self._watched(exited.si_pid):
-                self._stop.wait(UNWATCHED_GRACE_S)
+            # Stopped while asleep in `waitid` (the thread cannot be woken there): reap
+            # nothing more, as the polling Reaper's thread ends at its next wait. A stopped
+            # reaper that went on reaping would take the exit codes of children its process
+            # still waits for (an LCM stopped inside a longer-lived process: the tests).
+            if self._stop.is_set():
+                return
+            if (
+                exited is not None
+                and not self._watched(exited.si_pid)
+                and self._stop.wait(UNWATCHED_GRACE_S)
+            ):
+                return
             self.reap_once()
 
 

@@ -1,8 +1,9 @@
 """The lifecycle manager: keeps exactly one live guardian for every job that needs one.
 
 Level-triggered, like a Kubernetes controller: every round (a short period, or at once
-when woken by an RPC or a guardian's exit) the leader reads the active jobs from MongoDB
-and the job keys from etcd, then
+when woken by an RPC, a guardian's exit or a guardian key's change) the leader reads the
+active jobs from MongoDB and the job keys from its view of etcd (kept by a watch,
+`job_keys.py`), then
 
 1. (no scheduler hosted) places QUEUED jobs on the local machine (`placement.py`);
 2. for every active job makes sure a guardian runs: one it started and still supervises,
@@ -34,16 +35,20 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, EtcdCredentials, Lease
+from contract.etcd import Entry, EtcdClient, EtcdCredentials, Lease
 from contract.etcd_users import JobUsers, job_etcd_password
 from contract.status import ExitCode
 from services.backends.api import get_backend
+from services.guardian.__main__ import WaitingReaper
 from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
+from services.lcm.job_keys import JobKeys
 from services.lcm.placement import place_queued_locally
 from services.lcm.setup import JobSetups
+from services.manifest import Manifest
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,
@@ -154,6 +159,15 @@ class GuardianHostProcess:
                 self.proc.stdin.close()
 
 
+@dataclass(frozen=True)
+class ActiveJob:
+    """What a round reads of an active job (JobsRepository.manifests_by_status)."""
+
+    job_id: str
+    status: str
+    manifest: dict[str, Any]
+
+
 @dataclass
 class Supervised:
     job_id: str
@@ -174,8 +188,16 @@ class LifecycleManager:
         self.hosts: list[GuardianHostProcess] = []
         self.failures: dict[str, int] = {}
         self.not_before: dict[str, float] = {}
-        self.reaper = procs.Reaper()
+        # Guardians and guardian hosts are our children, and orphans land on us: reaped by
+        # a thread asleep in `waitid` until one exits (the guardian process's reaper), not
+        # by a poll every 50 ms, which woke the daemon 20 times a second on a machine whose
+        # cores pinned workers train on (issue #16). A guardian's exit still wakes the
+        # round at once (`_guardian_exited`).
+        self.reaper: procs.Reaper = WaitingReaper()
         self.wake = threading.Event()
+        # The keys under the jobs prefix, kept by a watch rather than read every round; a
+        # guardian key's change wakes the round (job_keys.py). Started by the first round.
+        self._job_keys = JobKeys(etcd, self.wake.set)
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -243,6 +265,7 @@ class LifecycleManager:
                     os.killpg(g.ref.pid, signal.SIGKILL)
         self.reaper.reap_once()
         self.reaper.stop()
+        self._job_keys.stop()
         if self._leader_lease:
             self._leader_lease.revoke()
 
@@ -343,8 +366,9 @@ class LifecycleManager:
         if self.config.place_locally:
             place_queued_locally(self.jobs)
         reading = time.monotonic()
-        active = self.jobs.by_status(states.ACTIVE_STATES)
-        keys = self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        # Ids, statuses and manifests only: not the records' histories (manifests_by_status).
+        active = [ActiveJob(*job) for job in self.jobs.manifests_by_status(states.ACTIVE_STATES)]
+        keys = self.job_keys()
         self._read_s = time.monotonic() - reading
         guardian_keys = {
             k: e
@@ -361,7 +385,7 @@ class LifecycleManager:
                 1 for j in active if j.status in STARTING_STATES and self._started_hosted(j.job_id)
             )
         for job in active:
-            spec = job.spec  # parsed once: a round looks at every active job
+            spec = Manifest.from_document(job.manifest)  # parsed once per round
             self.ensure_guardian(
                 job.job_id,
                 guardian_keys.get(etcd_keys.guardian_lease(job.job_id)),
@@ -386,6 +410,16 @@ class LifecycleManager:
         leftover = {j for j in map(etcd_keys.job_of, keys) if j} - active_ids
         for job_id in leftover:
             self.collect(job_id, guardian_keys.get(etcd_keys.guardian_lease(job_id)))
+
+    def job_keys(self) -> dict[str, Entry]:
+        """Every key under the jobs prefix: the watched view (job_keys.py), or, until its
+        watch could be started (etcd away), a read of the prefix as every round made before."""
+        if not self._job_keys.started:
+            try:
+                self._job_keys.start()
+            except StoreUnavailable:
+                return self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        return self._job_keys.snapshot()
 
     def ensure_guardian(self, job_id: str, held: object, hostable: bool = False) -> None:
         with self._lock:
@@ -719,6 +753,13 @@ class LifecycleManager:
 
     def collect(self, job_id: str, held: object) -> None:
         """Erase what a finished job left (a guardian that died after writing the end)."""
+        # Read here, not taken from the watched view: its guardian may have just erased
+        # them (the usual end), and the view may not have heard yet; a job collected
+        # twice would have its etcd user removed twice (an auth change each time).
+        left = self.etcd.get_prefix(etcd_keys.job_prefix(job_id))
+        if not left:
+            return
+        held = left.get(etcd_keys.guardian_lease(job_id))
         if held is not None:
             value = getattr(held, "value", {})
             if isinstance(value, dict) and procs.ref_alive(value.get("pid"), value.get("start")):

@@ -326,6 +326,16 @@ class JobsRepository:
         return [JobRecord.from_doc(d) for d in cursor]
 
     @with_retries
+    def manifests_by_status(self, statuses: Iterable[str]) -> list[tuple[str, str, dict[str, Any]]]:
+        """(job_id, status, manifest) of each job in `statuses`, oldest first: all the LCM's
+        round (five a second) needs. A whole record (its history, checkpoints, placement)
+        was most of what the MongoDB-wire server encoded for it while a job ran (issue #16)."""
+        cursor = self._col.find(
+            {"status": {"$in": list(statuses)}}, {"job_id": 1, "status": 1, "manifest": 1, "_id": 0}
+        ).sort("job_id", pymongo.ASCENDING)
+        return [(str(d["job_id"]), str(d["status"]), dict(d.get("manifest") or {})) for d in cursor]
+
+    @with_retries
     def ids_by_status(self, statuses: Iterable[str], after: str = "") -> list[str]:
         """Ids only, oldest first (only ids greater than `after` when given): the cheap
         scan the scheduling loop makes every pass."""

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,3 +190,51 @@ def test_a_burst_is_shipped_when_the_learner_pauses_not_at_the_flush_interval(
     _write(tmp_path, "stdout", "".join(f"line {i}\n" for i in range(burst)))
     _wait(lambda: len(_stored(store, "job-burst", "stdout")) == burst)
     assert c.stop(drain=True)
+
+
+class CountingStore(MemoryStore):
+    """Counts the batches of lines it took."""
+
+    batches = 0
+
+    def write_logs(self, lines: Any) -> int:
+        self.batches += 1
+        return super().write_logs(lines)
+
+
+def test_offsets_are_written_at_most_every_commit_interval_and_at_the_end(
+    tmp_path: Path,
+) -> None:
+    # A learner printing a line every 20 ms, shipped in a batch every 50 ms: each batch's
+    # acknowledgement used to write (and fsync) the offsets file; now the acknowledged
+    # position goes to the file at most once a second while lines keep coming, and at
+    # once when the collector stops: with a drain, and without one too.
+    store = CountingStore()
+    d = learner_dir(tmp_path, 0)
+    d.mkdir(parents=True)
+    (d / "stderr.log").touch()
+    with tds_in_process(store) as (tds, _):
+        c = Collector(
+            "commits", 0, tmp_path, tds, flush_interval_s=0.05, commit_interval_s=1.0
+        ).start()
+        started = time.monotonic()
+        for i in range(100):
+            _write(tmp_path, "stdout", f"line {i}\n")
+            time.sleep(0.02)
+        took = time.monotonic() - started
+        _wait(lambda: len(_stored(store, "commits", "stdout")) == 100)
+        running = c.commits
+        assert store.batches >= 10, store.batches
+        assert running <= took / 1.0 + 2, (running, store.batches, took)
+        assert c.stop(drain=True)
+    offsets = json.loads((d / OFFSETS_FILE).read_text())
+    assert offsets["streams"]["stdout"]["seq"] == 100
+
+    # Stopped without a drain: what was acknowledged is in the file all the same.
+    _write(tmp_path, "stdout", "".join(f"more {i}\n" for i in range(5)))
+    with tds_in_process(MemoryStore()) as (tds, _):
+        c = Collector("commits", 0, tmp_path, tds, flush_interval_s=0.05, commit_interval_s=60)
+        c.start()
+        _wait(lambda: c.sent_lines == 5)
+        c.stop(drain=False)
+    assert json.loads((d / OFFSETS_FILE).read_text())["streams"]["stdout"]["seq"] == 105
