@@ -17,30 +17,22 @@ import pytest
 
 from contract import etcd_keys
 from contract.etcd import EtcdAuthError, EtcdClient, EtcdCredentials
-from contract.etcd_users import JobUsers, enable_auth, job_etcd_password, job_etcd_user
-from services.embedded.servers import EtcdServer
+from contract.etcd_users import JobUsers, job_etcd_password, job_etcd_user
 from services.lcm.manager import LcmConfig, LifecycleManager
 from services.lcm.setup import JobSetups
 from services.security.api import JOB_ETCD_CREDENTIALS_ENV, JOB_TOKEN_ENV
+from tests.etcd_auth import PLATFORM, ROOT
 from tests.services.guardian.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
-ROOT = EtcdCredentials("root", "root-pw-" + os.urandom(6).hex())
-PLATFORM = EtcdCredentials("rhizome", "platform-pw-" + os.urandom(6).hex())
 # A job id etcd refuses as a role name: over the request size its gRPC server takes.
 REFUSED = "job-" + "x" * (2 * 2**20)
 
 
 @pytest.fixture(scope="module")
-def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = EtcdServer(Path(tmp_path_factory.mktemp("etcd-setups")))
-    server.start()
-    try:
-        enable_auth(server.url, ROOT, PLATFORM, etcd_keys.ROOT + "/")
-        yield server.url
-    finally:
-        server.stop()
+def etcd_url(etcd_with_auth: str) -> str:
+    return etcd_with_auth
 
 
 def _token(job_id: str) -> dict[str, str] | None:
