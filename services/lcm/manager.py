@@ -45,7 +45,7 @@ from services.backends.api import get_backend
 from services.guardian.__main__ import WaitingReaper
 from services.guardian.host import HOST_LEASE_TTL_S, assignment, connect_host
 from services.lcm.hosting import guardians_per_host_from_env
-from services.lcm.job_keys import JobKeys
+from services.lcm.job_keys import JobKeys, is_guardian_key
 from services.lcm.placement import place_queued_locally
 from services.lcm.setup import JobSetups
 from services.manifest import Manifest
@@ -370,11 +370,7 @@ class LifecycleManager:
         active = [ActiveJob(*job) for job in self.jobs.manifests_by_status(states.ACTIVE_STATES)]
         keys = self.job_keys()
         self._read_s = time.monotonic() - reading
-        guardian_keys = {
-            k: e
-            for k, e in keys.items()
-            if k == etcd_keys.guardian_lease(etcd_keys.job_of(k) or "")
-        }
+        guardian_keys = {k: e for k, e in keys.items() if is_guardian_key(k)}
         active_ids = {j.job_id for j in active}
         with self._lock:  # ended before it was given out (halted, deleted): not given out
             for job_id in [j for j in self._setups if j not in active_ids]:
