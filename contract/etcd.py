@@ -58,6 +58,18 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
 )
 
 
+# gRPC waits 1 s after a failed connection attempt, then 1.6x longer after each further
+# one (to 120 s); a client whose keep-alive tried all through a cut of etcd thus stayed
+# cut off up to a second after etcd was back, and two or three short cuts in a row let a
+# 2-3 s lease lapse (issue #24). Retrying a local etcd every 0.1-0.5 s costs a refused
+# connection each.
+_CHANNEL = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+
 class StoreUnavailable(RuntimeError):
     """A store cannot be reached; the message names which and where. The platform raises
     it for MongoDB too (services/store/errors.py re-exports it), so one `except` serves."""
@@ -430,7 +442,9 @@ class EtcdClient:
         # The library would authenticate in its constructor, once, with no retry; this
         # client authenticates itself (`_authenticate`), so that the first token is got the
         # same way as every later one.
-        self.raw = pyetcd.client(host=host, port=port, timeout=timeout_s, ca_cert=ca or None)
+        self.raw = pyetcd.client(
+            host=host, port=port, timeout=timeout_s, ca_cert=ca or None, grpc_options=_CHANNEL
+        )
         if credentials is not None:
             try:
                 self._authenticate()

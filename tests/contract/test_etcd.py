@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -11,6 +12,7 @@ from contract.etcd import EtcdClient, parse_url
 from contract.procs import free_port
 from services.embedded.process import ManagedServer
 from services.store.errors import StoreUnavailable
+from tests.tcp_relay import Relay
 
 
 @pytest.mark.integration
@@ -53,3 +55,33 @@ def test_bad_urls_say_what_is_expected() -> None:
         parse_url("http://nohost")
     with pytest.raises(ValueError, match="--etcd"):
         parse_url("")
+
+
+@pytest.mark.integration
+def test_a_lease_outlives_repeated_cuts_shorter_than_its_ttl(etcd_server: ManagedServer) -> None:
+    """Each cut of the connection is shorter than the lease's TTL, and the keep-alive
+    tries all through it; so the lease must survive them all. gRPC's default reconnect
+    backoff (1 s, then 1.6x per failed attempt) used to hold the channel closed for up
+    to a second after etcd came back, and two or three cuts in a row let the lease lapse
+    (issue #24: both pipeline workers then declared each other dead)."""
+    relay = Relay(etcd_server.port)
+    client = EtcdClient(f"http://127.0.0.1:{relay.port}", timeout_s=1)
+    direct = EtcdClient(etcd_server.url)
+    key = f"/t-{uuid.uuid4().hex[:8]}/held"
+    lease = client.grant(2)
+    try:
+        client.put(key, 1, lease)
+        lease.keep_alive(0.2)
+        for _ in range(6):
+            relay.cut()
+            time.sleep(0.5)
+            relay.restore()
+            time.sleep(0.5)
+        time.sleep(0.5)
+        assert not lease.lost.is_set(), "etcd answered that the lease had expired"
+        assert direct.get(key) is not None, "the lease lapsed during the cuts"
+    finally:
+        lease.revoke()
+        client.close()
+        direct.close()
+        relay.close()
