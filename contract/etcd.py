@@ -779,9 +779,14 @@ class PrefixWatch:
             with contextlib.suppress(Exception):
                 self.client.raw.cancel_watch(watch_id)
 
+    # Every call of the watch goes through the client's `_run`, as every other call does:
+    # an auth change (a job's etcd user added or removed) refuses every token, and a
+    # watch re-established or started in that moment must get a new one, not fail (a
+    # guardian host used to die at start on "auth: revision in header is old").
     def _full_read(self) -> None:
-        with self.client._errors(f"get {self.prefix}*"):
-            resp = self.client.raw.get_prefix_response(self.prefix)
+        resp = self.client._run(
+            f"get {self.prefix}*", lambda: self.client.raw.get_prefix_response(self.prefix)
+        )
         changes = [
             Change(kv.key.decode(), _decode(kv.value), int(kv.mod_revision)) for kv in resp.kvs
         ]
@@ -794,10 +799,12 @@ class PrefixWatch:
         with self._lock:
             since = self.revision
         self._check_not_compacted(since)
-        with self.client._errors(f"watch {self.prefix}*"):
-            watch_id = self.client.raw.add_watch_prefix_callback(
+        watch_id = self.client._run(
+            f"watch {self.prefix}*",
+            lambda: self.client.raw.add_watch_prefix_callback(
                 self.prefix, self._on_response, start_revision=since + 1
-            )
+            ),
+        )
         with self._lock:
             self._watch_id = int(watch_id)
 
@@ -807,12 +814,16 @@ class PrefixWatch:
         Asked with a read at that revision, because the client library answers a watch
         created on a compacted revision only after its whole timeout.
         """
-        try:
-            self.client.raw.get_response(self.prefix, revision=revision)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:  # "required revision has been compacted"
-                raise pyetcd.exceptions.RevisionCompactedError(revision) from exc
-            raise
+
+        def read() -> None:
+            try:
+                self.client.raw.get_response(self.prefix, revision=revision)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:  # "required revision ... compacted"
+                    raise pyetcd.exceptions.RevisionCompactedError(revision) from exc
+                raise
+
+        self.client._run(f"get {self.prefix}* at revision {revision}", read)
 
     def _on_response(self, resp: Any) -> None:
         if resp is None or isinstance(resp, BaseException):

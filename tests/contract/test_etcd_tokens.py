@@ -217,3 +217,44 @@ def test_a_lapsed_token_is_replaced_at_once(monkeypatch: pytest.MonkeyPatch) -> 
 
     assert client._run("get /x", call) == "done"
     assert client.reauthentications == 1 and not any(slept)
+
+
+def test_a_watch_started_amid_auth_changes_gets_new_tokens_not_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `PrefixWatch` makes three calls as it starts or re-establishes itself: the full
+    read, the compaction check at its revision, and the watch. Each of them refused for
+    an overtaken token must be retried with a new one, as every other call is (a guardian
+    host died at start on "auth: revision in header is old" while the LCM added job
+    users: those calls bypassed the client's retry)."""
+    auth = _AuthService([])
+    client = _client(auth)
+    client._authenticate()
+    monkeypatch.setattr(etcd.time, "sleep", lambda _s: None)  # the pauses between tokens
+    called: list[str] = []
+
+    def refused_once(name: str, answer: object) -> object:
+        def call(*_args: object, **_kwargs: object) -> object:
+            called.append(name)
+            if called.count(name) == 1:
+                raise _RpcError(grpc.StatusCode.UNKNOWN, "auth: revision in header is old")
+            return answer
+
+        return call
+
+    kv = SimpleNamespace(key=b"/p/a", value=b"1", mod_revision=4)
+    listing = SimpleNamespace(kvs=[kv], header=SimpleNamespace(revision=5))
+    monkeypatch.setattr(client.raw, "get_prefix_response", refused_once("read", listing))
+    monkeypatch.setattr(client.raw, "get_response", refused_once("check", None))
+    monkeypatch.setattr(client.raw, "add_watch_prefix_callback", refused_once("watch", 7))
+    delivered: list[tuple[list[etcd.Change], bool]] = []
+    watch = etcd.PrefixWatch(client, "/p/", lambda changes, full: delivered.append((changes, full)))
+    watch.start()
+    try:
+        assert called == ["read", "read", "check", "check", "watch", "watch"]
+        assert client.reauthentications == 3  # a new token before each retry
+        assert delivered == [([etcd.Change("/p/a", 1, 4)], True)] and watch.revision == 5
+        assert watch._watch_id == 7
+    finally:
+        monkeypatch.setattr(client.raw, "cancel_watch", lambda _id: None)
+        watch.stop()
