@@ -92,6 +92,11 @@ class PlatformConfig:
     # --guardians-per-host, docs/control-plane-scale.md); 0: a guardian process per job;
     # None (a daemon built in-process): $RHIZOME_GUARDIANS_PER_HOST, else the default (100).
     guardians_per_host: int | None = None
+    # The TTL of the daemon's leader lease (services/leader/etcd.py): a leader that could
+    # not refresh it for 0.8 of it gives the role up (exits), and a standby on another
+    # machine takes over after it. Longer rides out an etcd or daemon starved of CPU;
+    # a standby on the same machine takes over at once either way.
+    leader_lease_ttl_s: int = 2
 
     @property
     def internal_secret_path(self) -> Path:

@@ -226,6 +226,7 @@ class Daemon:
         self.leadership = EtcdLeadership(
             EtcdClient.connect(self.config.etcd_url),
             role,
+            ttl_s=self.config.leader_lease_ttl_s,
             info={
                 "grpc": self.config.grpc_address,
                 "rest": self.config.rest_address,
@@ -656,6 +657,19 @@ def _export_object_store(config: PlatformConfig) -> None:
     "to take over before it reports ready.",
 )
 @click.option(
+    "--leader-lease-ttl",
+    "leader_lease_ttl",
+    type=click.IntRange(2, 60),
+    default=PlatformConfig().leader_lease_ttl_s,
+    show_default=True,
+    envvar="RHIZOME_LEADER_LEASE_TTL_S",
+    help="Seconds of the etcd lease behind this daemon's leadership. A leader that cannot "
+    "refresh it for 0.8 of it exits so that only one daemon acts; a standby on another "
+    "machine takes over after it. Raise it where etcd or the daemon can be starved of CPU "
+    "for seconds (docs/control-plane-scale.md); a standby on the same machine takes over "
+    "at once either way.",
+)
+@click.option(
     "--state-file",
     type=click.Path(path_type=Path),
     default=None,
@@ -690,6 +704,7 @@ def main(
     storage_grant_ttl: float,
     guardians_per_host: int,
     standby: bool,
+    leader_lease_ttl: int,
     state_file: Path | None,
 ) -> None:
     """Run Rhizome platform services (api, scheduler, lcm, tds) in one process."""
@@ -730,6 +745,7 @@ def main(
         object_store_endpoint=object_store_endpoint,
         storage_grant_ttl_s=storage_grant_ttl,
         guardians_per_host=guardians_per_host,
+        leader_lease_ttl_s=leader_lease_ttl,
     )
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together: pass both, or neither")

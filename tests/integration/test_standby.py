@@ -54,6 +54,7 @@ def test_sigkill_of_the_active_daemon_the_standby_serves_and_no_job_is_lost(
         f"--etcd={etcd_server.url}",
         "--services=api,scheduler,lcm",
         f"--admin-token-file={tmp_path / 'admin'}",
+        "--leader-lease-ttl=3",
     ]
     active = DaemonServer(tmp_path, free_port(), free_port(), args)
     standby = StandbyDaemonServer(tmp_path, free_port(), free_port(), args)
@@ -68,6 +69,9 @@ def test_sigkill_of_the_active_daemon_the_standby_serves_and_no_job_is_lost(
         rz = Client(f"{active.url},{standby.url}", token=token, tls=False)
         running = rz.create_job(LONG.format(n=1)).job_id
         wait_for("the job to run", lambda: repo.get(running).status == states.PROCESSING)
+        # The leader's lease has the TTL asked for (--leader-lease-ttl).
+        (held,) = etcd.get_prefix(etcd_keys.leader("daemon/standby_takeover/")).values()
+        assert etcd.raw.get_lease_info(held.lease).grantedTTL == 3
         guardian = wait_for(
             "its guardian", lambda: _holder_pid(etcd, etcd_keys.guardian_lease(running))
         )
