@@ -59,6 +59,7 @@ from _platform import BenchPlatform
 from contract.etcd import EtcdClient
 from contract.etcd_keys import ROOT
 from services.client.sdk import Client
+from services.config import PlatformConfig
 from services.lcm.hosting import GUARDIANS_PER_HOST_ENV
 from services.store import states
 from services.store.jobs import JobsRepository
@@ -244,15 +245,22 @@ def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, f
     }
 
 
-def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[str, Any]:
-    """One platform with N jobs alive; `per_host` guardians per host (0: a process each)."""
+def run(
+    n: int, steady_s: float, per_host: int, phase_timeout_s: float, leader_ttl_s: int
+) -> dict[str, Any]:
+    """One platform with N jobs alive; `per_host` guardians per host (0: a process each);
+    the daemon's leader lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`)."""
     os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
     print(f"N={n}, {per_host or 'no'} guardians per host", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="rz-scale-") as tmp:
         cluster = Path(tmp) / "cluster.yaml"
         cluster.write_text(CLUSTER)
         release = Path(tmp) / "release"
-        args = ["--backend=simulated", f"--cluster-config={cluster}"]
+        args = [
+            "--backend=simulated",
+            f"--cluster-config={cluster}",
+            f"--leader-lease-ttl={leader_ttl_s}",
+        ]
         with BenchPlatform(services="api,scheduler,lcm", daemon_args=args) as platform:
             assert platform.daemon is not None and platform.daemon.pid is not None
             pid = platform.daemon.pid
@@ -325,6 +333,7 @@ def run(n: int, steady_s: float, per_host: int, phase_timeout_s: float) -> dict[
     return {
         "mode": f"hosts of {per_host}" if per_host else "process per job",
         "n": n,
+        "leader_lease_ttl_s": leader_ttl_s,
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
         "all_processing_s": all_processing_s,
@@ -377,6 +386,12 @@ def main() -> None:
         help="most seconds to wait for all N PROCESSING, then for all COMPLETED (the rest: late)",
     )
     parser.add_argument(
+        "--leader-lease-ttl",
+        type=int,
+        default=PlatformConfig().leader_lease_ttl_s,
+        help="the daemon's leader lease TTL, s (rhizomed --leader-lease-ttl)",
+    )
+    parser.add_argument(
         "--max-process-n",
         type=int,
         default=200,
@@ -392,7 +407,9 @@ def main() -> None:
         for mode in modes:
             if mode == "hosts" or n <= args.max_process_n:
                 per_host = args.per_host if mode == "hosts" else 0
-                rows.append(run(n, args.steady, per_host, args.phase_timeout))
+                rows.append(
+                    run(n, args.steady, per_host, args.phase_timeout, args.leader_lease_ttl)
+                )
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if cut short
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)\n")
     cols = [
