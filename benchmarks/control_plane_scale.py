@@ -318,7 +318,9 @@ def run(
             findings = log_findings(platform.data_dir, Path(platform.daemon.log_path))
             # A daemon gone mid-run (its samples read 0 from then on) is what broke:
             # its last log lines say why (RHIZOME_BENCH_KEEP=1 keeps the whole log).
-            daemon_alive = Path(f"/proc/{pid}").exists()
+            # (its exit status, not /proc: this process is its parent and has not reaped
+            # it, so a daemon that exited stays in /proc as a zombie)
+            daemon_alive = platform.daemon.proc is not None and platform.daemon.proc.poll() is None
             last_words = (
                 []
                 if daemon_alive
