@@ -129,27 +129,74 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     ends: list[float] = []
     cpu: list[float] = []
     losses: list[float] = []
+    phases: dict[int, dict[str, float]] = {}
     t_last = time.monotonic()
-    for step in range(job.steps):
-        mbs = [job.batch(step, 0, m) for m in range(job.microbatches)]
-        x = torch.cat([b[0] for b in mbs]) if first else None
-        y = torch.cat([b[1] for b in mbs]) if last else None
-        if first:
-            schedule.step(x)
-        elif last:
-            got: list[torch.Tensor] = []
-            schedule.step(target=y, losses=got)
-            losses.append(float(sum(float(v.item()) for v in got)))
-        else:
-            schedule.step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        now = time.monotonic()
-        times.append(now - t_last)
-        ends.append(now)
-        cpu.append(time.process_time())
-        t_last = now
-    return {"times": times, "ends": ends, "cpu": cpu, "losses": losses, "frc": None}
+    with _torch_phases(schedule, stage, phases) as at:
+        for step in range(job.steps):
+            at[0] = step
+            mbs = [job.batch(step, 0, m) for m in range(job.microbatches)]
+            x = torch.cat([b[0] for b in mbs]) if first else None
+            y = torch.cat([b[1] for b in mbs]) if last else None
+            t0 = time.monotonic()
+            if first:
+                schedule.step(x)
+            elif last:
+                got: list[torch.Tensor] = []
+                schedule.step(target=y, losses=got)
+                losses.append(float(sum(float(v.item()) for v in got)))
+            else:
+                schedule.step()
+            t1 = time.monotonic()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            now = time.monotonic()
+            row = phases.setdefault(step, {})
+            row["compute_phase"] = t1 - t0
+            row["optimizer"] = now - t1
+            row["sync_phase"] = now - t1
+            times.append(now - t_last)
+            ends.append(now)
+            cpu.append(time.process_time())
+            t_last = now
+    return {
+        "times": times,
+        "ends": ends,
+        "cpu": cpu,
+        "losses": losses,
+        "frc": None,
+        "phase_steps": {str(k): v for k, v in sorted(phases.items())},
+    }
+
+
+@contextlib.contextmanager
+def _torch_phases(schedule: Any, stage: Any, phases: dict[int, dict[str, float]]) -> Any:
+    """Time torch.distributed.pipelining's step by the runtime's phase names (``--profile``):
+    forward (with the loss), backward, and the waits for its batched sends and receives.
+    Yields ``[step]``, the step the times go to."""
+    from torch.distributed.pipelining import schedules
+
+    at = [0]
+
+    def timed(fn: Any, name: str) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return fn(*a, **kw)
+            finally:
+                row = phases.setdefault(at[0], {})
+                row[name] = row.get(name, 0.0) + time.monotonic() - t0
+
+        return run
+
+    wait = schedules._wait_batch_p2p
+    schedules._wait_batch_p2p = timed(wait, "recv_wait")  # type: ignore[attr-defined]
+    stage.forward_one_chunk = timed(stage.forward_one_chunk, "forward")
+    stage.backward_one_chunk = timed(stage.backward_one_chunk, "backward")
+    schedule._maybe_compute_loss = timed(schedule._maybe_compute_loss, "forward")
+    try:
+        yield at
+    finally:
+        schedules._wait_batch_p2p = wait  # type: ignore[attr-defined]
 
 
 def run_rhizome(
@@ -186,6 +233,8 @@ def run_rhizome(
         },
         # per step: seconds the sync phase waited for the replica's update / applied one
         "sync_steps": {str(step): row for step, row in sorted(worker.sync_profile.items())},
+        # per step: seconds in each phase of the step (WorkerState.phase)
+        "phase_steps": {str(step): row for step, row in sorted(worker.state.phases.items())},
     }
 
 
@@ -574,8 +623,78 @@ def sync_profile(recs: list[dict[str, Any]], stages: int) -> None:
             print(f"| {mode} | {w} ({w % stages}) | " + " | ".join(cells) + " |")
 
 
+# the phases of --profile's per-phase table, in the order of a step; "other" is the rest
+# of the iteration (the step loop's own bookkeeping, thread hand-offs, the block thread's
+# own work between its instructions)
+PHASES = [
+    ("forward", "forward (+ loss)"),
+    ("backward", "backward (+ accumulate)"),
+    ("frc", "eager FRC in waits"),
+    ("brc", "eager BRC"),
+    ("recv_wait", "receive waits"),
+    ("send_post", "send posts"),
+    ("send_wait", "send waits"),
+    ("load", "batch load"),
+    ("stash", "gradient stash"),
+    ("allreduce", "all-reduce"),
+    ("snapshot", "snapshot"),
+    ("optimizer", "optimizer"),
+    ("leftover_frc", "left-over FRC"),
+    ("replica_wait", "replica update wait"),
+    ("update_send_wait", "update send wait"),
+]
+
+
+def phase_profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: where each stage's iteration goes, ms per step (steps ``WARM``+),
+    median over steps of every repetition: the runtime's own phase record
+    (``WorkerState.phase``) and the same names timed around torch.distributed.pipelining."""
+    rows = [r for r in recs if r.get("phase_steps")]
+    if not rows:
+        return
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cols = [(m, w) for m in modes for w in range(stages)]
+    print(
+        f"\n# --profile phases: ms per iteration (steps {WARM}+, mean over steps and repetitions); "
+        "'other' = iteration - the phases above (bookkeeping, thread hand-offs)"
+    )
+    print("| phase | " + " | ".join(f"{m} s{w}" for m, w in cols) + " |")
+    print("| --- |" + " ---: |" * len(cols))
+
+    def mean_of(mode: str, w: int, fn: Any) -> float:
+        vals = [
+            fn(r, int(k), row)
+            for r in rows
+            if r["mode"] == mode and r["worker"] == w
+            for k, row in r["phase_steps"].items()
+            if int(k) >= WARM and int(k) < len(r["times"])
+        ]
+        return 1000 * statistics.mean(vals) if vals else float("nan")
+
+    names = [
+        (k, label)
+        for k, label in PHASES
+        if any(k in row for r in rows for row in r["phase_steps"].values())
+    ]
+    for key, label in names:
+        cells = [mean_of(m, w, lambda r, k, row, key=key: row.get(key, 0.0)) for m, w in cols]
+        print(f"| {label} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    keys = [k for k, _ in names]
+    other = [
+        mean_of(m, w, lambda r, k, row: r["times"][k] - sum(row.get(x, 0.0) for x in keys))
+        for m, w in cols
+    ]
+    print("| other | " + " | ".join(f"{c:.1f}" for c in other) + " |")
+    iters = [mean_of(m, w, lambda r, k, row: r["times"][k]) for m, w in cols]
+    print("| iteration | " + " | ".join(f"{c:.1f}" for c in iters) + " |")
+    for name, label in (("compute_phase", "compute phase"), ("sync_phase", "sync phase")):
+        cells = [mean_of(m, w, lambda r, k, row, n=name: row.get(n, 0.0)) for m, w in cols]
+        print(f"| ({label}) | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+
+
 def profile(recs: list[dict[str, Any]], stages: int) -> None:
     """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
+    phase_profile(recs, stages)
     sync_profile(recs, stages)
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
         print(

@@ -390,8 +390,12 @@ class Worker:
                     if rest is None and self.halt is not None:
                         self.halt.step_s = max((t for _, t in self.step_times[-16:]), default=0.0)
                         self.halt.at_boundary(step, self._last_periodic)
+                    t0 = time.monotonic()
                     self._compute(step, rest)
+                    t1 = time.monotonic()
+                    st.phase(step, "compute_phase", t1 - t0)
                     self._sync(step)
+                    st.phase(step, "sync_phase", time.monotonic() - t1)
                     step += 1
                     rest = None
                     self._save_checkpoint(step)
@@ -442,8 +446,9 @@ class Worker:
                 st.batches = {k: v for k, v in st.batches.items() if k[0] >= step}
                 st.frc = {k: r for k, r in st.frc.items() if r.step == step}
                 st.progress = StepProgress(step, {b: set() for b in st.owned})
-                for blk in st.owned.values():
-                    blk.acc = [torch.zeros_like(p) for p in blk.params]
+                for b, blk in st.owned.items():
+                    # the last block's loss travels in one more element with its gradients
+                    blk.fresh_acc(1 if b == st.P - 1 else 0)
                 rest = {b: self._program(b) for b in st.owned}
         programs = {b: prog for b, prog in rest.items() if prog}
         # each block's program on a kept pool thread (comm.POOL), not a thread per step
@@ -495,7 +500,16 @@ class Worker:
         loss: float | None = None
         for b in sorted(st.owned):
             blk = st.owned[b]
-            if blk.stash_step != step:
+            t0 = time.monotonic()
+            extra = 1 if b == st.P - 1 else 0
+            flat = blk.acc_flat
+            if blk.stash_step != step and flat is not None and flat.numel() == blk.numel() + extra:
+                # the accumulators are views of this buffer (fresh_acc): it is the stash
+                if extra:
+                    flat[-1] = self._step_loss(step)
+                blk.stash = flat
+                blk.stash_step = step
+            elif blk.stash_step != step:
                 parts = [a.reshape(-1) for a in blk.acc]
                 if b == st.P - 1:
                     parts.append(
@@ -517,7 +531,9 @@ class Worker:
                 blk.stash_step = step
             st.check_kill(Op.ALLREDUCE)
             assert blk.stash is not None
+            t1 = time.monotonic()
             reduced = groups.allreduce(b, st.topo.group(b), blk.stash, st.changed)
+            t2 = time.monotonic()
             st.check_kill(Op.OPTIMIZER)
             blk.apply(reduced, step)
             n = blk.numel()
@@ -526,6 +542,10 @@ class Worker:
             holder = st.topo.replica_holder(st.pipe, b)
             if holder is not None:
                 sends.append((holder, tr.send(holder, tag(SYNC, b, step, 0), reduced[:n])))
+            st.phase(step, "stash", t1 - t0)
+            st.phase(step, "allreduce", t2 - t1)
+            st.phase(step, "snapshot", blk.last_apply_s[0])
+            st.phase(step, "optimizer", blk.last_apply_s[1])
         if st.replica is not None:
             rep = st.replica
             src = st.topo.owner(st.pipe, rep.index)
@@ -539,7 +559,9 @@ class Worker:
             )
             if st.mode.eager_frc:
                 # before the replica's update is applied: FRC belongs to this step's version
+                t_frc = time.monotonic()
                 self.interpreter.leftover_frc(step, update)
+                st.phase(step, "leftover_frc", time.monotonic() - t_frc)
             t_wait = time.monotonic()
             wait_any([update], st.changed)
             if not update.done.is_set():
@@ -557,6 +579,8 @@ class Worker:
                 # how long this step's threads waited for it (eager FRC before its forward)
                 "replica_settle": st.replica_settle_s.pop(step, 0.0),
             }
+            st.phase(step, "replica_wait", self.sync_profile[step]["replica_wait"])
+        t_sends = time.monotonic()
         for holder, work in sends:
             if work is None:
                 continue
@@ -566,6 +590,7 @@ class Worker:
                 # gloo's "Connection closed by peer" when the holder died mid-send: a lost
                 # peer (failover), like every other send and receive, not a crash
                 raise LinkError(holder, first_sentence(exc)) from exc
+        st.phase(step, "update_send_wait", time.monotonic() - t_sends)
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
         self.step_ends.append(now)
