@@ -61,7 +61,7 @@ from learner.runtime.options import LINK_KILL_POINT, KillPoint, WorkerOptions
 from learner.runtime.partition import balanced_boundaries, param_costs, profile_costs
 from learner.runtime.schedule import Instr, Op
 from learner.runtime.topology import Topology
-from learner.runtime.worker_state import BlockState, StepProgress, WorkerState
+from learner.runtime.worker_state import BlockState, StepProgress, WorkerState, prefer_foreach
 
 # worker.py and launch.py import the options together with Worker from here
 __all__ = ["KillPoint", "Worker", "WorkerOptions"]
@@ -138,6 +138,12 @@ class Worker:
         self.sync_profile: dict[int, dict[str, float]] = {}
         # flat gradients (+ the loss on the last stage) per owned block, reused every step
         self._stash_bufs: dict[int, torch.Tensor] = {}
+        # the receive of the replica's update, posted when its step starts:
+        # (step, transport, replica, the call)
+        self._update_recv: tuple[int, Transport, BlockState, BackgroundCall[Any]] | None = None
+        # this worker's own update sends of the last step, waited for by the next sync
+        # phase (or the finish): (holder, work, the tensor sent, transport)
+        self._update_sends: list[tuple[int, Any, torch.Tensor, Transport]] = []
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
     @property
@@ -184,7 +190,7 @@ class Worker:
             st.replica = self._block_state(rep, blocks[rep])
 
     def _block_state(self, index: int, module: nn.Module) -> BlockState:
-        return BlockState(index, module, self.job.optimizer(module.parameters()))
+        return BlockState(index, module, prefer_foreach(self.job.optimizer(module.parameters())))
 
     def _partition(self, layers: list[nn.Module]) -> list[int]:
         P = self.state.P
@@ -450,6 +456,10 @@ class Worker:
                     # the last block's loss travels in one more element with its gradients
                     blk.fresh_acc(1 if b == st.P - 1 else 0)
                 rest = {b: self._program(b) for b in st.owned}
+        if not recovering and st.replica is not None:
+            # posted now, not in the sync phase: gloo moves a message once both sides have
+            # posted, so the update then travels while this worker still computes
+            self._replica_update_recv(step)
         programs = {b: prog for b, prog in rest.items() if prog}
         # each block's program on a kept pool thread (comm.POOL), not a thread per step
         calls = [
@@ -496,7 +506,9 @@ class Worker:
         st = self.state
         tr, groups = st.transport, st.groups
         assert tr is not None and groups is not None
-        sends: list[tuple[int, Any]] = []  # (the replica's holder, the send's work)
+        t_sends = time.monotonic()
+        self._wait_update_sends()
+        st.phase(step, "update_send_wait", time.monotonic() - t_sends)
         loss: float | None = None
         for b in sorted(st.owned):
             blk = st.owned[b]
@@ -535,28 +547,28 @@ class Worker:
             reduced = groups.allreduce(b, st.topo.group(b), blk.stash, st.changed)
             t2 = time.monotonic()
             st.check_kill(Op.OPTIMIZER)
-            blk.apply(reduced, step)
             n = blk.numel()
-            if b == st.P - 1:
-                loss = float(reduced[n].item())
             holder = st.topo.replica_holder(st.pipe, b)
             if holder is not None:
-                sends.append((holder, tr.send(holder, tag(SYNC, b, step, 0), reduced[:n])))
+                # sent before this worker's own optimizer step, which does not change
+                # `reduced` (apply copies it): the holder's copy travels meanwhile
+                sent = reduced[:n]
+                work = tr.send(holder, tag(SYNC, b, step, 0), sent)
+                if work is not None:
+                    self._update_sends.append((holder, work, sent, tr))
+            blk.apply(reduced, step)
+            if b == st.P - 1:
+                loss = float(reduced[n].item())
             st.phase(step, "stash", t1 - t0)
             st.phase(step, "allreduce", t2 - t1)
             st.phase(step, "snapshot", blk.last_apply_s[0])
             st.phase(step, "optimizer", blk.last_apply_s[1])
         if st.replica is not None:
             rep = st.replica
-            src = st.topo.owner(st.pipe, rep.index)
-            shape = torch.Size([rep.numel()])
-            # posted first: the FRC left over runs while the update is on its way (on the
-            # last stage that is its cool-down bubble: the update comes after its
-            # predecessors' last backwards)
-            update = BackgroundCall(
-                lambda: tr.recv(src, tag(SYNC, rep.index, step, 0), shape, self.job.dtype),
-                f"wait-replica-update-{rep.index}",
-            )
+            # posted when the step started (or now, after a failover): the FRC left over
+            # runs while the update is on its way (on the last stage that is its cool-down
+            # bubble: the update comes after its predecessors' last backwards)
+            update = self._replica_update_recv(step)
             if st.mode.eager_frc:
                 # before the replica's update is applied: FRC belongs to this step's version
                 t_frc = time.monotonic()
@@ -580,17 +592,6 @@ class Worker:
                 "replica_settle": st.replica_settle_s.pop(step, 0.0),
             }
             st.phase(step, "replica_wait", self.sync_profile[step]["replica_wait"])
-        t_sends = time.monotonic()
-        for holder, work in sends:
-            if work is None:
-                continue
-            try:
-                interruptible(work.wait, st.changed, "replica update send")
-            except RuntimeError as exc:
-                # gloo's "Connection closed by peer" when the holder died mid-send: a lost
-                # peer (failover), like every other send and receive, not a crash
-                raise LinkError(holder, first_sentence(exc)) from exc
-        st.phase(step, "update_send_wait", time.monotonic() - t_sends)
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
         self.step_ends.append(now)
@@ -607,6 +608,42 @@ class Worker:
                     flush=True,
                 )
 
+    def _replica_update_recv(self, step: int) -> BackgroundCall[Any]:
+        """The receive of the replica's update of ``step`` on a pool thread: the one posted
+        when the step started, or a new one when the configuration (the transport or the
+        replica) changed since (a failover; the old receive is abandoned with its links)."""
+        st = self.state
+        rep, tr = st.replica, st.transport
+        assert rep is not None and tr is not None
+        got = self._update_recv
+        if got is not None and got[0] == step and got[1] is tr and got[2] is rep:
+            return got[3]
+        src = st.topo.owner(st.pipe, rep.index)
+        shape = torch.Size([rep.numel()])
+        call: BackgroundCall[Any] = BackgroundCall(
+            lambda: tr.recv(src, tag(SYNC, rep.index, step, 0), shape, self.job.dtype),
+            f"wait-replica-update-{rep.index}",
+        )
+        self._update_recv = (step, tr, rep, call)
+        return call
+
+    def _wait_update_sends(self) -> None:
+        """Wait for this worker's update sends of the last step (left in flight when it
+        ended, so the next step's forwards start at once). The tensor sent stays referenced
+        until then; the stash it views is not reused before (``fresh_acc`` alternates two
+        buffers). Sends on an earlier generation's links are abandoned with them."""
+        st = self.state
+        pending, self._update_sends = self._update_sends, []
+        for holder, work, _sent, tr in pending:
+            if tr is not st.transport:
+                continue
+            try:
+                interruptible(work.wait, st.changed, "replica update send")
+            except RuntimeError as exc:
+                # gloo's "Connection closed by peer" when the holder died mid-send: a lost
+                # peer (failover), like every other send and receive, not a crash
+                raise LinkError(holder, first_sentence(exc)) from exc
+
     # ------------------------------------------------------------------ finish
 
     def _finish(self) -> None:
@@ -615,6 +652,8 @@ class Worker:
             out = Path(self.opts.out_dir)
             out.mkdir(parents=True, exist_ok=True)
             torch.save(self.params(), out / f"worker{st.me}.pt")
+        # the last step's update sends end before this worker says it is done
+        self._wait_update_sends()
         # Leave together: a worker that exits while a peer still reads from it would
         # look like a failure to that peer.
         # A failure in the last step sends everybody back (Interrupted) to redo it.

@@ -34,6 +34,24 @@ from learner.runtime.snapshot import OptimizerSnapshot
 from learner.runtime.topology import Topology
 
 
+def prefer_foreach(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Use the optimizer's multi-tensor (``foreach``) step where the job left the choice
+    to torch (``foreach=None``, which on CPU means a Python loop over the parameters).
+
+    The same arithmetic per tensor (on CPU each foreach op runs the single-tensor op per
+    tensor), so numerics do not change; what it saves is a Python call per parameter and
+    operation — which matters most for the replica's update, applied on the updater
+    thread beside the step loop, where every such call contends for the GIL. On CUDA
+    torch already picks foreach for ``None``. A job that set ``foreach`` or ``fused``
+    keeps its choice.
+    """
+    for group in optimizer.param_groups:
+        unset = "foreach" in group and group["foreach"] is None
+        if unset and not group.get("fused") and not group.get("differentiable"):
+            group["foreach"] = True
+    return optimizer
+
+
 @dataclass
 class BlockState:
     index: int
