@@ -575,7 +575,8 @@ class Worker:
                 self.interpreter.leftover_frc(step, update)
                 st.phase(step, "leftover_frc", time.monotonic() - t_frc)
             t_wait = time.monotonic()
-            wait_any([update], st.changed)
+            with st.updater.idle():
+                wait_any([update], st.changed)
             if not update.done.is_set():
                 raise Interrupted(
                     f"configuration changed while waiting for replica update of block {rep.index}"

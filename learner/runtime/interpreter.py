@@ -237,7 +237,9 @@ class Interpreter:
         cap = planned if self.cap_to_plan else 0
         t0 = time.monotonic()
         if not (filling and bubbles.fits(key, 0.0, floor) and self._next_frc(step) is not None):
-            got = receive()
+            # a wait: the replica's update may be applied meanwhile (replica_update)
+            with st.updater.idle():
+                got = receive()
             waited = time.monotonic() - t0
             bubbles.record_wait(key, waited)
             st.phase(step, "recv_wait", waited)
@@ -253,7 +255,8 @@ class Interpreter:
             span = self._ensure_frc(step, m, epoch, None)
             if span is not None:
                 spans.append(span)
-        call.done.wait()
+        with st.updater.idle():
+            call.done.wait()
         filled = 0.0
         for span in spans:
             self._attribute(step, span, call, OVERRUN)

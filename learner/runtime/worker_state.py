@@ -211,7 +211,7 @@ class WorkerState:
         self.frc: dict[tuple[int, int], FrcRecord] = {}
         self.progress = StepProgress(-1)
         # applies the replica's received updates on its own kept thread (settle_replica)
-        self.updater = ReplicaUpdater(lambda: self.epoch, self.log)
+        self.updater = ReplicaUpdater(lambda: self.epoch, self.log, when_idle=True)
         # seconds the worker's threads waited for the updater, by step (the profile)
         self.replica_settle_s: dict[int, float] = {}
         # seconds per step and phase of the step (``phase``; benchmarks' --profile)
