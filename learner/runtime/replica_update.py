@@ -7,9 +7,10 @@ a failover's rendezvous relies on. Applying them — the replica's optimizer ste
 rollback snapshot (``BlockState.apply``), about as much work as the worker's own update —
 ran on the step loop, in the next sync phase, on the critical path of every step.
 ``ReplicaUpdater`` applies them on its one long-lived thread instead, while the step loop
-goes on; the worker's updater (``when_idle``) starts one only while a step thread waits
-for a message — the next step's first bubble — or something settles it, not beside the
-step's first forwards.
+goes on; without eager FRC the worker's updater (``when_idle``) starts one only while a
+step thread waits for a message — the next step's first bubble — or something settles
+it, not beside the step's first forwards (with eager FRC the step's first FRC needs it
+in that bubble, so it starts at once).
 
 The receive itself stays where it was (a kept pool thread the step loop waits on, ``comm``):
 a gloo receive cannot be cancelled, and one abandoned on a dead configuration must not

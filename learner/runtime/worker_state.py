@@ -210,8 +210,13 @@ class WorkerState:
         self.replica: BlockState | None = None
         self.frc: dict[tuple[int, int], FrcRecord] = {}
         self.progress = StepProgress(-1)
-        # applies the replica's received updates on its own kept thread (settle_replica)
-        self.updater = ReplicaUpdater(lambda: self.epoch, self.log, when_idle=True)
+        # applies the replica's received updates on its own kept thread (settle_replica);
+        # in a wait of the step where nothing else needs the replica soon: with eager FRC
+        # the step's first FRC (in its first bubble) waits for the update, so it starts
+        # at once and is done by then (measured: gated, the FRC lost that bubble to it)
+        self.updater = ReplicaUpdater(
+            lambda: self.epoch, self.log, when_idle=not self.mode.eager_frc
+        )
         # seconds the worker's threads waited for the updater, by step (the profile)
         self.replica_settle_s: dict[int, float] = {}
         # seconds per step and phase of the step (``phase``; benchmarks' --profile)
