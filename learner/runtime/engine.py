@@ -3,9 +3,10 @@
 A worker starts (lease, partition, blocks, links), then runs steps: the compute phase
 runs each owned block's instruction list through the ``Interpreter`` on a kept pool
 thread (``comm.POOL``: no thread is started per step); then the sync phase: per owned block, in block order, the local
-gradients are stashed, all-reduced across pipelines (on a copy), a snapshot of parameters
-and optimizer state is taken and the optimizer steps; the reduced gradients go to the
-block's replica holder, which applies the same update, so replica and original stay
+gradients are stashed (the accumulators' flat buffer), all-reduced across pipelines (on a
+copy) and sent to the block's replica holder (the send is awaited by the next sync
+phase), then a snapshot of parameters and optimizer state is taken and the optimizer
+steps; the holder applies the same update, so replica and original stay
 bit-identical. The holder's step ends once that update is received; applying it runs on
 the worker's kept updater thread (``replica_update``), off the step loop, while the next
 step's forwards and waits go on. A watcher thread keeps the etcd lease and acts on the cluster state's
