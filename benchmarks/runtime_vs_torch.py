@@ -110,6 +110,7 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from learner.runtime.partition import balanced_boundaries, param_costs
+    from learner.runtime.worker_state import prefer_foreach
 
     torch.manual_seed(job.seed)
     layers = [layer.to(dtype=job.dtype) for layer in job.build_layers()]
@@ -123,33 +124,82 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     stage = PipelineStage(module, me, stages, torch.device("cpu"), group=group)
     schedule_cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
     schedule = schedule_cls(stage, job.microbatches, loss_fn=loss_fn, scale_grads=False)
-    optimizer = job.optimizer(module.parameters())
+    # the optimizer implementation the runtime runs (its multi-tensor step where the job
+    # left the choice to torch; the same arithmetic): the comparison is of the pipelines
+    optimizer = prefer_foreach(job.optimizer(module.parameters()))
     first, last = me == 0, me == stages - 1
     times: list[float] = []
     ends: list[float] = []
     cpu: list[float] = []
     losses: list[float] = []
+    phases: dict[int, dict[str, float]] = {}
     t_last = time.monotonic()
-    for step in range(job.steps):
-        mbs = [job.batch(step, 0, m) for m in range(job.microbatches)]
-        x = torch.cat([b[0] for b in mbs]) if first else None
-        y = torch.cat([b[1] for b in mbs]) if last else None
-        if first:
-            schedule.step(x)
-        elif last:
-            got: list[torch.Tensor] = []
-            schedule.step(target=y, losses=got)
-            losses.append(float(sum(float(v.item()) for v in got)))
-        else:
-            schedule.step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        now = time.monotonic()
-        times.append(now - t_last)
-        ends.append(now)
-        cpu.append(time.process_time())
-        t_last = now
-    return {"times": times, "ends": ends, "cpu": cpu, "losses": losses, "frc": None}
+    with _torch_phases(schedule, stage, phases) as at:
+        for step in range(job.steps):
+            at[0] = step
+            mbs = [job.batch(step, 0, m) for m in range(job.microbatches)]
+            x = torch.cat([b[0] for b in mbs]) if first else None
+            y = torch.cat([b[1] for b in mbs]) if last else None
+            t0 = time.monotonic()
+            if first:
+                schedule.step(x)
+            elif last:
+                got: list[torch.Tensor] = []
+                schedule.step(target=y, losses=got)
+                losses.append(float(sum(float(v.item()) for v in got)))
+            else:
+                schedule.step()
+            t1 = time.monotonic()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            now = time.monotonic()
+            row = phases.setdefault(step, {})
+            row["compute_phase"] = t1 - t0
+            row["optimizer"] = now - t1
+            row["sync_phase"] = now - t1
+            times.append(now - t_last)
+            ends.append(now)
+            cpu.append(time.process_time())
+            t_last = now
+    return {
+        "times": times,
+        "ends": ends,
+        "cpu": cpu,
+        "losses": losses,
+        "frc": None,
+        "phase_steps": {str(k): v for k, v in sorted(phases.items())},
+    }
+
+
+@contextlib.contextmanager
+def _torch_phases(schedule: Any, stage: Any, phases: dict[int, dict[str, float]]) -> Any:
+    """Time torch.distributed.pipelining's step by the runtime's phase names (``--profile``):
+    forward (with the loss), backward, and the waits for its batched sends and receives.
+    Yields ``[step]``, the step the times go to."""
+    from torch.distributed.pipelining import schedules
+
+    at = [0]
+
+    def timed(fn: Any, name: str) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return fn(*a, **kw)
+            finally:
+                row = phases.setdefault(at[0], {})
+                row[name] = row.get(name, 0.0) + time.monotonic() - t0
+
+        return run
+
+    wait = schedules._wait_batch_p2p
+    schedules._wait_batch_p2p = timed(wait, "recv_wait")  # type: ignore[attr-defined]
+    stage.forward_one_chunk = timed(stage.forward_one_chunk, "forward")
+    stage.backward_one_chunk = timed(stage.backward_one_chunk, "backward")
+    schedule._maybe_compute_loss = timed(schedule._maybe_compute_loss, "forward")
+    try:
+        yield at
+    finally:
+        schedules._wait_batch_p2p = wait  # type: ignore[attr-defined]
 
 
 def run_rhizome(
@@ -186,6 +236,8 @@ def run_rhizome(
         },
         # per step: seconds the sync phase waited for the replica's update / applied one
         "sync_steps": {str(step): row for step, row in sorted(worker.sync_profile.items())},
+        # per step: seconds in each phase of the step (WorkerState.phase)
+        "phase_steps": {str(step): row for step, row in sorted(worker.state.phases.items())},
     }
 
 
@@ -401,6 +453,7 @@ def summarize(
         }
         # CPU in steady state: from the end of the warm-up steps to the end of the run
         cpu: dict[str, float] = {}
+        cpu_step_s = 0.0  # CPU seconds per step, all workers together, mean over repetitions
         etcd_s = etcd_wall = 0.0
         steady_s = steady_wall = steady_sched_s = 0.0
         for w in range(stages):
@@ -408,6 +461,7 @@ def summarize(
             for r in (r for r in runs if r["worker"] == w):
                 used += r["cpu"][-1] - r["cpu"][WARM - 1]
                 wall += r["ends"][-1] - r["ends"][WARM - 1]
+                cpu_step_s += (r["cpu"][-1] - r["cpu"][WARM - 1]) / (len(r["cpu"]) - WARM)
                 if w == last:
                     t0, t1 = r["ends"][WARM - 1], r["ends"][-1]
                     etcd_s += etcd_cpu.at(t1) - etcd_cpu.at(t0)
@@ -422,6 +476,7 @@ def summarize(
                         steady_wall += s1 - s0
             cpu[f"worker{w}"] = used / wall if wall else 0.0
         row["cpu_cores"] = cpu
+        row["cpu_ms_per_step"] = 1000 * cpu_step_s / max(1, len(lasts))
         row["etcd_cpu_cores"] = etcd_s / etcd_wall if etcd_wall else 0.0
         row["etcd_steady_cpu_cores"] = steady_s / steady_wall if steady_wall > 0 else None
         row["etcd_steady_window_s"] = steady_wall
@@ -507,6 +562,17 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{f['overrun']:.1f} ms past a message's arrival (overrun), "
                 f"{f['brc']:.1f} ms before an eager BRC"
             )
+    # what the machine allows: the workers' CPU per step spread over every core is a floor
+    # no schedule beats (the CPU includes every thread of the worker processes)
+    cores = os.cpu_count() or 1
+    base = modes.get("rz-none")
+    for mode, row in modes.items():
+        floor = row["cpu_ms_per_step"] / cores
+        rel = f" = {floor / base['iter_ms']:.3f}x rz-none's median" if base else ""
+        print(
+            f"# {mode}: workers' CPU {row['cpu_ms_per_step']:.1f} ms per step; on {cores} "
+            f"cores no schedule runs a step in under {floor:.1f} ms{rel}"
+        )
     print(f"losses match torch 1F1B within {LOSS_TOL:g}: {summary['losses_match']}")
     for mode, (base, goal) in GOALS.items():
         if mode in modes and base in modes:
@@ -574,8 +640,78 @@ def sync_profile(recs: list[dict[str, Any]], stages: int) -> None:
             print(f"| {mode} | {w} ({w % stages}) | " + " | ".join(cells) + " |")
 
 
+# the phases of --profile's per-phase table, in the order of a step; "other" is the rest
+# of the iteration (the step loop's own bookkeeping, thread hand-offs, the block thread's
+# own work between its instructions)
+PHASES = [
+    ("forward", "forward (+ loss)"),
+    ("backward", "backward (+ accumulate)"),
+    ("frc", "eager FRC in waits"),
+    ("brc", "eager BRC"),
+    ("recv_wait", "receive waits"),
+    ("send_post", "send posts"),
+    ("send_wait", "send waits"),
+    ("load", "batch load"),
+    ("stash", "gradient stash"),
+    ("allreduce", "all-reduce"),
+    ("snapshot", "snapshot"),
+    ("optimizer", "optimizer"),
+    ("leftover_frc", "left-over FRC"),
+    ("replica_wait", "replica update wait"),
+    ("update_send_wait", "update send wait"),
+]
+
+
+def phase_profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: where each stage's iteration goes, ms per step (steps ``WARM``+),
+    median over steps of every repetition: the runtime's own phase record
+    (``WorkerState.phase``) and the same names timed around torch.distributed.pipelining."""
+    rows = [r for r in recs if r.get("phase_steps")]
+    if not rows:
+        return
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cols = [(m, w) for m in modes for w in range(stages)]
+    print(
+        f"\n# --profile phases: ms per iteration (steps {WARM}+, mean over steps and repetitions); "
+        "'other' = iteration - the phases above (bookkeeping, thread hand-offs)"
+    )
+    print("| phase | " + " | ".join(f"{m} s{w}" for m, w in cols) + " |")
+    print("| --- |" + " ---: |" * len(cols))
+
+    def mean_of(mode: str, w: int, fn: Any) -> float:
+        vals = [
+            fn(r, int(k), row)
+            for r in rows
+            if r["mode"] == mode and r["worker"] == w
+            for k, row in r["phase_steps"].items()
+            if int(k) >= WARM and int(k) < len(r["times"])
+        ]
+        return 1000 * statistics.mean(vals) if vals else float("nan")
+
+    names = [
+        (k, label)
+        for k, label in PHASES
+        if any(k in row for r in rows for row in r["phase_steps"].values())
+    ]
+    for key, label in names:
+        cells = [mean_of(m, w, lambda r, k, row, key=key: row.get(key, 0.0)) for m, w in cols]
+        print(f"| {label} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+    keys = [k for k, _ in names]
+    other = [
+        mean_of(m, w, lambda r, k, row: r["times"][k] - sum(row.get(x, 0.0) for x in keys))
+        for m, w in cols
+    ]
+    print("| other | " + " | ".join(f"{c:.1f}" for c in other) + " |")
+    iters = [mean_of(m, w, lambda r, k, row: r["times"][k]) for m, w in cols]
+    print("| iteration | " + " | ".join(f"{c:.1f}" for c in iters) + " |")
+    for name, label in (("compute_phase", "compute phase"), ("sync_phase", "sync phase")):
+        cells = [mean_of(m, w, lambda r, k, row, n=name: row.get(n, 0.0)) for m, w in cols]
+        print(f"| ({label}) | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+
+
 def profile(recs: list[dict[str, Any]], stages: int) -> None:
     """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
+    phase_profile(recs, stages)
     sync_profile(recs, stages)
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
         print(

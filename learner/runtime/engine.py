@@ -3,9 +3,10 @@
 A worker starts (lease, partition, blocks, links), then runs steps: the compute phase
 runs each owned block's instruction list through the ``Interpreter`` on a kept pool
 thread (``comm.POOL``: no thread is started per step); then the sync phase: per owned block, in block order, the local
-gradients are stashed, all-reduced across pipelines (on a copy), a snapshot of parameters
-and optimizer state is taken and the optimizer steps; the reduced gradients go to the
-block's replica holder, which applies the same update, so replica and original stay
+gradients are stashed (the accumulators' flat buffer), all-reduced across pipelines (on a
+copy) and sent to the block's replica holder (the send is awaited by the next sync
+phase), then a snapshot of parameters and optimizer state is taken and the optimizer
+steps; the holder applies the same update, so replica and original stay
 bit-identical. The holder's step ends once that update is received; applying it runs on
 the worker's kept updater thread (``replica_update``), off the step loop, while the next
 step's forwards and waits go on. A watcher thread keeps the etcd lease and acts on the cluster state's
@@ -61,7 +62,7 @@ from learner.runtime.options import LINK_KILL_POINT, KillPoint, WorkerOptions
 from learner.runtime.partition import balanced_boundaries, param_costs, profile_costs
 from learner.runtime.schedule import Instr, Op
 from learner.runtime.topology import Topology
-from learner.runtime.worker_state import BlockState, StepProgress, WorkerState
+from learner.runtime.worker_state import BlockState, StepProgress, WorkerState, prefer_foreach
 
 # worker.py and launch.py import the options together with Worker from here
 __all__ = ["KillPoint", "Worker", "WorkerOptions"]
@@ -138,6 +139,12 @@ class Worker:
         self.sync_profile: dict[int, dict[str, float]] = {}
         # flat gradients (+ the loss on the last stage) per owned block, reused every step
         self._stash_bufs: dict[int, torch.Tensor] = {}
+        # the receive of the replica's update, posted when its step starts:
+        # (step, transport, replica, the call)
+        self._update_recv: tuple[int, Transport, BlockState, BackgroundCall[Any]] | None = None
+        # this worker's own update sends of the last step, waited for by the next sync
+        # phase (or the finish): (holder, work, the tensor sent, transport)
+        self._update_sends: list[tuple[int, Any, torch.Tensor, Transport]] = []
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
     @property
@@ -184,7 +191,7 @@ class Worker:
             st.replica = self._block_state(rep, blocks[rep])
 
     def _block_state(self, index: int, module: nn.Module) -> BlockState:
-        return BlockState(index, module, self.job.optimizer(module.parameters()))
+        return BlockState(index, module, prefer_foreach(self.job.optimizer(module.parameters())))
 
     def _partition(self, layers: list[nn.Module]) -> list[int]:
         P = self.state.P
@@ -390,8 +397,12 @@ class Worker:
                     if rest is None and self.halt is not None:
                         self.halt.step_s = max((t for _, t in self.step_times[-16:]), default=0.0)
                         self.halt.at_boundary(step, self._last_periodic)
+                    t0 = time.monotonic()
                     self._compute(step, rest)
+                    t1 = time.monotonic()
+                    st.phase(step, "compute_phase", t1 - t0)
                     self._sync(step)
+                    st.phase(step, "sync_phase", time.monotonic() - t1)
                     step += 1
                     rest = None
                     self._save_checkpoint(step)
@@ -442,9 +453,14 @@ class Worker:
                 st.batches = {k: v for k, v in st.batches.items() if k[0] >= step}
                 st.frc = {k: r for k, r in st.frc.items() if r.step == step}
                 st.progress = StepProgress(step, {b: set() for b in st.owned})
-                for blk in st.owned.values():
-                    blk.acc = [torch.zeros_like(p) for p in blk.params]
+                for b, blk in st.owned.items():
+                    # the last block's loss travels in one more element with its gradients
+                    blk.fresh_acc(1 if b == st.P - 1 else 0)
                 rest = {b: self._program(b) for b in st.owned}
+        if not recovering and st.replica is not None:
+            # posted now, not in the sync phase: gloo moves a message once both sides have
+            # posted, so the update then travels while this worker still computes
+            self._replica_update_recv(step)
         programs = {b: prog for b, prog in rest.items() if prog}
         # each block's program on a kept pool thread (comm.POOL), not a thread per step
         calls = [
@@ -491,11 +507,22 @@ class Worker:
         st = self.state
         tr, groups = st.transport, st.groups
         assert tr is not None and groups is not None
-        sends: list[tuple[int, Any]] = []  # (the replica's holder, the send's work)
+        t_sends = time.monotonic()
+        self._wait_update_sends()
+        st.phase(step, "update_send_wait", time.monotonic() - t_sends)
         loss: float | None = None
         for b in sorted(st.owned):
             blk = st.owned[b]
-            if blk.stash_step != step:
+            t0 = time.monotonic()
+            extra = 1 if b == st.P - 1 else 0
+            flat = blk.acc_flat
+            if blk.stash_step != step and flat is not None and flat.numel() == blk.numel() + extra:
+                # the accumulators are views of this buffer (fresh_acc): it is the stash
+                if extra:
+                    flat[-1] = self._step_loss(step)
+                blk.stash = flat
+                blk.stash_step = step
+            elif blk.stash_step != step:
                 parts = [a.reshape(-1) for a in blk.acc]
                 if b == st.P - 1:
                     parts.append(
@@ -517,31 +544,40 @@ class Worker:
                 blk.stash_step = step
             st.check_kill(Op.ALLREDUCE)
             assert blk.stash is not None
+            t1 = time.monotonic()
             reduced = groups.allreduce(b, st.topo.group(b), blk.stash, st.changed)
+            t2 = time.monotonic()
             st.check_kill(Op.OPTIMIZER)
-            blk.apply(reduced, step)
             n = blk.numel()
-            if b == st.P - 1:
-                loss = float(reduced[n].item())
             holder = st.topo.replica_holder(st.pipe, b)
             if holder is not None:
-                sends.append((holder, tr.send(holder, tag(SYNC, b, step, 0), reduced[:n])))
+                # sent before this worker's own optimizer step, which does not change
+                # `reduced` (apply copies it): the holder's copy travels meanwhile
+                sent = reduced[:n]
+                work = tr.send(holder, tag(SYNC, b, step, 0), sent)
+                if work is not None:
+                    self._update_sends.append((holder, work, sent, tr))
+            blk.apply(reduced, step)
+            if b == st.P - 1:
+                loss = float(reduced[n].item())
+            st.phase(step, "stash", t1 - t0)
+            st.phase(step, "allreduce", t2 - t1)
+            st.phase(step, "snapshot", blk.last_apply_s[0])
+            st.phase(step, "optimizer", blk.last_apply_s[1])
         if st.replica is not None:
             rep = st.replica
-            src = st.topo.owner(st.pipe, rep.index)
-            shape = torch.Size([rep.numel()])
-            # posted first: the FRC left over runs while the update is on its way (on the
-            # last stage that is its cool-down bubble: the update comes after its
-            # predecessors' last backwards)
-            update = BackgroundCall(
-                lambda: tr.recv(src, tag(SYNC, rep.index, step, 0), shape, self.job.dtype),
-                f"wait-replica-update-{rep.index}",
-            )
+            # posted when the step started (or now, after a failover): the FRC left over
+            # runs while the update is on its way (on the last stage that is its cool-down
+            # bubble: the update comes after its predecessors' last backwards)
+            update = self._replica_update_recv(step)
             if st.mode.eager_frc:
                 # before the replica's update is applied: FRC belongs to this step's version
+                t_frc = time.monotonic()
                 self.interpreter.leftover_frc(step, update)
+                st.phase(step, "leftover_frc", time.monotonic() - t_frc)
             t_wait = time.monotonic()
-            wait_any([update], st.changed)
+            with st.updater.idle():
+                wait_any([update], st.changed)
             if not update.done.is_set():
                 raise Interrupted(
                     f"configuration changed while waiting for replica update of block {rep.index}"
@@ -557,15 +593,7 @@ class Worker:
                 # how long this step's threads waited for it (eager FRC before its forward)
                 "replica_settle": st.replica_settle_s.pop(step, 0.0),
             }
-        for holder, work in sends:
-            if work is None:
-                continue
-            try:
-                interruptible(work.wait, st.changed, "replica update send")
-            except RuntimeError as exc:
-                # gloo's "Connection closed by peer" when the holder died mid-send: a lost
-                # peer (failover), like every other send and receive, not a crash
-                raise LinkError(holder, first_sentence(exc)) from exc
+            st.phase(step, "replica_wait", self.sync_profile[step]["replica_wait"])
         now = time.monotonic()
         self.step_times.append((step, now - self._t_last))
         self.step_ends.append(now)
@@ -582,6 +610,42 @@ class Worker:
                     flush=True,
                 )
 
+    def _replica_update_recv(self, step: int) -> BackgroundCall[Any]:
+        """The receive of the replica's update of ``step`` on a pool thread: the one posted
+        when the step started, or a new one when the configuration (the transport or the
+        replica) changed since (a failover; the old receive is abandoned with its links)."""
+        st = self.state
+        rep, tr = st.replica, st.transport
+        assert rep is not None and tr is not None
+        got = self._update_recv
+        if got is not None and got[0] == step and got[1] is tr and got[2] is rep:
+            return got[3]
+        src = st.topo.owner(st.pipe, rep.index)
+        shape = torch.Size([rep.numel()])
+        call: BackgroundCall[Any] = BackgroundCall(
+            lambda: tr.recv(src, tag(SYNC, rep.index, step, 0), shape, self.job.dtype),
+            f"wait-replica-update-{rep.index}",
+        )
+        self._update_recv = (step, tr, rep, call)
+        return call
+
+    def _wait_update_sends(self) -> None:
+        """Wait for this worker's update sends of the last step (left in flight when it
+        ended, so the next step's forwards start at once). The tensor sent stays referenced
+        until then; the stash it views is not reused before (``fresh_acc`` alternates two
+        buffers). Sends on an earlier generation's links are abandoned with them."""
+        st = self.state
+        pending, self._update_sends = self._update_sends, []
+        for holder, work, _sent, tr in pending:
+            if tr is not st.transport:
+                continue
+            try:
+                interruptible(work.wait, st.changed, "replica update send")
+            except RuntimeError as exc:
+                # gloo's "Connection closed by peer" when the holder died mid-send: a lost
+                # peer (failover), like every other send and receive, not a crash
+                raise LinkError(holder, first_sentence(exc)) from exc
+
     # ------------------------------------------------------------------ finish
 
     def _finish(self) -> None:
@@ -590,6 +654,8 @@ class Worker:
             out = Path(self.opts.out_dir)
             out.mkdir(parents=True, exist_ok=True)
             torch.save(self.params(), out / f"worker{st.me}.pt")
+        # the last step's update sends end before this worker says it is done
+        self._wait_update_sends()
         # Leave together: a worker that exits while a peer still reads from it would
         # look like a failure to that peer.
         # A failure in the last step sends everybody back (Interrupted) to redo it.

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from learner.runtime import reconfigure
@@ -209,7 +208,7 @@ class Failover:
             for b, blk in st.owned.items():
                 st.progress.accumulated[b] = set(range(st.M)) if blk.stash_step == resume else set()
                 if blk.stash_step != resume:
-                    blk.acc = [torch.zeros_like(p) for p in blk.params]
+                    blk.fresh_acc(1 if b == st.P - 1 else 0)
         progress = {
             b: self._reported_progress(reports[topo.owner(st.pipe, b)], b, resume)
             for b in range(st.P)
@@ -259,7 +258,7 @@ class Failover:
         st.owned[k] = rep
         st.replica = None
         rep.stash_step = -1
-        rep.acc = [torch.zeros_like(p) for p in rep.params]
+        rep.fresh_acc(1 if k == st.P - 1 else 0)
         with st.lock:
             prog = st.progress
             done = prog.accumulated.setdefault(k, set())

@@ -38,6 +38,18 @@ from learner.runtime.comm import ACT, BRC_GRAD, GRAD, BackgroundCall, tag
 from learner.runtime.schedule import Instr, Op, frc_plan
 from learner.runtime.worker_state import FrcRecord, WorkerState
 
+# the phase of a step (``WorkerState.phase``) each instruction's time goes to; receives
+# record their own (their wait, and the eager FRC that filled it)
+_PHASE = {
+    Op.LOAD: "load",
+    Op.FORWARD: "forward",
+    Op.SEND_ACT: "send_post",
+    Op.SEND_GRAD: "send_post",
+    Op.BACKWARD: "backward",
+    Op.BRC: "brc",
+}
+_TIMED_INSIDE = frozenset({Op.RECV_ACT, Op.RECV_GRAD})
+
 
 class Interpreter:
     """Runs blocks' instruction lists for one worker; owns the bubble predictions."""
@@ -82,10 +94,12 @@ class Interpreter:
             not recovering and st.mode.eager_frc and st.replica is not None and b == st.me % st.P
         )
         plan = self._plan(b) if filling else {}
+        t_block = time.monotonic()
         for idx, ins in enumerate(program):
             st.check_kill(ins.op, ins.microbatch)
             st.guard(epoch)
             m = ins.microbatch
+            t_op = time.monotonic()
             if ins.op is Op.LOAD:
                 st.batch(step, m)  # prefetch
             elif ins.op is Op.RECV_ACT:
@@ -153,9 +167,14 @@ class Interpreter:
                 with st.lock:
                     st.guard(epoch)
                     if accumulate and m not in prog.accumulated[b]:
-                        for acc, pg in zip(blk.acc, grads[len(targets) :], strict=True):
-                            if pg is not None:
-                                acc.add_(pg)
+                        # one foreach call, not an add_ per parameter (the same adds)
+                        pairs = [
+                            (acc, pg)
+                            for acc, pg in zip(blk.acc, grads[len(targets) :], strict=True)
+                            if pg is not None
+                        ]
+                        if pairs:
+                            torch._foreach_add_([a for a, _ in pairs], [g for _, g in pairs])
                         prog.accumulated[b].add(m)
                     if targets:
                         prog.input_grads[(b, m)] = grads[0]
@@ -164,12 +183,17 @@ class Interpreter:
                 sends.append(tr.send(dst, tag(GRAD, b, step, m), prog.input_grads[(b, m)]))
             elif ins.op is Op.BRC:
                 self._brc_backward(step, m, epoch)
+            if ins.op not in _TIMED_INSIDE:
+                st.phase(step, _PHASE.get(ins.op, "other"), time.monotonic() - t_op)
+        t_wait = time.monotonic()
         for work in sends:
             if work is not None:
                 try:
                     work.wait()
                 except RuntimeError as exc:
                     raise LinkError(-1, str(exc).splitlines()[0].split(". ")[0]) from exc
+        st.phase(step, "send_wait", time.monotonic() - t_wait)
+        st.phase(step, "block", time.monotonic() - t_block)
 
     def leftover_frc(self, step: int, awaited: BackgroundCall[Any] | None = None) -> None:
         """Eager FRC that found no bubble in the pipeline part (run by the sync phase).
@@ -213,8 +237,12 @@ class Interpreter:
         cap = planned if self.cap_to_plan else 0
         t0 = time.monotonic()
         if not (filling and bubbles.fits(key, 0.0, floor) and self._next_frc(step) is not None):
-            got = receive()
-            bubbles.record_wait(key, time.monotonic() - t0)
+            # a wait: the replica's update may be applied meanwhile (replica_update)
+            with st.updater.idle():
+                got = receive()
+            waited = time.monotonic() - t0
+            bubbles.record_wait(key, waited)
+            st.phase(step, "recv_wait", waited)
             return got
         call = BackgroundCall(receive, f"recv-{key}")
         spans: list[tuple[float, float]] = []
@@ -227,9 +255,14 @@ class Interpreter:
             span = self._ensure_frc(step, m, epoch, None)
             if span is not None:
                 spans.append(span)
-        call.done.wait()
+        with st.updater.idle():
+            call.done.wait()
+        filled = 0.0
         for span in spans:
             self._attribute(step, span, call, OVERRUN)
+            filled += span[1] - span[0]
+        st.phase(step, "frc", filled)
+        st.phase(step, "recv_wait", time.monotonic() - t0 - filled)
         # arrival measured in the receiving thread: filling does not shrink the prediction
         bubbles.record_wait(key, call.finished_at - t0)
         return call.result()

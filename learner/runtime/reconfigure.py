@@ -326,7 +326,7 @@ def demote(st: WorkerState, topo: Topology) -> bool:
         st.progress.accumulated.pop(b, None)
         changed = True
         if topo.replica_block(st.me) == b and st.replica is None:
-            blk.stash_step, blk.stash, blk.acc = -1, None, []
+            blk.stash_step, blk.stash, blk.acc, blk.acc_flat = -1, None, [], None
             st.replica = blk
             st.log(f"demoted block {b} to replica: its slot's replacement owns it again")
         else:
@@ -339,9 +339,9 @@ def restart_step(st: WorkerState, resume: int) -> None:
     with st.lock:
         st.progress = StepProgress(resume)
         st.frc = {}
-        for blk in st.owned.values():
+        for b, blk in st.owned.items():
             blk.stash_step, blk.stash = -1, None
-            blk.acc = [torch.zeros_like(p) for p in blk.params]
+            blk.fresh_acc(1 if b == st.P - 1 else 0)
 
 
 def needs(

@@ -6,9 +6,11 @@ step ``s`` the replica holds, or has received, the owner's version ``s+1``, whic
 a failover's rendezvous relies on. Applying them — the replica's optimizer step and its
 rollback snapshot (``BlockState.apply``), about as much work as the worker's own update —
 ran on the step loop, in the next sync phase, on the critical path of every step.
-``ReplicaUpdater`` applies them on its one long-lived thread instead, from the moment
-the update is received, while the step loop goes on: the wait for its own sends, then the
-next step's forwards and its waits (the 1F1B bubbles).
+``ReplicaUpdater`` applies them on its one long-lived thread instead, while the step loop
+goes on; without eager FRC the worker's updater (``when_idle``) starts one only while a
+step thread waits for a message — the next step's first bubble — or something settles
+it, not beside the step's first forwards (with eager FRC the step's first FRC needs it
+in that bubble, so it starts at once).
 
 The receive itself stays where it was (a kept pool thread the step loop waits on, ``comm``):
 a gloo receive cannot be cancelled, and one abandoned on a dead configuration must not
@@ -26,10 +28,11 @@ joined without settling it, which the join's order rules out) is discarded, not 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,10 +58,22 @@ class _Update:
 class ReplicaUpdater:
     """Applies handed-over replica updates in order on one kept daemon thread."""
 
-    def __init__(self, epoch: Callable[[], int], log: Callable[[str], None]) -> None:
-        """``epoch()``: the worker's current epoch (bumped by every failover's join)."""
+    def __init__(
+        self, epoch: Callable[[], int], log: Callable[[str], None], when_idle: bool = False
+    ) -> None:
+        """``epoch()``: the worker's current epoch (bumped by every failover's join).
+
+        ``when_idle``: start an update only while one of the step's threads waits for a
+        message (``idle``) or something settles, not the moment it is handed over: the
+        next step's first forwards are the critical path (the successor waits for them),
+        and an apply beside them slows them — it competes for the GIL and, with every
+        core busy, for a core. In the step's first wait (a 1F1B bubble) it is free.
+        """
         self._epoch = epoch
         self._log = log
+        self._when_idle = when_idle
+        self._idle = 0  # the step's threads waiting for a message now (idle())
+        self._forced = 0  # settle() calls waiting now
         self._cv = threading.Condition()
         self._queue: deque[_Update] = deque()
         self._busy = False
@@ -93,11 +108,29 @@ class ReplicaUpdater:
         seconds waited. Raises the error of an update that failed to apply."""
         with self._cv:
             t0 = time.monotonic()
-            while self._queue or self._busy:
-                self._cv.wait()
+            self._forced += 1
+            self._cv.notify_all()
+            try:
+                while self._queue or self._busy:
+                    self._cv.wait()
+            finally:
+                self._forced -= 1
             waited = time.monotonic() - t0
             self._raise_error()
             return waited
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Around a wait of the step (a receive): queued updates may be applied meanwhile
+        (``when_idle``)."""
+        with self._cv:
+            self._idle += 1
+            self._cv.notify_all()
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._idle -= 1
 
     def pending(self) -> bool:
         """Whether an update is queued or being applied now."""
@@ -110,6 +143,9 @@ class ReplicaUpdater:
             self._closed = True
             self._cv.notify_all()
 
+    def _may_start(self) -> bool:
+        return not self._when_idle or self._idle > 0 or self._forced > 0
+
     def _raise_error(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
@@ -118,7 +154,7 @@ class ReplicaUpdater:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while not self._closed and not (self._queue and self._may_start()):
                     self._cv.wait()
                 if not self._queue:
                     return

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,24 @@ from learner.runtime.snapshot import OptimizerSnapshot
 from learner.runtime.topology import Topology
 
 
+def prefer_foreach(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Use the optimizer's multi-tensor (``foreach``) step where the job left the choice
+    to torch (``foreach=None``, which on CPU means a Python loop over the parameters).
+
+    The same arithmetic per tensor (on CPU each foreach op runs the single-tensor op per
+    tensor), so numerics do not change; what it saves is a Python call per parameter and
+    operation — which matters most for the replica's update, applied on the updater
+    thread beside the step loop, where every such call contends for the GIL. On CUDA
+    torch already picks foreach for ``None``. A job that set ``foreach`` or ``fused``
+    keeps its choice.
+    """
+    for group in optimizer.param_groups:
+        unset = "foreach" in group and group["foreach"] is None
+        if unset and not group.get("fused") and not group.get("differentiable"):
+            group["foreach"] = True
+    return optimizer
+
+
 @dataclass
 class BlockState:
     index: int
@@ -46,6 +65,12 @@ class BlockState:
     # the step's gradients, one flat buffer kept between steps: the parameters' .grad are
     # views of it (one copy a step instead of a clone per parameter)
     grads: torch.Tensor | None = None
+    # seconds the last ``apply`` spent on the snapshot and on the optimizer step (profile)
+    last_apply_s: tuple[float, float] = (0.0, 0.0)
+    # the flat buffer ``acc`` views (``fresh_acc``); None when ``acc`` is anything else
+    acc_flat: torch.Tensor | None = None
+    # the two kept flat buffers ``fresh_acc`` alternates between
+    _acc_bufs: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -53,6 +78,39 @@ class BlockState:
 
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    def fresh_acc(self, extra: int = 0) -> None:
+        """Zeroed gradient accumulators for a step: views of one flat buffer, so the sync
+        phase stashes them without a copy (``acc_flat`` becomes the stash) and a step zeroes
+        one buffer instead of allocating a tensor per parameter.
+
+        Two buffers alternate: never the one the stash is in, which a failover may still
+        all-reduce and apply (the previous step's) while this step accumulates. ``extra``:
+        elements past the gradients (the last block's loss travels with them).
+        """
+        params = self.params
+        size = sum(p.numel() for p in params) + extra
+        dtype = params[0].dtype if params else torch.float32
+        device = params[0].device if params else torch.device("cpu")
+        self._acc_bufs = [
+            b
+            for b in self._acc_bufs
+            if b.numel() == size and b.dtype == dtype and b.device == device
+        ]
+        free = [b for b in self._acc_bufs if b is not self.stash]
+        if free:
+            buf = free[0]
+            buf.zero_()
+        else:
+            buf = torch.zeros(size, dtype=dtype, device=device)
+            self._acc_bufs.append(buf)
+        views: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            views.append(buf[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.acc = views
+        self.acc_flat = buf
 
     def apply(self, reduced: torch.Tensor, step: int) -> None:
         """Step the optimizer with the all-reduced gradients of ``step`` (flat, in order).
@@ -64,9 +122,11 @@ class BlockState:
             raise RuntimeFailure(
                 f"block {self.index} is at version {self.version} but step {step} is being applied"
             )
+        t0 = time.monotonic()
         if self.snapshot is None:
             self.snapshot = OptimizerSnapshot()
         self.snapshot.take(self.params, self.optimizer)
+        t1 = time.monotonic()
         params = self.params
         total = sum(p.numel() for p in params)
         # copied, not viewed: `reduced` is still being sent to the replica's holder, and an
@@ -82,6 +142,7 @@ class BlockState:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version = step + 1
+        self.last_apply_s = (t1 - t0, time.monotonic() - t1)
 
 
 @dataclass
@@ -149,10 +210,17 @@ class WorkerState:
         self.replica: BlockState | None = None
         self.frc: dict[tuple[int, int], FrcRecord] = {}
         self.progress = StepProgress(-1)
-        # applies the replica's received updates on its own kept thread (settle_replica)
-        self.updater = ReplicaUpdater(lambda: self.epoch, self.log)
+        # applies the replica's received updates on its own kept thread (settle_replica);
+        # in a wait of the step where nothing else needs the replica soon: with eager FRC
+        # the step's first FRC (in its first bubble) waits for the update, so it starts
+        # at once and is done by then (measured: gated, the FRC lost that bubble to it)
+        self.updater = ReplicaUpdater(
+            lambda: self.epoch, self.log, when_idle=not self.mode.eager_frc
+        )
         # seconds the worker's threads waited for the updater, by step (the profile)
         self.replica_settle_s: dict[int, float] = {}
+        # seconds per step and phase of the step (``phase``; benchmarks' --profile)
+        self.phases: dict[int, dict[str, float]] = {}
         self.batches: dict[tuple[int, int], Batch] = {}
         # shapes and dtype of block outputs, so a receiver can allocate before the message comes
         self.act_shapes: list[torch.Size] = []
@@ -203,6 +271,14 @@ class WorkerState:
             with self.lock:
                 self.batches[key] = got
         return got
+
+    def phase(self, step: int, name: str, seconds: float) -> None:
+        """Add ``seconds`` to phase ``name`` of ``step`` (where a step's time goes: forward,
+        backward, receive waits, the sync phase's parts; ``Worker.phase_profile``)."""
+        row = self.phases.get(step)
+        if row is None:
+            row = self.phases[step] = {}
+        row[name] = row.get(name, 0.0) + seconds
 
     def settle_replica(self) -> float:
         """Wait until the replica's received updates are applied (``replica_update``).

@@ -80,6 +80,27 @@ def test_updates_apply_in_order_and_settle_waits_for_the_one_in_flight() -> None
     updater.close()
 
 
+def test_with_when_idle_an_update_starts_only_in_a_wait_of_the_step_or_a_settle() -> None:
+    """The worker's updater (``when_idle``) leaves the next step's first forwards alone:
+    an update handed over starts only once a step thread waits for a message (``idle``)
+    or something settles it (no timing: without either it must never start)."""
+    updater = ReplicaUpdater(lambda: 0, lambda _: None, when_idle=True)
+    block = FakeBlock()
+    updater.submit(block, torch.zeros(1), 0, 0)
+    assert not block.started.wait(0.2)
+    assert updater.pending()
+    with updater.idle():
+        assert block.started.wait(30)
+    updater.settle()
+    assert block.applied == [0]
+    block.started.clear()
+    updater.submit(block, torch.zeros(1), 1, 0)
+    assert not block.started.wait(0.2)
+    updater.settle()  # what reads the replica forces it
+    assert block.applied == [0, 1]
+    updater.close()
+
+
 def test_an_update_of_an_abandoned_epoch_is_discarded_not_applied() -> None:
     epoch = [3]
     updater, logs = make(epoch)
