@@ -9,8 +9,6 @@ client writes straight to etcd.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 import uuid
@@ -35,75 +33,9 @@ from learner.runtime.reference import reference_train
 from learner.runtime.toy import toy_batch, toy_job
 from services.embedded.process import ManagedServer
 from services.store.errors import StoreUnavailable
+from tests.tcp_relay import Relay
 
 pytestmark = pytest.mark.integration
-
-
-class Relay:
-    """127.0.0.1:<port> -> etcd, bytes both ways, until ``cut()``; ``restore()`` reopens."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.open = True
-        self.flowing = threading.Event()  # cleared by stall(): bytes are held, not lost
-        self.flowing.set()
-        self._conns: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.open:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                self.flowing.wait()
-                dst.sendall(data)
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        self.open = False
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for s in conns:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def restore(self) -> None:
-        self.open = True
-
-    def stall(self) -> None:
-        """etcd stops answering: connections stay up, nothing gets through."""
-        self.flowing.clear()
-
-    def resume(self) -> None:
-        self.flowing.set()
-
-    def close(self) -> None:
-        self.resume()
-        self.cut()
-        self.listener.close()
 
 
 @pytest.fixture
@@ -373,11 +305,10 @@ def test_training_goes_on_through_an_etcd_disconnect_stall_and_compaction(
     results: list[dict[str, torch.Tensor]] = [{}, {}]
     fulls = [0, 0]  # full re-reads each worker's view received
     for w in range(2):
-        # TTL 10 s, not 3: with two cuts a few seconds apart a 3 s lease lapsed in 2 of 17
-        # runs (both workers declared each other dead: fatal), the refreshes after a cut
-        # taking longer than the cut itself; this test is about the watch, and that lapse
-        # is reported (issue #24, session 11), not hidden in a flaky test
-        opts = WorkerOptions(worker=w, stages=2, pipelines=1, lease_ttl_s=10, verbose=False)
+        # TTL 3 s: the cuts and the stall must not cost a lease. With gRPC's default
+        # reconnect backoff a 3 s lease lapsed in 3 of 12 runs (both workers declared each
+        # other dead); contract/etcd.py's channel options fixed it (issue #24, session 12)
+        opts = WorkerOptions(worker=w, stages=2, pipelines=1, lease_ttl_s=3, verbose=False)
         worker = Worker(job, opts, stores[w], store)
         view_apply = worker._view.apply
 
