@@ -45,6 +45,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,10 @@ class Guardian:
         # (a process: `run`); stepped by a host, every step is a full round.
         self.quiet_steps = False
         self.safety_poll_s = SAFETY_POLL_S
+        # Whether the exit of process `pid` wakes this guardian at once (`wake`): a
+        # guardian process's reaper does so for the controllers it started
+        # (`__main__.WaitingReaper`); None where nothing does (a host, the tests' own).
+        self.exit_wakes: Callable[[int], bool] | None = None
         self.changed = threading.Event()  # something under the job's prefix changed
         self._full_at = -1e9  # when the last full monitoring round began (monotonic)
         # What the last full round saw: each running learner's status entry (its
@@ -312,8 +317,29 @@ class Guardian:
             if done is not None:
                 return done
             if self.watching is not None:
-                self.wake.wait(self.poll_s)
+                self.wake.wait(self.quiet_wait_s())
                 self.wake.clear()
+
+    def quiet_wait_s(self) -> float:
+        """How long `_run` waits for a change before the next step. `poll_s` while a
+        quick step has something to look at that no event reports: a controller holding a
+        status key that is not our child (adopted from an earlier guardian, or on another
+        backend), whose death only its lease's expiry (TTL) would say. When every such
+        controller's exit wakes us (our reaper's children), so does everything else a
+        quick step looks at (a change under the job's prefix: the watch; our own lease
+        lost: our guardian key's deletion, the same watch; SIGTERM: its handler): then
+        the wait lasts until the safety poll's full round is due (issue #16: the quick
+        steps woke the guardian twice a second on the cores the job's workers use)."""
+        exit_wakes = self.exit_wakes
+        if not self.quiet_steps or not self._settled or exit_wakes is None:
+            return self.poll_s
+        for entry in self._seen.values():
+            value = entry.value if isinstance(entry.value, dict) else {}
+            pid = value.get("pid")
+            if not isinstance(pid, int) or not exit_wakes(pid):
+                return self.poll_s
+        due = self.safety_poll_s - (time.monotonic() - self._full_at)
+        return max(self.poll_s, due)
 
     def step(self) -> int | None:
         """One pass of the guardian: read the job, deploy it (all of a deploy attempt) or
