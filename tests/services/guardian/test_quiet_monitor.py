@@ -182,6 +182,11 @@ def test_a_guardian_whose_controllers_are_its_children_waits_for_their_exit_not_
         )
         assert exits, "the controller's exit did not wake the guardian"
         assert stores["repo"].get(job.job_id).status == states.PROCESSING
+        # its guardian key deleted (as when its lease expires): `lease.lost` follows at
+        # the keep-alive's next refresh without waking it, so it polls until then
+        wait_for("settled again", lambda: guardian.quiet_wait_s() > 60, explain=report)
+        stores["etcd"].delete(etcd_keys.guardian_lease(job.job_id))
+        wait_for("the deletion seen", lambda: guardian.quiet_wait_s() == guardian.poll_s)
     finally:
         stores["etcd"].put(etcd_keys.control(job.job_id), {"action": "delete"})
         thread.join(60)
