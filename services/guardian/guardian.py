@@ -37,9 +37,8 @@ read each, no request: a dead one's lease is revoked and the full round follows)
 key deleted (its lease expired) it polls again until `lease.lost` says so. A job whose
 learners are still starting, or an elastic one, is looked at fully every `poll_s` as
 before (start-up deadlines and stragglers are counted in time, not in etcd changes). In
-a guardian host
-(services/guardian/host.py) every step is a full round: the host steps a guardian on a
-change of its job and otherwise every `--poll` seconds.
+a guardian host (services/guardian/host.py) every step is a full round: the host steps a
+guardian on a change of its job and otherwise every `--poll` seconds.
 """
 
 from __future__ import annotations
