@@ -604,7 +604,7 @@ def thread_lines(
                     f"{i.get(key, 0.0):.4f}  steady {rate:.4f}  job {job:+.4f}",
                 )
             )
-    return ["  per thread (CPU s/s; job = steady - idle):"] + [
+    return ["  per thread (CPU s/s; idle: the window after the job; job = steady - idle):"] + [
         line for _, line in sorted(rows, key=lambda r: -r[0])
     ]
 
