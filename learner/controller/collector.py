@@ -4,13 +4,11 @@ The learner controller runs the user command with stdout and stderr redirected t
 `<job_dir>/learners/<rank>/stdout.log` and `stderr.log`. The collector tails those files
 and the learner's metric sources (`evaluation_metrics`), and ships them to the training
 data service in batches, flushed when `batch_lines` lines wait or `flush_interval_s`
-(`FLUSH_INTERVAL_S`, 1.0 s) has passed since the oldest one was read. Each batch costs a
-TDS request, a bulk request to the search server and the TDS's and the search server's
-handling, on the cores the learner uses: a learner printing a line a step (10 steps/s)
-cost five batches a second at 0.2 s, two at 0.5 s, one at 1.0 s (0.048 -> 0.040 CPU s
-of platform per second of a running pipeline job, benchmarks/RESULTS.md, session 11),
-and a line is still searchable within 2 s of its print (the flush, the RPC and bulk,
-the search server's 250 ms refresh: `benchmarks/log_ingest.py`'s paced p99).
+(`FLUSH_INTERVAL_S`, 0.5 s) has passed since the oldest one was read. Each batch costs a
+TDS request, a bulk request to the search server and an fsync of the offsets file, on
+the cores the learner uses: a learner printing a line a step (10 steps/s) cost five
+batches a second at 0.2 s, two at 0.5 s, and a line is still searchable well within 2 s
+of its print (the flush, the RPC and bulk, the search server's 250 ms refresh).
 
 Waiting costs nothing while the learner is quiet (issue #16: on a 2-core machine every
 wake-up of the platform is taken from a pinned worker): the stream files' directory is
@@ -107,7 +105,7 @@ STREAMS = COMMAND_STREAMS  # the files the command writes (contract.logs)
 # While lines keep arriving, the store check waits for a quiet moment, at most this many
 # verify intervals (30 s by default): it stops the pipeline for a count on the server.
 BUSY_VERIFY_FACTOR = 6
-FLUSH_INTERVAL_S = 1.0  # the longest a line read waits for its batch (module docstring)
+FLUSH_INTERVAL_S = 0.5  # the longest a line read waits for its batch (module docstring)
 # A batch of at least this many lines is a burst: it is read as it is written and shipped
 # when the learner pauses this long (its tail does not wait for the flush interval).
 BURST_LINES = 100
