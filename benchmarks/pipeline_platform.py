@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/pipeline_platform.py [--steps 120] [--layers 4 --dim 64]
         [--rounds 5] [--no-pin] [--throughput-only] [--show-every S | --poll-show]
     .venv/bin/python benchmarks/pipeline_platform.py --steady 200 [--rounds 2]
-        [--idle-s 10] [--settle-s 20] [--threads] [--baseline-tree DIR]
+        [--idle-s 10] [--settle-s 20] [--after-settle-s 5] [--threads] [--baseline-tree DIR]
 
 One run measures, on this machine, the same job (examples/pipeline-gpt, 2 stages × 1
 pipeline, 4 microbatches, a block checkpoint every 10 steps in both):
@@ -51,12 +51,16 @@ starts one every second, as before session 9.
 4. **steady cost** (`--steady N`): what the platform spends per second of a running job,
    in CPU seconds (load-independent, unlike steps/s on a shared machine). Per round: the
    embedded platform is started, left `--settle-s` seconds (its start-up), sampled idle
-   for `--idle-s` seconds, then one N-step job
-   runs and the platform is sampled again over its steady phase only (from the last
-   stage's step 20 to step N-10, read from its stdout.log as it grows: deploy and the end
-   are left out). Printed per kind of process: CPU s per wall second idle, during the
-   steady phase, and their difference (what the running job costs the platform), plus
-   etcd's requests per second by method (its /metrics) over the same windows. With
+   for `--idle-s` seconds, then one N-step job runs and the platform is sampled over its
+   steady phase only (from the last stage's step 20 to step N-10, read from its
+   stdout.log as it grows: deploy and the end are left out), then, once the job's
+   processes are gone and `--after-settle-s` more passed, idle again for `--idle-s`
+   seconds. The window after the job is the baseline (since session 12): the one before
+   it still held the platform's first minute (session 11: every process busier than in
+   the steady phase, after 15 s of settling). Printed per kind of process: CPU s per wall
+   second idle (before / after the job), during the steady phase, and steady minus idle
+   after (what the running job costs the platform), plus etcd's requests per second by
+   method (its /metrics) over the idle-after and steady windows. With
    `--baseline-tree DIR` (a checkout of another commit, e.g. `git archive BASE | tar -x
    -C DIR` plus this tree's gen/) every round runs the platform from DIR and from this
    tree (or `--tree DIR2`), the order alternating, so a change is measured before and
@@ -600,14 +604,26 @@ def thread_lines(
                     f"{i.get(key, 0.0):.4f}  steady {rate:.4f}  job {job:+.4f}",
                 )
             )
-    return ["  per thread (CPU s/s; job = steady - idle):"] + [
+    return ["  per thread (CPU s/s; idle: the window after the job; job = steady - idle):"] + [
         line for _, line in sorted(rows, key=lambda r: -r[0])
     ]
 
 
-def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float]:
-    """A fresh embedded platform (run by `cli`): idle for `a.idle_s`, then one job of
-    `a.steady` steps; the idle window, the job's steady window and its steps/s."""
+def job_processes_gone(marker: str) -> bool:
+    """Whether every process of the job (its guardian, controllers and workers) ended."""
+    kinds = {kind for kind, _ in platform_cpu(marker).values()}
+    return not kinds & {"guardian", "controllers", "workers"}
+
+
+def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, Window, float]:
+    """A fresh embedded platform (run by `cli`): idle for `a.idle_s`, one job of
+    `a.steady` steps, then idle again for `a.idle_s` once the job's processes are gone and
+    `a.after_settle_s` passed; the idle window before the job, the one after it, the job's
+    steady window and its steps/s. The window after is the baseline: the one before
+    still held the platform's first minute (session 11: 0.09-0.13 CPU s/s, above the
+    steady phase for the daemon, MongoDB-wire and the supervisor, after 15 s of settling),
+    and the one after has every start-up behind it and the same servers, caches and
+    collections as the steady phase."""
     data_dir = Path(tempfile.mkdtemp(prefix="rhizome-bench-steady-"))
     marker = str(data_dir)
     cli(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
@@ -643,8 +659,6 @@ def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float
                 steady = end.since(start)
                 if a.threads:  # named while they still run (py-spy dump: ~0.1 s each)
                     names = {pid: thread_names(pid) for pid, _ in end.cpu}
-                    for line in thread_lines((first, idle_end), (start, end), names):
-                        print(line, flush=True)
                 break
             if time.monotonic() > deadline:
                 sys.exit(f"platform job {job_id} did not reach step {a.steady - STEADY_TAIL}")
@@ -657,10 +671,21 @@ def steady_round(a: argparse.Namespace, cli: Cli) -> tuple[Window, Window, float
             time.sleep(1)
         if job["status"] != "COMPLETED":
             sys.exit(f"platform job ended {job['status']}: {job['status_message']}")
+        gone_by = time.monotonic() + 60
+        while not job_processes_gone(marker) and time.monotonic() < gone_by:
+            time.sleep(0.5)
+        time.sleep(a.after_settle_s)  # the job's end (records, last logs indexed) is not idle
+        after_first = Reading(marker, url, a.threads)
+        time.sleep(a.idle_s)
+        after_end = Reading(marker, url, a.threads)
+        idle_after = after_end.since(after_first)
+        if a.threads:
+            for line in thread_lines((after_first, after_end), (start, end), names):
+                print(line, flush=True)
     finally:
         cli(data_dir, "down")
         shutil.rmtree(data_dir, ignore_errors=True)
-    return idle, steady, steps_per_s
+    return idle, idle_after, steady, steps_per_s
 
 
 PLATFORM_KINDS = (
@@ -674,20 +699,24 @@ PLATFORM_KINDS = (
 )
 
 
-def cost_lines(label: str, idle: Window, steady: Window, rate: float) -> list[str]:
-    i, s = idle.per_s(), steady.per_s()
-    kinds = [k for k in PLATFORM_KINDS if k in i or k in s]
+def cost_lines(label: str, before: Window, idle: Window, steady: Window, rate: float) -> list[str]:
+    """A round's lines: per kind CPU s/s idle before the job, idle after it (the
+    baseline), steady, and steady minus idle after (what the running job costs)."""
+    b, i, s = before.per_s(), idle.per_s(), steady.per_s()
+    kinds = [k for k in PLATFORM_KINDS if k in b or k in i or k in s]
+    total_b = sum(b.get(k, 0.0) for k in kinds)
     total_i = sum(i.get(k, 0.0) for k in kinds)
     total_s = sum(s.get(k, 0.0) for k in kinds)
     lines = [
         f"  {label}: {rate:.2f} steps/s over {steady.seconds:.1f} s steady; platform CPU s/s "
-        f"idle {total_i:.3f}, job steady {total_s:.3f}, per second of job {total_s - total_i:.3f}"
+        f"idle before {total_b:.3f}, idle after {total_i:.3f}, job steady {total_s:.3f}, "
+        f"per second of job {total_s - total_i:.3f}"
         f" ({(total_s - total_i) / rate * 1000:.1f} ms a step; workers {s.get('workers', 0.0):.2f})"
     ]
     for k in kinds:
         lines.append(
-            f"    {k:<18} idle {i.get(k, 0.0):.3f}  steady {s.get(k, 0.0):.3f}  "
-            f"job {s.get(k, 0.0) - i.get(k, 0.0):+.3f}"
+            f"    {k:<18} idle {b.get(k, 0.0):.3f} / {i.get(k, 0.0):.3f}  "
+            f"steady {s.get(k, 0.0):.3f}  job {s.get(k, 0.0) - i.get(k, 0.0):+.3f}"
         )
     ei, es = idle.etcd_per_s(), steady.etcd_per_s()
     top = sorted(es, key=lambda k: -es[k])
@@ -709,8 +738,8 @@ def steady_cost(a: argparse.Namespace) -> None:
         print(f"round {n + 1} (load {load()}):")
         order = trees if n % 2 == 0 else trees[::-1]  # each tree first and last in turn
         for label, cli in order:
-            idle, steady, rate = steady_round(a, cli)
-            for line in cost_lines(label, idle, steady, rate):
+            before, idle, steady, rate = steady_round(a, cli)
+            for line in cost_lines(label, before, idle, steady, rate):
                 print(line, flush=True)
             job = sum(steady.per_s().get(k, 0.0) - idle.per_s().get(k, 0.0) for k in PLATFORM_KINDS)
             totals[label].append(job)
@@ -863,6 +892,13 @@ def main() -> None:
         default=20.0,
         help="with --steady: seconds after `rhizome up` before the idle window (start-up "
         "is not idle cost; 5 until session 11)",
+    )
+    p.add_argument(
+        "--after-settle-s",
+        type=float,
+        default=5.0,
+        help="with --steady: seconds after the job's processes are gone before the idle "
+        "window after the job (the baseline; its end is not idle cost)",
     )
     p.add_argument(
         "--threads",

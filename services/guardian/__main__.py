@@ -57,14 +57,30 @@ class WaitingReaper(procs.Reaper):
     def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(interval_s)
         self._child = threading.Event()
+        # Called (in the reaper's thread) after a watched child's exit was reported: the
+        # guardian process's wake-up, so that it need not poll its controllers' pids
+        # (`Guardian.exit_wakes`, `Guardian.quiet_wait_s`).
+        self.on_exit: Callable[[], None] | None = None
 
     def watch(self, pid: int, callback: Callable[[int, int], None]) -> None:
-        super().watch(pid, callback)
+        def then_wake(pid: int, code: int) -> None:
+            try:
+                callback(pid, code)
+            finally:
+                if self.on_exit is not None:
+                    self.on_exit()
+
+        super().watch(pid, then_wake)
         self._child.set()
 
-    def _watched(self, pid: int) -> bool:
+    def watches(self, pid: int) -> bool:
+        """Whether `pid` is a child whose exit this reaper will report (and so call
+        `on_exit`): watched and not yet exited."""
         with self._lock:
             return pid in self._callbacks
+
+    def _watched(self, pid: int) -> bool:
+        return self.watches(pid)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -195,9 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     # Orphans of our learners (a controller died) land on us, and we reap them.
     procs.become_subreaper()
-    reaper = WaitingReaper().start()
+    reaper = WaitingReaper()
+    reaper.start()
     backend = get_backend(config.backend, reaper=reaper)
     guardian = Guardian(config, etcd, jobs, backend, stats)
+    # A controller this process started wakes the guardian as it exits: no poll of its
+    # pid between two changes (Guardian.quiet_wait_s).
+    reaper.on_exit = guardian.wake.set
+    guardian.exit_wakes = reaper.watches
 
     def on_term(*_: object) -> None:
         guardian.terminate.set()

@@ -28,14 +28,17 @@ safe to restart at any point.
 
 What a running job costs (issue #16, benchmarks/RESULTS.md): a guardian process watches
 the job's prefix (`PrefixWatch`: every change, none lost across a broken stream) and reads
-etcd only after a change there, or every `safety_poll_s` (10 s). Between them it wakes
-every `poll_s` (0.5 s) for what etcd does not say at once: whether the controllers that
-hold status keys still run (a /proc read each, no request: a dead one's lease is revoked
-and the full round follows), a halt or a SIGTERM. A job whose learners are still
-starting, or an elastic one, is looked at fully every `poll_s` as before (start-up
-deadlines and stragglers are counted in time, not in etcd changes). In a guardian host
-(services/guardian/host.py) every step is a full round: the host steps a guardian on a
-change of its job and otherwise every `--poll` seconds.
+etcd only after a change there, or every `safety_poll_s` (10 s). Between them it sleeps
+while every controller holding a status key is a child whose exit wakes it (its
+reaper's `on_exit`: `exit_wakes`, `quiet_wait_s`); otherwise it wakes every `poll_s`
+(0.5 s) for what etcd does not say at once: whether those controllers still run (a /proc
+read each, no request: a dead one's lease is revoked and the full round follows). A halt
+(the control key) and SIGTERM wake it either way; once the watch shows its own guardian
+key deleted (its lease expired) it polls again until `lease.lost` says so. A job whose
+learners are still starting, or an elastic one, is looked at fully every `poll_s` as
+before (start-up deadlines and stragglers are counted in time, not in etcd changes). In
+a guardian host (services/guardian/host.py) every step is a full round: the host steps a
+guardian on a change of its job and otherwise every `--poll` seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,6 +250,11 @@ class Guardian:
         # (a process: `run`); stepped by a host, every step is a full round.
         self.quiet_steps = False
         self.safety_poll_s = SAFETY_POLL_S
+        # Whether the exit of process `pid` wakes this guardian at once (`wake`): a
+        # guardian process's reaper does so for the controllers it started
+        # (`__main__.WaitingReaper`); None where nothing does (a host, the tests' own).
+        self.exit_wakes: Callable[[int], bool] | None = None
+        self.key_deleted = False  # our guardian key's deletion came through the watch
         self.changed = threading.Event()  # something under the job's prefix changed
         self._full_at = -1e9  # when the last full monitoring round began (monotonic)
         # What the last full round saw: each running learner's status entry (its
@@ -301,6 +310,11 @@ class Guardian:
 
     def _on_change(self, changes: list[Change], full: bool) -> None:
         """The watch's thread: a change under the job's prefix (or a fresh read of it)."""
+        mine = etcd_keys.guardian_lease(self.job_id)
+        if any(c.deleted and c.key == mine for c in changes):
+            # Our lease expired (or we erased the job's keys): `lease.lost` follows at
+            # the keep-alive's next refresh, which wakes nobody, so poll until it does.
+            self.key_deleted = True
         self.changed.set()
         self.wake.set()
 
@@ -312,8 +326,30 @@ class Guardian:
             if done is not None:
                 return done
             if self.watching is not None:
-                self.wake.wait(self.poll_s)
+                self.wake.wait(self.quiet_wait_s())
                 self.wake.clear()
+
+    def quiet_wait_s(self) -> float:
+        """How long `_run` waits for a change before the next step. `poll_s` while a
+        quick step has something to look at that no event reports: a controller holding a
+        status key that is not our child (adopted from an earlier guardian, or on another
+        backend), whose death only its lease's expiry (TTL) would say, or our own lease
+        lost once our guardian key's deletion was seen (`lease.lost` is set by the
+        keep-alive thread, which wakes nobody). When every such controller's exit wakes us
+        (our reaper's children), so does everything else a quick step looks at (a change
+        under the job's prefix: the watch; SIGTERM: its handler): then the wait lasts until
+        the safety poll's full round is due (issue #16: the quick steps woke the guardian
+        twice a second on the cores the job's workers use)."""
+        exit_wakes = self.exit_wakes
+        if not self.quiet_steps or not self._settled or exit_wakes is None or self.key_deleted:
+            return self.poll_s
+        for entry in self._seen.values():
+            value = entry.value if isinstance(entry.value, dict) else {}
+            pid = value.get("pid")
+            if not isinstance(pid, int) or not exit_wakes(pid):
+                return self.poll_s
+        due = self.safety_poll_s - (time.monotonic() - self._full_at)
+        return max(self.poll_s, due)
 
     def step(self) -> int | None:
         """One pass of the guardian: read the job, deploy it (all of a deploy attempt) or

@@ -58,7 +58,7 @@ from contract import etcd_keys, procs
 from contract.etcd import Change, EtcdClient, Lease, PrefixWatch
 from contract.status import ExitCode
 from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, get_backend
-from services.guardian.__main__ import pop_job_credentials
+from services.guardian.__main__ import WaitingReaper, pop_job_credentials, quiet_grpc_waits
 from services.guardian.guardian import (
     EXIT_ALREADY_GUARDED,
     EXIT_DONE,
@@ -198,6 +198,15 @@ def connect_host(path: Path, timeout_s: float = 5.0) -> tuple[socket.socket, dic
 HOST_LEASE_TTL_S = 10
 # How often a host looks whether its etcd clients re-authenticated (and logs it if so).
 REAUTH_REPORT_S = 5.0
+# The main loop sleeps until the next thing it must do by the clock (a guardian's poll or
+# backoff, the re-authentication report) or until an event sets `changed` (a guardian
+# ended, a step finished, the input closed, an LCM disconnected, the lease lost, SIGTERM):
+# it no longer ticks at 10 Hz whether or not anything is due (issue #16: a running job's
+# platform processes share the cores its workers train on). A wait by the clock is at
+# least LOOP_MIN_S, the granularity the loop always had: 100 guardians polling every 2 s
+# are due ~50 times a second, stepped in batches of those due within 0.1 s rather than
+# one scan of them all per guardian.
+LOOP_MIN_S = 0.1
 
 
 @dataclass
@@ -285,6 +294,7 @@ class GuardianHost:
         self._listener: socket.socket | None = None
         self._socket_path: Path | None = None
         self._inputs = 0  # LCM connections open on the socket (the host stays for them)
+        self._loop_wakes_at = 0.0  # when `run`'s loop wakes by itself next (monotonic)
         self._steps = ThreadPoolExecutor(config.step_threads, thread_name_prefix="step")
         self._deploys = ThreadPoolExecutor(config.deploy_threads, thread_name_prefix="deploy")
 
@@ -502,6 +512,10 @@ class GuardianHost:
                 again = self._guardian_ended(hosted, code)
             else:  # a change came meanwhile, or a deploy step ended: on at once
                 again = hosted.due or hosted.guardian.watching is None
+            # The main loop sleeps until the earliest step it knew of: wake it if this
+            # one is due sooner (a poll shorter than its sleep, a restart's backoff).
+            if hosted.next_step < self._loop_wakes_at:
+                self.changed.set()
         if again:
             self._schedule(hosted.job_id, now=True)
 
@@ -539,15 +553,24 @@ class GuardianHost:
         self.changed.set()
         return False
 
-    def tick(self) -> None:
-        """The timer: step every guardian whose poll period (or backoff) is over."""
+    def tick(self, until: float = float("inf")) -> float:
+        """The timer: step every guardian whose poll period (or backoff) is over. Returns
+        when the main loop must look again: the next step due of a guardian not stepping
+        now, or `until` if sooner (monotonic). A guardian stepping now says when it is due
+        as its step ends (`_step`), and wakes the loop if that is sooner: set under the
+        same lock as the guardians are read, so that no step's end falls in between."""
         now = time.monotonic()
         with self._lock:
             due = [
                 h.job_id for h in self.guardians.values() if not h.running and h.next_step <= now
             ]
+            later = [
+                h.next_step for h in self.guardians.values() if not h.running and h.next_step > now
+            ]
+            self._loop_wakes_at = min([*later, until])
         for job_id in due:
             self._schedule(job_id)
+        return self._loop_wakes_at
 
     def run(self, assignments: Iterable[str] | None) -> int:
         """Adopt the jobs read from `assignments` (JSON lines, in a thread) and step until
@@ -560,10 +583,12 @@ class GuardianHost:
                 target=self._read, args=(assignments, closed), name="assign", daemon=True
             ).start()
         assert self.lease is not None
-        tick_s = min(0.1, self.config.poll_s / 4)
         reported = (0, 0)
         report_at = 0.0
         while True:
+            # Cleared before anything is looked at: an event from here on ends the wait
+            # below at once (cleared after the wait, one that came meanwhile was lost).
+            self.changed.clear()
             if time.monotonic() >= report_at:
                 reported = self.report_reauthentications(reported)
                 report_at = time.monotonic() + REAUTH_REPORT_S
@@ -577,9 +602,8 @@ class GuardianHost:
             if closed.is_set() and not self.guardians and not self._inputs:
                 self.close()
                 return ExitCode.OK
-            self.tick()
-            self.changed.wait(tick_s)
-            self.changed.clear()
+            wakes_at = self.tick(until=report_at)
+            self.changed.wait(max(LOOP_MIN_S, wakes_at - time.monotonic()))
 
     def report_reauthentications(self, last: tuple[int, int]) -> tuple[int, int]:
         """Log how many new etcd tokens the host's client and its backend's (simulated
@@ -655,6 +679,7 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
         "--job", action="append", default=[], help="guard this job too (no credentials; by hand)"
     )
     args = parser.parse_args(argv)
+    quiet_grpc_waits()  # its watch's and lease's waits: as a guardian process's
     if args.poll <= 0 or args.step_threads < 1 or args.deploy_threads < 1:
         parser.error("--poll must be above 0 and --step-threads, --deploy-threads at least 1")
     if args.lease_ttl < 2:  # etcd's shortest lease (1.5 x its election timeout, rounded)
@@ -695,7 +720,9 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
         return ExitCode.USAGE
     jobs = JobsRepository(db)
     procs.become_subreaper()
-    reaper = procs.Reaper().start()
+    # Asleep in `waitid` until a child exits, as a guardian process's reaper: the polling
+    # Reaper woke 20 times a second in every host, jobs or not (issue #16).
+    reaper = WaitingReaper().start()
     backend = get_backend(args.backend, reaper=reaper)
     host = GuardianHost(
         HostConfig(

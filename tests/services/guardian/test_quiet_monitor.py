@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,5 +107,89 @@ def test_quiet_steps_read_nothing_and_a_dead_controller_is_still_restarted(
     finally:
         stores["etcd"].put(etcd_keys.control(job.job_id), {"action": "delete"})
         thread.join(60)
+    assert ended == [0], report()
+    assert stores["repo"].get(job.job_id).status == states.DELETED
+
+
+def test_a_guardian_whose_controllers_are_its_children_waits_for_their_exit_not_a_poll(
+    stores: dict[str, Any], tmp_path: Path
+) -> None:
+    """In a guardian process the reaper wakes the guardian when a controller it started
+    exits (`WaitingReaper.on_exit`), so between two changes the guardian sleeps until its
+    safety poll instead of a quick step every `poll_s`; a SIGKILLed controller is still
+    found at once and replaced. Its children are the test process's, so the reaper runs
+    here (stopped at the end, before the test servers exit)."""
+    from services.guardian.__main__ import WaitingReaper
+
+    job = submit(stores["repo"], tmp_path, "sleep 120")
+    config = GuardianConfig(
+        job_id=job.job_id,
+        etcd_url=stores["etcd_url"],
+        mongodb_uri=stores["mongo_url"],
+        data_dir=tmp_path,
+        learner_grace_s=1.0,
+    )
+    reaper = WaitingReaper()
+    reaper.start()
+    guardian = CountedQuietSteps(
+        config, stores["etcd"], stores["repo"], LocalBackend(reaper=reaper)
+    )
+    exits: list[int] = []
+
+    def on_exit() -> None:
+        exits.append(1)
+        guardian.wake.set()
+
+    reaper.on_exit = on_exit  # as services/guardian/__main__.py wires it
+    guardian.exit_wakes = reaper.watches
+    guardian.safety_poll_s = 3600.0
+    ended: list[int] = []
+    thread = threading.Thread(target=lambda: ended.append(guardian.run()), daemon=True)
+    thread.start()
+
+    def report() -> str:
+        return job_report(stores["repo"], job.job_id, tmp_path)
+
+    status_key = etcd_keys.learner_status(job.job_id, 0)
+
+    def controller() -> dict[str, Any] | None:
+        entry = stores["etcd"].get(status_key)
+        value = entry.value if entry is not None else None
+        return value if isinstance(value, dict) and value.get("status") == "PROCESSING" else None
+
+    try:
+        first = wait_for("learner 0 PROCESSING", controller, explain=report)
+        wait_for(
+            "the guardian settled on the running learner",
+            lambda: guardian.quiet_wait_s() > 60 and guardian._seen,
+            explain=report,
+        )
+        # its only controller is a child whose exit wakes it: no quick step to take
+        quiet = guardian.quiet
+        time.sleep(1.5)  # three quick steps at the 0.5 s poll
+        assert guardian.quiet == quiet, "the guardian polled its controller's pid"
+        # without the reaper's word (a controller adopted from an earlier guardian), the
+        # quick steps every poll_s are back
+        guardian.exit_wakes = lambda pid: False
+        assert guardian.quiet_wait_s() == guardian.poll_s
+        guardian.exit_wakes = reaper.watches
+
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        wait_for(
+            "a new controller for learner 0",
+            lambda: (c := controller()) is not None and c["pid"] != first["pid"],
+            explain=report,
+        )
+        assert exits, "the controller's exit did not wake the guardian"
+        assert stores["repo"].get(job.job_id).status == states.PROCESSING
+        # its guardian key deleted (as when its lease expires): `lease.lost` follows at
+        # the keep-alive's next refresh without waking it, so it polls until then
+        wait_for("settled again", lambda: guardian.quiet_wait_s() > 60, explain=report)
+        stores["etcd"].delete(etcd_keys.guardian_lease(job.job_id))
+        wait_for("the deletion seen", lambda: guardian.quiet_wait_s() == guardian.poll_s)
+    finally:
+        stores["etcd"].put(etcd_keys.control(job.job_id), {"action": "delete"})
+        thread.join(60)
+        reaper.stop()
     assert ended == [0], report()
     assert stores["repo"].get(job.job_id).status == states.DELETED
