@@ -58,10 +58,11 @@ def test_engine_gone_mid_deploy_fails_the_job_clearly_and_leaves_nothing(
     etcd = EtcdClient.connect(etcd_server.url)
     # The guardian pauses after recording each step as started: the engine is stopped
     # once the secrets step (which needs no engine) started, so it is gone before the
-    # learners step, 3 s later. (A delay of 3 s on every step, with the engine stopped
-    # during the learners step's, spent 36 s of this test in the delays.)
+    # learners step, 2 s later (dockerd stops answering at once on SIGTERM). A delay of
+    # 3 s on every step, with the engine stopped during the learners step's, spent 36 s
+    # of this test in the delays.
     platform.start(
-        RHIZOME_GUARDIAN_STEP_DELAY_S="1.5",
+        RHIZOME_GUARDIAN_STEP_DELAY_S="1.0",
         RHIZOME_DEPLOY_ATTEMPTS="2",
         RHIZOME_LEARNER_GRACE_S="2",
     )
