@@ -23,7 +23,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from contract.etcd import StoreUnavailable
 from contract.procs import free_port, pid_alive, port_free, stop_process_group
 from services.embedded.process import DependencyError, ManagedServer
-from services.embedded.servers import ElasticsearchServer, EtcdServer, MongoServer
+from services.embedded.servers import (
+    ElasticsearchServer,
+    EtcdServer,
+    MongoServer,
+    url_port,
+    waking_its_listener,
+)
 from services.embedded.supervisor import LOG_FILE as SUPERVISOR_LOG
 from services.embedded.supervisor import restart_recipe, state_lock
 from services.security.etcd_auth import EtcdAuthFiles, EtcdAuthSetupError, ensure_etcd_auth
@@ -536,7 +542,10 @@ def down(data_dir: Path, progress: Progress = lambda _: None) -> bool:
             stop_engine(state.processes[name], progress)
         elif pid_alive(pid):
             progress(f"stopping {name} (pid {pid}) ...")
-            stop_process_group(pid, timeout_s=15)
+            port = url_port(state.urls.get(name, "")) if name == "mongodb" else None
+            # SecantusDB exits 2 s sooner once woken (servers.waking_its_listener)
+            with waking_its_listener(port) if port else contextlib.nullcontext():
+                stop_process_group(pid, timeout_s=15)
     state.processes = {}
     save_state(state)
     return True

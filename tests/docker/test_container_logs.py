@@ -5,6 +5,7 @@ collector and a restart of the learner container."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,6 +88,28 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
         time.sleep(0.1)
 
 
+def _said_running(proc: subprocess.Popen[str]) -> threading.Event:
+    """Set once the collector `proc` (its stdout piped) prints that it runs; the thread
+    that waits for it drains that stdout to the end."""
+    said = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "logs collector running" in line:
+                said.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return said
+
+
+def _open_gate(container: Any) -> None:
+    """Let a script that paces its output until /tmp/go exists print the rest at once;
+    one that has ended already (a slow machine) needs nothing."""
+    with contextlib.suppress(docker.errors.APIError):
+        container.exec_run(["touch", "/tmp/go"])
+
+
 def _exited(container: Any) -> bool:
     container.reload()
     return bool(container.status == "exited")
@@ -142,13 +165,16 @@ def test_the_collector_killed_mid_stream_and_restarted_loses_and_duplicates_noth
     tmp_path: Path,
 ) -> None:
     n = 3000
-    # Slow enough that the collector is killed while the container still prints.
+    # Slow enough that the collector is killed while the container still prints, and
+    # never past half way before the test opens the gate (/tmp/go) once the second
+    # collector runs: then the rest comes at once (the fixed pace took 15 s).
     c = _learner(
         docker_client,
         learner_image,
         job_id,
         f"for i in $(seq 0 {n - 1}); do echo line $i; "
-        "if [ $((i % 100)) -eq 99 ]; then sleep 0.5; fi; done",
+        f"if [ $i -eq {n // 2 - 1} ]; then until [ -e /tmp/go ]; do sleep 0.1; done; fi; "
+        "if [ $((i % 100)) -eq 99 ] && [ ! -e /tmp/go ]; then sleep 0.5; fi; done",
     )
     env = dict(os.environ, DOCKER_HOST=docker_engine.url, **{TOKEN_ENV: "job-token"})
     argv = [
@@ -164,16 +190,31 @@ def test_the_collector_killed_mid_stream_and_restarted_loses_and_duplicates_noth
         "--verify-interval-s",
         "0.5",
     ]
+    offsets = tmp_path / "learners" / "0" / OFFSETS_FILE
     first = subprocess.Popen(argv, cwd=REPO, env=env)
     try:
-        _wait(lambda: len(_stored(es_store, job_id)) >= 300, "the first lines to be stored")
+        # Killed once it stored lines and committed their offsets (at most every 2 s: on
+        # a loaded machine 300 lines were stored before the first commit, and the
+        # `offsets.exists()` below failed).
+        _wait(
+            lambda: len(_stored(es_store, job_id)) >= 300 and offsets.exists(),
+            "the first lines to be stored and their offsets committed",
+        )
         assert not _exited(c), "the container finished before the collector was killed"
     finally:
         os.kill(first.pid, signal.SIGKILL)
         first.wait(30)
-    assert (tmp_path / "learners" / "0" / OFFSETS_FILE).exists()
-    second = subprocess.Popen(argv, cwd=REPO, env=env)
+    assert offsets.exists()
+    second = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     try:
+        # The rest comes once the second collector follows the container (it says so):
+        # SIGTERMed before it runs at all, it would die of it, not drain.
+        running = _said_running(second)
+        _wait(
+            lambda: running.is_set() or second.poll() is not None,
+            "the second collector to follow the container",
+        )
+        _open_gate(c)
         _wait(lambda: _exited(c), "the container to exit", timeout=180)
         second.send_signal(signal.SIGTERM)  # drains what the engine holds, then exits
         assert second.wait(120) == 0

@@ -57,9 +57,12 @@ def test_engine_gone_mid_deploy_fails_the_job_clearly_and_leaves_nothing(
     platform = DockerPlatform(tmp_path, etcd_server.url, mongo_server.url, own_engine.url)
     etcd = EtcdClient.connect(etcd_server.url)
     # The guardian pauses after recording each step as started: the engine is stopped
-    # while it waits to start the learners.
+    # once the secrets step (which needs no engine) started, so it is gone before the
+    # learners step, 2 s later (dockerd stops answering at once on SIGTERM). A delay of
+    # 3 s on every step, with the engine stopped during the learners step's, spent 36 s
+    # of this test in the delays.
     platform.start(
-        RHIZOME_GUARDIAN_STEP_DELAY_S="3.0",
+        RHIZOME_GUARDIAN_STEP_DELAY_S="1.0",
         RHIZOME_DEPLOY_ATTEMPTS="2",
         RHIZOME_LEARNER_GRACE_S="2",
     )
@@ -69,8 +72,8 @@ def test_engine_gone_mid_deploy_fails_the_job_clearly_and_leaves_nothing(
             job_id = client.create_job(
                 manifest("away", "STEPS=3 sh run.sh", learners=2), code_zip({"run.sh": STEPPER})
             ).job_id
-            learners_step = etcd_keys.deploy_step(job_id, "learners")
-            wait_for("the learners step to start", lambda: etcd.get(learners_step), 120)
+            secrets_step = etcd_keys.deploy_step(job_id, "secrets")
+            wait_for("the secrets step to start", lambda: etcd.get(secrets_step), 120)
             engine.stop()
             record = wait_status(platform, job_id, TERMINAL, 180)
             assert record.status == states.FAILED

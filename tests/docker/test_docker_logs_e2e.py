@@ -32,13 +32,19 @@ from tests.services.guardian.helpers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
-# Numbered lines at a pace that leaves time to kill things in the middle (about 24 s: the
-# CLI calls that watch the job take seconds each on a busy machine).
-NUMBERED = """import sys, time
+# Numbered lines at a pace that leaves time to kill things in the middle (the CLI calls
+# that watch the job take seconds each on a busy machine), and never past half way until
+# the test opens the gate (`go` in the job's directory) once the restarted collector
+# runs: then the rest comes at once (the fixed pace took 24 s).
+NUMBERED = """import os, sys, time
 n = int(sys.argv[1])
+gate = os.path.join(os.environ["RHIZOME_JOB_DIR"], "go")
 for i in range(n):
     print(f"line {i:05d}", flush=True)
-    if i % 25 == 24:
+    if i == n // 2 - 1:
+        while not os.path.exists(gate):
+            time.sleep(0.1)
+    if i % 25 == 24 and not os.path.exists(gate):
         time.sleep(1.0)
 print("done", flush=True)
 """
@@ -106,6 +112,11 @@ def collector_of(platform: Path, job_id: str) -> procs.ProcRef | None:
     return ref if ref.alive() else None
 
 
+def open_gate(platform: Path, job_id: str) -> None:
+    """Let NUMBERED print the rest of its lines at once."""
+    (platform / "jobs" / job_id / "go").touch()
+
+
 def shipped(platform: Path, job_id: str) -> int:
     return sum(1 for line in logged(platform, job_id) if line["stream"] == "stdout")
 
@@ -168,6 +179,7 @@ def test_a_killed_collector_is_restarted_and_loses_or_repeats_no_line(
         lambda: (ref := collector_of(platform, job_id)) is not None and ref != first,
         60,
     )
+    open_gate(platform, job_id)
     wait_for("the job to complete", lambda: show(platform, job_id)["status"] == "COMPLETED", 180)
     assert_exactly_once(platform, job_id)
 
@@ -190,6 +202,7 @@ def test_the_daemon_guardian_and_collector_killed_together_lose_or_repeat_no_lin
         lambda: (ref := collector_of(platform, job_id)) is not None and ref != collector,
         120,
     )
+    open_gate(platform, job_id)
     wait_for("the job to complete", lambda: show(platform, job_id)["status"] == "COMPLETED", 180)
     assert_exactly_once(platform, job_id)
 

@@ -64,6 +64,7 @@ def test_spot_checkpoint_runs_through_rhizome_train(platform: Path) -> None:
 
 
 MNIST_EPOCHS = 30
+EPOCH_LOOP = "    for epoch in range(done + 1, args.epochs + 1):\n"
 
 
 def test_mnist_halted_and_resumed_continues_from_its_checkpoint(
@@ -77,15 +78,29 @@ def test_mnist_halted_and_resumed_continues_from_its_checkpoint(
     manifest = example / "manifest.yml"
     text = manifest.read_text()
     assert "--epochs 10" in text, "examples/mnist/manifest.yml changed its command"
-    # batches of 8 too: an epoch of ~0.1 s becomes ~1 s, so the halt lands while it trains
-    manifest.write_text(text.replace("--epochs 10", f"--epochs {MNIST_EPOCHS} --batch-size 8"))
+    manifest.write_text(text.replace("--epochs 10", f"--epochs {MNIST_EPOCHS}"))
+    # Each epoch (~0.1 s) waits 1 s first until the test opens a gate, so the halt lands
+    # while it trains; the gate opens once it is HALTED, and the resumed run trains its
+    # remaining epochs at full speed (batches of 8 paced both runs: ~20 s).
+    gate = tmp_path / "go"
+    train = example / "train.py"
+    code = train.read_text()
+    assert EPOCH_LOOP in code, "examples/mnist/train.py changed its epoch loop"
+    train.write_text(
+        code.replace(
+            EPOCH_LOOP,
+            f"{EPOCH_LOOP}        if not os.path.exists({str(gate)!r}):\n"
+            "            time.sleep(1.0)  # the test's pace until it halted the job\n",
+        )
+    )
     job_id = json.loads(rz(platform, "train", str(manifest), "--json").stdout)["job_id"]
     deadline = time.monotonic() + 240
     second = re.compile(rf"^epoch ([2-9]|[1-9]\d)/{MNIST_EPOCHS}", re.MULTILINE)
     while not second.search(log_text(platform, job_id)):
         assert time.monotonic() < deadline, "examples/mnist logged no second epoch in 240 s"
-        time.sleep(1)
+        time.sleep(0.5)  # each look is a CLI call too (~0.5 s)
     assert json.loads(rz(platform, "halt", job_id, "--json").stdout)["status"] == "HALTED"
+    gate.touch()
     before = [
         int(e)
         for e in re.findall(rf"^epoch (\d+)/{MNIST_EPOCHS}", log_text(platform, job_id), re.M)
@@ -95,7 +110,7 @@ def test_mnist_halted_and_resumed_continues_from_its_checkpoint(
     status = ""
     while status not in ("COMPLETED", "FAILED", "DELETED", "HALTED"):
         assert time.monotonic() < deadline + 240, f"the resumed job is still {status}"
-        time.sleep(1)
+        time.sleep(0.5)
         status = json.loads(rz(platform, "show", job_id, "--json").stdout)["status"]
     assert status == "COMPLETED"
     text = log_text(platform, job_id)

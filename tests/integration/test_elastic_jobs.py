@@ -27,9 +27,13 @@ from tests.integration.test_elastic import (
 pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic-regression"
-# The example trains 30 epochs (360 steps, ~75 s); both scale events land by step ~85 (a
-# third-learner start included), so a copy trains 16 (192 steps) and leaves a margin.
+# The example trains 30 epochs (360 steps, ~75 s at its --step-delay of 0.2 s); both scale
+# events land by step ~85 (a third-learner start included), so a copy trains 16 (192
+# steps) and leaves a margin. Once the second scale event is in the history the test
+# opens a gate and the copy's remaining steps skip the delay: they showed nothing more
+# at 0.2 s a step (and took ~20 s).
 EPOCHS = 16
+STEP_DELAY = "time.sleep(args.step_delay)"
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +81,15 @@ def test_rhizome_scale_takes_an_elastic_job_2_to_3_to_2_while_it_trains(
     text = manifest.read_text()
     assert "--epochs 30 " in text, "the example's epochs changed: update EPOCHS' comment"
     manifest.write_text(text.replace("--epochs 30 ", f"--epochs {EPOCHS} "))
+    gate = tmp_path / "go"
+    train = example / "train.py"
+    code = train.read_text()
+    assert STEP_DELAY in code, "the example's step delay changed: update the gate"
+    train.write_text(
+        code.replace(
+            STEP_DELAY, f"time.sleep(0.0 if Path({str(gate)!r}).exists() else args.step_delay)"
+        )
+    )
     out = rz(platform, "train", str(manifest), "--json").stdout
     job_id = str(json.loads(out)["job_id"])
     wait_for(
@@ -101,6 +114,16 @@ def test_rhizome_scale_takes_an_elastic_job_2_to_3_to_2_while_it_trains(
 
     scaled = rz(platform, "scale", job_id, "2", "--json")
     assert json.loads(scaled.stdout)["resources"]["learners"] == 2, scaled.stderr
+    wait_for(
+        platform,
+        job_id,
+        "learner 2 left",
+        lambda: any(
+            "scaled 3 → 2 learners: learner 2 left" in e["message"]
+            for e in show(platform, job_id)["history"]
+        ),
+    )
+    gate.touch()
 
     wait_for(
         platform,

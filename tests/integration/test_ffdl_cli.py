@@ -25,9 +25,14 @@ import pytest
 pytestmark = pytest.mark.integration
 
 RHIZOME = [sys.executable, "-m", "services.client.cli"]
+# Waits until the test registered its webhook and opened the gate (a fixed 5 s before:
+# longer than needed on an idle machine, maybe too short on a loaded one; at most 2 min).
 TRAIN = """\
 import os, pathlib, time
-time.sleep(5)  # long enough for the test to register its webhook first
+for _ in range(1200):
+    if os.path.exists({gate!r}):
+        break
+    time.sleep(0.1)
 out = pathlib.Path(os.environ["RHIZOME_RESULT_DIR"])
 (out / "model.txt").write_text("trained weights")
 print("done")
@@ -88,7 +93,9 @@ def test_a_completed_jobs_model_downloads_and_its_webhook_hears_it_complete(
     url, got = hook
     code = tmp_path / "code"
     code.mkdir()
-    (code / "train.py").write_text(TRAIN)
+    gate = tmp_path / "go"
+    train = TRAIN.format(gate=str(gate))
+    (code / "train.py").write_text(train)
     manifest = code / "manifest.yml"
     manifest.write_text("name: ffdl parity job\nframework:\n  command: python train.py\n")
     submitted = json.loads(rz(embedded, "train", str(manifest), "--json").stdout)
@@ -101,6 +108,7 @@ def test_a_completed_jobs_model_downloads_and_its_webhook_hears_it_complete(
     listed = rz(embedded, "events", "list", job_id, "--json")
     assert [e["url"] for e in json.loads(listed.stdout)] == [url]
     assert secret not in listed.stdout
+    gate.touch()
 
     try:
         headers, body = got.get(timeout=180)
@@ -120,7 +128,7 @@ def test_a_completed_jobs_model_downloads_and_its_webhook_hears_it_complete(
     assert again.returncode == 1 and "exists; pass --force" in again.stderr
     definition = tmp_path / "definition.zip"
     rz(embedded, "download", job_id, "--definition", "-o", str(definition))
-    assert zipfile.ZipFile(definition).read("train.py").decode() == TRAIN
+    assert zipfile.ZipFile(definition).read("train.py").decode() == train
 
     removed = rz(embedded, "events", "rm", job_id, "completed", added["endpoint"]["endpoint_id"])
     assert "deleted" in removed.stdout

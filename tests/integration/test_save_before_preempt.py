@@ -54,8 +54,9 @@ GRACE_S = 3
 # A tiny training loop on the checkpoint SDK: the "model" is a number updated each step;
 # it saves every SAVE_EVERY steps on its own (periodic) and when the SDK says so (an
 # emergency save after SIGTERM, then the SDK exits 143). Each finished step is a line
-# on stdout.
-TRAIN = """import json, sys, time
+# on stdout. Steps take 0.05 s until the test opens the gate (GATE: a path it fills in)
+# once the first run was preempted: the resumed run then needs no pace (it took ~10 s).
+TRAIN = """import json, os, sys, time
 import learner.sdk as rz
 
 steps, every = int(sys.argv[1]), int(sys.argv[2])
@@ -68,7 +69,7 @@ print(f"start from {start}", flush=True)
 for i in range(start, steps):
     with rz.step():
         w = w + 0.5 * (1.0 - w)
-        time.sleep(0.05)
+        time.sleep(0.0 if os.path.exists(GATE) else 0.05)
     print(f"step {i + 1}", flush=True)
     if (i + 1) % every == 0 or rz.should_save():
         path = rz.staging_path("state.json")
@@ -183,7 +184,9 @@ def preempt(daemon: Daemon, files: dict[str, str], manifest: str, ready: str) ->
 
 
 def test_a_preempted_job_saves_first_and_resumes_from_that_save(daemon: Daemon) -> None:
-    borrowed, owned = preempt(daemon, {"train.py": TRAIN}, BORROWER, f"step {SAVE_EVERY + 5}\n")
+    gate = daemon.config.data_dir / "go"
+    train = TRAIN.replace("GATE", repr(str(gate)))
+    borrowed, owned = preempt(daemon, {"train.py": train}, BORROWER, f"step {SAVE_EVERY + 5}\n")
     with token_client(daemon, "borrower") as b, token_client(daemon, "owner") as a:
         halted = status(b, borrowed, job_pb2.HALTED)
         # who preempted it and why
@@ -213,6 +216,7 @@ def test_a_preempted_job_saves_first_and_resumes_from_that_save(daemon: Daemon) 
         assert not [e for e in halted.history if "restart" in e.message], halted.history
 
         # resumed, it continues from the emergency checkpoint's step
+        gate.touch()
         assert b.resume_job(borrowed).status == job_pb2.QUEUED
         done = status(b, borrowed, job_pb2.COMPLETED, timeout_s=180)
         second_run = stdout(daemon, borrowed)

@@ -9,6 +9,7 @@ GetJob, REST and `rhizome show --json` never hold them; the learner still gets t
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import io
 import json
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from rhizome.v1 import job_pb2, tds_pb2
 
 from contract import etcd_keys
@@ -35,6 +37,7 @@ from services.security.tls import JOB_CERT_VALID_ENV
 from services.store.job_secrets import JobSecrets
 from services.store.mongo import connect
 from tests.integration.test_cli import rz
+from tests.services.guardian.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -262,19 +265,44 @@ def test_data_store_credentials_stay_out_of_the_record_and_every_response(
     assert not kept.exists(), f"{kept} outlived job {job_id}"
 
 
-def test_a_job_outlives_its_first_certificate_and_ships_every_line(embedded: Path) -> None:
+def test_a_job_outlives_its_first_certificate_and_ships_every_line(
+    embedded: Path, tmp_path: Path
+) -> None:
     """Certificates of 10 s: the guardian renews the job's at half-life into the learner's
     `tds-tls.json`, the collector follows, and lines printed after the first certificate
     expired still reach the TDS over mutual TLS."""
     state = load_state(embedded)
     assert state is not None
-    ticks = 32  # 16 s of output, past the first certificate's 10 s
-    probe = f"import time\nfor i in range({ticks}):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
+    # A tick every 0.5 s until the test opens the gate, once the first certificate
+    # expired; then 4 more (a fixed 16 s of ticks before, at most 2 minutes now).
+    gate = tmp_path / "go"
+    probe = (
+        "import os, time\ni = 0\n"
+        f"while not os.path.exists({str(gate)!r}) and i < 240:\n"
+        "    print('tick', i, flush=True)\n    i += 1\n    time.sleep(0.5)\n"
+        "for _ in range(4):\n"
+        "    print('tick', i, flush=True)\n    i += 1\n    time.sleep(0.5)\n"
+    )
     manifest = "name: renew-cert\nframework: {command: 'python ticks.py'}\n"
     with Client(state.api_address, data_dir=embedded) as client:
         job_id = client.create_job(manifest, code_zip("ticks.py", probe)).job_id
+        learner = embedded / "jobs" / job_id / "learners" / "0"
+
+        def expired() -> bool:
+            try:  # not written yet, or being written
+                pem = json.loads((learner / "spec.json").read_text())["tds_tls"]["cert"]
+            except (OSError, ValueError, KeyError):
+                return False
+            after = x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+            return after < datetime.datetime.now(datetime.UTC)
+
+        wait_for("the job's first certificate to expire", expired, 60)
+        gate.touch()
         job = wait_done(client, job_id)
         assert job.status == job_pb2.COMPLETED, job
+        # every tick the learner printed (its own file) must reach the TDS
+        ticks = (learner / "stdout.log").read_text().count("tick ")
+        assert ticks > 4, "no tick before the gate"
         deadline = time.monotonic() + 30
         lines: list[str] = []
         while time.monotonic() < deadline:
@@ -284,7 +312,6 @@ def test_a_job_outlives_its_first_certificate_and_ships_every_line(embedded: Pat
                 break
             time.sleep(0.5)
     assert [ln for ln in lines if ln.startswith("tick ")] == [f"tick {i}" for i in range(ticks)]
-    learner = embedded / "jobs" / job_id / "learners" / "0"
     first = json.loads((learner / "spec.json").read_text())["tds_tls"]["cert"]
     renewed = json.loads((learner / "tds-tls.json").read_text())["cert"]
     assert renewed != first

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import signal
 import time
 import urllib.request
@@ -34,8 +35,12 @@ memory: 256MiB
 framework:
   command: sh run.sh
 """
-# Long enough that the daemon dies and comes back while it runs.
-SCRIPT = "i=0\nwhile [ $i -lt 40 ]; do sleep 0.25; i=$((i+1)); done\necho finished\n"
+# Runs until the test opens its gate, once the daemon died and came back (at most 2
+# minutes): a fixed 10 s was longer than that on an idle machine, and maybe shorter on a
+# loaded one.
+SCRIPT = (
+    "i=0\nwhile [ ! -e {gate} ] && [ $i -lt 480 ]; do sleep 0.25; i=$((i+1)); done\necho finished\n"
+)
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 120.0) -> T:
@@ -60,10 +65,10 @@ def health_status(address: str) -> int | None:
         channel.close()
 
 
-def code_zip() -> bytes:
+def code_zip(gate: Path) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("run.sh", SCRIPT)
+        zf.writestr("run.sh", SCRIPT.format(gate=shlex.quote(str(gate))))
     return buf.getvalue()
 
 
@@ -77,7 +82,9 @@ def embedded(tmp_path: Path) -> Iterator[Path]:
         platform.down(data_dir)
 
 
-def test_daemon_killed_under_up_is_restarted_and_its_job_completes(embedded: Path) -> None:
+def test_daemon_killed_under_up_is_restarted_and_its_job_completes(
+    embedded: Path, tmp_path: Path
+) -> None:
     from rhizome.v1 import job_pb2
 
     from services.client.sdk import Client
@@ -86,7 +93,7 @@ def test_daemon_killed_under_up_is_restarted_and_its_job_completes(embedded: Pat
     assert state is not None and state.supervisor
     first_pid = int(state.processes["api"]["pid"])
     with Client(state.api_address, data_dir=embedded) as client:
-        job_id = client.create_job(MANIFEST, code_zip()).job_id
+        job_id = client.create_job(MANIFEST, code_zip(tmp_path / "go")).job_id
         wait_for(
             "the job to run",
             lambda: client.get_job(job_id).status == job_pb2.JobStatus.Value("PROCESSING"),
@@ -112,6 +119,7 @@ def test_daemon_killed_under_up_is_restarted_and_its_job_completes(embedded: Pat
             ca=Path(state.tls_ca).read_bytes() if state.tls_ca else None,
         ),
     )
+    (tmp_path / "go").touch()  # the job, still running, may end now
     with Client(state.api_address, data_dir=embedded) as client:
         done = {"COMPLETED", "FAILED", "HALTED", "DELETED"}
 

@@ -24,15 +24,15 @@ RHIZOME = [sys.executable, "-m", "services.client.cli"]
 KEPT = {"RHIZOME_MACHINE_UID_CLAIMS"}
 
 
+def user_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_") or k in KEPT}
+    return {**env, "COLUMNS": "200"}
+
+
 def rz(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """`rhizome ARGS`, the data directory given after the command (a global option)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHIZOME_") or k in KEPT}
     proc = subprocess.run(
-        [*RHIZOME, *args],
-        capture_output=True,
-        text=True,
-        env={**env, "COLUMNS": "200"},
-        timeout=timeout,
+        [*RHIZOME, *args], capture_output=True, text=True, env=user_env(), timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
@@ -67,23 +67,40 @@ def test_a_running_platform_keeps_its_port_and_says_how_to_move_it(data_dir: Pat
 
 
 def test_train_wait_shows_step_loss_and_eta(data_dir: Path, tmp_path: Path) -> None:
+    # Steps of 2 s (`--wait` reads the metrics every 2 s) until `--wait` printed an ETA:
+    # the test then opens the gate and the rest of the steps come at once (16 s before).
+    gate = tmp_path / "go"
     (tmp_path / "train.py").write_text(
-        "import time\n"
+        "import os, time\n"
         "for i in range(1, 9):\n"
         "    print(f'step {i}/8 loss={1.0 / i:.4f}', flush=True)\n"
-        "    time.sleep(2)\n"
+        f"    if not os.path.exists({str(gate)!r}):\n"
+        "        time.sleep(2)\n"
     )
     (tmp_path / "manifest.yml").write_text(
         "name: progress\nframework:\n  command: python train.py\n"
         "evaluation_metrics:\n  type: regex_extractor\n  in: stdout\n"
         "  regex: 'step (?P<step>\\d+)/(?P<total_steps>\\d+) loss=(?P<loss>[0-9.]+)'\n"
     )
-    proc = rz("train", str(tmp_path / "manifest.yml"), "--wait", "--data-dir", str(data_dir))
-    assert "COMPLETED" in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if "/8, loss" in ln]
-    assert lines, f"no progress line in:\n{proc.stderr}"
-    assert any("ETA" in ln for ln in lines), f"no ETA in:\n{proc.stderr}"
-    assert re.search(r"uploading [0-9.]+ MiB of code \([0-9,]+ bytes\)", proc.stderr)
+    proc = subprocess.Popen(
+        [*RHIZOME, "train", str(tmp_path / "manifest.yml"), "--wait", "--data-dir", str(data_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=user_env(),
+    )
+    assert proc.stderr is not None
+    stderr = ""
+    for line in proc.stderr:  # until `--wait` returns (pytest's timeout bounds it)
+        stderr += line
+        if "/8, loss" in line and "ETA" in line:
+            gate.touch()
+    assert proc.wait(timeout=60) == 0, stderr
+    assert "COMPLETED" in stderr
+    lines = [ln for ln in stderr.splitlines() if "/8, loss" in ln]
+    assert lines, f"no progress line in:\n{stderr}"
+    assert any("ETA" in ln for ln in lines), f"no ETA in:\n{stderr}"
+    assert re.search(r"uploading [0-9.]+ MiB of code \([0-9,]+ bytes\)", stderr)
 
 
 def test_an_explicit_port_wins_over_the_remembered_one(data_dir: Path) -> None:
