@@ -537,3 +537,23 @@ def test_a_notice_for_one_learner_makes_it_leave_and_the_others_fail_over(
     assert "declared worker 1 dead" not in err0  # it declared itself, at its boundary
     assert gather_params(platform, job_id, tmp_path / "params") == ["0/worker0.pt"]
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+
+
+def test_the_pipeline_gpt_example_trains_through_rhizome_train_as_documented(
+    platform: Path,
+) -> None:
+    """`rhizome train examples/pipeline-gpt/manifest.yaml --wait`, the command the example's
+    manifest and docs give, with its own script: it completes with P x D = 2 learners, each
+    running one worker that trained its own stage once."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "pipeline-gpt"
+    proc = rz(platform, "train", str(example / "manifest.yaml"), "--wait")
+    # the job's id on stdout, its progress to the end on stderr (exit 0: `rz` checks it)
+    assert "COMPLETED every learner finished" in proc.stderr, proc.stdout + proc.stderr
+    (job_id,) = set(re.findall(r"job-[0-9a-f]{20,}", proc.stdout))
+    learners = sorted(p.name for p in (platform / "jobs" / job_id / "learners").iterdir())
+    assert learners == ["0", "1"]
+    for rank in (0, 1):
+        err = learner_file(platform, job_id, rank, "stderr.log")
+        assert err.count("started:") == 1 and err.count("finished:") == 1, err
+        assert f"[worker {rank}] started: stage {rank} of pipeline 0" in err, err
+        assert "rhizome-runtime: worker" not in err  # no launcher inside a learner
