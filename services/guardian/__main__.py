@@ -57,10 +57,11 @@ class WaitingReaper(procs.Reaper):
     def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(interval_s)
         self._child = threading.Event()
-        # Called (in the reaper's thread) after a watched child's exit was reported: the
-        # guardian process's wake-up, so that it need not poll its controllers' pids
-        # (`Guardian.exit_wakes`, `Guardian.quiet_wait_s`).
-        self.on_exit: Callable[[], None] | None = None
+        # Called with the child's pid (in the reaper's thread) after a watched child's exit
+        # was reported: the guardian process's wake-up, so that it need not poll its
+        # controllers' pids (`Guardian.exit_wakes`, `Guardian.quiet_wait_s`); a guardian
+        # host's, which steps the guardian whose controller it was (host.py).
+        self.on_exit: Callable[[int], None] | None = None
 
     def watch(self, pid: int, callback: Callable[[int, int], None]) -> None:
         def then_wake(pid: int, code: int) -> None:
@@ -68,7 +69,7 @@ class WaitingReaper(procs.Reaper):
                 callback(pid, code)
             finally:
                 if self.on_exit is not None:
-                    self.on_exit()
+                    self.on_exit(pid)
 
         super().watch(pid, then_wake)
         self._child.set()
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     guardian = Guardian(config, etcd, jobs, backend, stats)
     # A controller this process started wakes the guardian as it exits: no poll of its
     # pid between two changes (Guardian.quiet_wait_s).
-    reaper.on_exit = guardian.wake.set
+    reaper.on_exit = lambda pid: guardian.wake.set()
     guardian.exit_wakes = reaper.watches
 
     def on_term(*_: object) -> None:

@@ -16,10 +16,16 @@ by no one else). What the guardians share:
 - **one MongoDB client**, one etcd client, one backend and one reaper (the host is a child
   subreaper: what its guardians start is reaped by it).
 
-A guardian steps on the step pool when a change of its job arrives and otherwise every
-`--poll` seconds (spread over time: each guardian's timer starts when it does). Until
-its job is deployed its steps run on the deploy pool instead (a deploy attempt blocks on
-the backend), which bounds how many deploy at once. A step that raises restarts that
+A guardian steps on the step pool when a change of its job arrives (any key under its
+job's prefix: a learner's status, the control key, a lease's expiry) or, for the host's
+local children, when a learner's controller exits (the reaper). Without either it steps
+by a timer only for what no change reports: every `--poll` seconds (2) while its
+learners start (their start grace is counted in time) or its halt waits, and otherwise
+once every `--safety-poll` seconds (30), the safety net behind the watch (issue #18: at
+a 2 s poll every running job cost its host a full round of etcd reads every 2 s, the
+largest steady cost per alive job). The timers are a heap, not a scan of every guardian.
+Until its job is deployed its steps run on the deploy pool instead (a deploy attempt
+blocks on the backend), which bounds how many deploy at once. A step that raises restarts that
 guardian (a fresh `Guardian`, like a new process) with exponential backoff; the host
 goes on. A guardian that ends (done, another guardian holds the job, terminated) is
 dropped and its key deleted.
@@ -39,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
+import itertools
 import json
 import logging
 import os
@@ -207,13 +215,28 @@ REAUTH_REPORT_S = 5.0
 # are due ~50 times a second, stepped in batches of those due within 0.1 s rather than
 # one scan of them all per guardian.
 LOOP_MIN_S = 0.1
+# A settled guardian's full round without any change of its job (HostConfig.safety_poll_s).
+# Every transition a running job makes arrives by the host's watch: a learner's status
+# write, the control key (halt, delete), a controller's death (its lease expires and its
+# status key goes; on the local backend its exit, reported by the host's reaper, at once),
+# the host's own lease (the keep-alive thread). What only a timer sees is a learner that
+# has not written its first status (its start grace), a halt's deadline, a helper that
+# died (started again), and a certificate due for renewal (hours): the first two keep the
+# `--poll` period, the last two wait for this one (tests/services/guardian/
+# test_host_change_driven.py).
+HOST_SAFETY_POLL_S = 30.0
 
 
 @dataclass
 class HostConfig:
     host_id: str
     lease_ttl_s: int = HOST_LEASE_TTL_S
-    poll_s: float = 2.0  # a guardian with no change steps this often (the safety poll)
+    # A guardian whose learners are starting (or whose halt waits: `halt_poll_s`) steps
+    # this often without a change of its job.
+    poll_s: float = 2.0
+    # A settled one (every learner has a status) this often: the safety net behind the
+    # watch (HOST_SAFETY_POLL_S).
+    safety_poll_s: float = HOST_SAFETY_POLL_S
     step_threads: int = 4
     deploy_threads: int = 4
     max_backoff_s: float = 10.0
@@ -247,6 +270,27 @@ class HostedGuardian(Guardian):
             return None
         return self.halt_end(spec, busy)
 
+    def idle_s(self, config: HostConfig) -> float:
+        """How long after its last step the host steps this guardian if no change of its
+        job comes first: `halt_poll_s` while a halt waits; `poll_s` while something is
+        counted in time (a deploy, a learner with no status yet: its start grace, a
+        controller found dead, our guardian key seen deleted); else `safety_poll_s`."""
+        if self.halt_deadline is not None:
+            return min(config.poll_s, config.halt_poll_s)
+        if self.watching is None or not self._settled or self.key_deleted:
+            return config.poll_s
+        return max(config.poll_s, config.safety_poll_s)
+
+    def runs_controller(self, pid: int) -> bool:
+        """Whether `pid` is one of this guardian's learner controllers (started by it, or
+        holding a status key it saw)."""
+        if pid in list(self.handles.values()):
+            return True
+        return any(
+            isinstance(e.value, dict) and e.value.get("pid") == pid
+            for e in list(self._seen.values())
+        )
+
 
 @dataclass
 class Hosted:
@@ -271,8 +315,12 @@ class GuardianHost:
         backend: Backend,
         make_config: Callable[[str, dict[str, str]], GuardianConfig],
         stats: PreemptionStatsRepository | None = None,
+        reaper: WaitingReaper | None = None,
     ) -> None:
         self.config = config
+        # The host's reaper (its children: the local backend's learner controllers): a
+        # controller's exit steps its guardian at once (`_on_child_exit`).
+        self.reaper = reaper
         self.etcd = etcd
         self.jobs = jobs
         # Every call bounded (TimedBackend): a step or deploy thread waits for a stuck
@@ -295,6 +343,11 @@ class GuardianHost:
         self._socket_path: Path | None = None
         self._inputs = 0  # LCM connections open on the socket (the host stays for them)
         self._loop_wakes_at = 0.0  # when `run`'s loop wakes by itself next (monotonic)
+        # (when, n, job): a guardian's next step by the clock, pushed whenever it is set
+        # (`_set_next_step`); an entry whose guardian's next step moved on is skipped when
+        # it comes up. `tick` pops the due ones instead of scanning every guardian.
+        self._timers: list[tuple[float, int, str]] = []
+        self._timer_seq = itertools.count()
         self._steps = ThreadPoolExecutor(config.step_threads, thread_name_prefix="step")
         self._deploys = ThreadPoolExecutor(config.deploy_threads, thread_name_prefix="deploy")
 
@@ -309,6 +362,8 @@ class GuardianHost:
             target=self._keep_alive, args=(lease,), name="host-lease", daemon=True
         ).start()
         self._watch = PrefixWatch(self.etcd, etcd_keys.jobs_prefix(), self._on_change).start()
+        if self.reaper is not None:
+            self.reaper.on_exit = self._on_child_exit
         return self
 
     def _keep_alive(self, lease: Lease) -> None:
@@ -467,12 +522,34 @@ class GuardianHost:
 
     def _on_change(self, changes: list[Change], full: bool) -> None:
         """The watch's thread: wake the guardian of each changed job (a dictionary
-        lookup; the step runs on a pool)."""
-        for job_id in {etcd_keys.job_of(c.key) for c in changes}:
-            hosted = self.guardians.get(job_id or "")
+        lookup; the step runs on a pool). After a fresh read of the prefix (`full`: the
+        watch was broken and changes may have been compacted away) every guardian steps."""
+        by_job: dict[str, list[Change]] = {}
+        for change in changes:
+            by_job.setdefault(etcd_keys.job_of(change.key) or "", []).append(change)
+        if full:
+            with self._lock:
+                for job_id in self.guardians:
+                    by_job.setdefault(job_id, [])
+        for job_id, of_job in by_job.items():
+            hosted = self.guardians.get(job_id)
             if hosted is not None:
-                hosted.guardian.wake.set()  # a guardian waiting inside halt() sees it too
+                # sets its wake (a guardian waiting inside halt() sees it too) and notes
+                # its own guardian key's deletion (`key_deleted`: it polls again)
+                hosted.guardian._on_change(of_job, full)
                 self._schedule(hosted.job_id, now=True)
+
+    def _on_child_exit(self, pid: int) -> None:
+        """The reaper's thread: a child of the host exited. If it was a learner's
+        controller, its guardian steps now (which finds it dead, revokes its lease and
+        starts a new one) rather than when its lease expires and the watch says so."""
+        with self._lock:
+            hosted = list(self.guardians.values())
+        for h in hosted:
+            runs = getattr(h.guardian, "runs_controller", None)
+            if callable(runs) and runs(pid):
+                h.guardian.wake.set()
+                self._schedule(h.job_id, now=True)
 
     def _schedule(self, job_id: str, now: bool = False) -> None:
         with self._lock:
@@ -505,9 +582,9 @@ class GuardianHost:
                 code = STEP_CRASHED
         with self._lock:
             hosted.running = False
-            halting = getattr(hosted.guardian, "halt_deadline", None) is not None
-            period = min(self.config.poll_s, self.config.halt_poll_s) if halting else None
-            hosted.next_step = time.monotonic() + (period or self.config.poll_s)
+            idle_s = getattr(hosted.guardian, "idle_s", None)
+            period = idle_s(self.config) if callable(idle_s) else self.config.poll_s
+            self._set_next_step(hosted, time.monotonic() + period)
             if code is not None:
                 again = self._guardian_ended(hosted, code)
             else:  # a change came meanwhile, or a deploy step ended: on at once
@@ -535,7 +612,7 @@ class GuardianHost:
                 log.warning("job %s: guardian restarted in the host in %.1fs", job_id, delay)
             hosted.guardian = hosted.make()
             hosted.started = time.monotonic()
-            hosted.next_step = time.monotonic() + delay
+            self._set_next_step(hosted, time.monotonic() + delay)
             return False
         self.guardians.pop(job_id, None)
         self.ended[job_id] = code
@@ -553,22 +630,30 @@ class GuardianHost:
         self.changed.set()
         return False
 
+    def _set_next_step(self, hosted: Hosted, at: float) -> None:
+        """When `hosted` steps next by the clock (under `_lock`)."""
+        hosted.next_step = at
+        heapq.heappush(self._timers, (at, next(self._timer_seq), hosted.job_id))
+
     def tick(self, until: float = float("inf")) -> float:
-        """The timer: step every guardian whose poll period (or backoff) is over. Returns
-        when the main loop must look again: the next step due of a guardian not stepping
-        now, or `until` if sooner (monotonic). A guardian stepping now says when it is due
-        as its step ends (`_step`), and wakes the loop if that is sooner: set under the
-        same lock as the guardians are read, so that no step's end falls in between."""
+        """The timer: step every guardian whose poll period (or backoff) is over, popped
+        from the timer heap (not a scan of every guardian). Returns when the main loop
+        must look again: the earliest timer left, or `until` if sooner (monotonic). A
+        guardian stepping now says when it is due as its step ends (`_step`), and wakes
+        the loop if that is sooner: set under the same lock as the timers are read, so
+        that no step's end falls in between."""
         now = time.monotonic()
+        due = []
         with self._lock:
-            due = [
-                h.job_id for h in self.guardians.values() if not h.running and h.next_step <= now
-            ]
-            later = [
-                h.next_step for h in self.guardians.values() if not h.running and h.next_step > now
-            ]
-            self._loop_wakes_at = min([*later, until])
-        for job_id in due:
+            while self._timers and self._timers[0][0] <= now:
+                _, _, job_id = heapq.heappop(self._timers)
+                hosted = self.guardians.get(job_id)
+                # skipped: a guardian gone, stepping now (its end sets its next step), or
+                # whose next step moved on since this entry (a later entry has it)
+                if hosted is not None and not hosted.running and hosted.next_step <= now:
+                    due.append(job_id)
+            self._loop_wakes_at = min(self._timers[0][0], until) if self._timers else until
+        for job_id in dict.fromkeys(due):
             self._schedule(job_id)
         return self._loop_wakes_at
 
@@ -665,7 +750,16 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     parser.add_argument("--tds", default="", help="TDS address for the learners' log collectors")
     parser.add_argument("--scheduler", default="", help="the scheduler's internal address")
     parser.add_argument(
-        "--poll", type=float, default=2.0, help="seconds between steps without a change"
+        "--poll",
+        type=float,
+        default=2.0,
+        help="seconds between steps without a change while a job's learners start or it halts",
+    )
+    parser.add_argument(
+        "--safety-poll",
+        type=float,
+        default=HOST_SAFETY_POLL_S,
+        help="seconds between steps of a running job without a change (behind the watch)",
     )
     parser.add_argument(
         "--lease-ttl",
@@ -680,8 +774,11 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     quiet_grpc_waits()  # its watch's and lease's waits: as a guardian process's
-    if args.poll <= 0 or args.step_threads < 1 or args.deploy_threads < 1:
-        parser.error("--poll must be above 0 and --step-threads, --deploy-threads at least 1")
+    if args.poll <= 0 or args.safety_poll <= 0 or args.step_threads < 1 or args.deploy_threads < 1:
+        parser.error(
+            "--poll and --safety-poll must be above 0 and --step-threads, --deploy-threads "
+            "at least 1"
+        )
     if args.lease_ttl < 2:  # etcd's shortest lease (1.5 x its election timeout, rounded)
         parser.error("--lease-ttl must be at least 2 seconds")
     etcd_url = args.etcd or os.environ.pop(GUARDIAN_ETCD_URL_ENV, "")
@@ -722,13 +819,15 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
     procs.become_subreaper()
     # Asleep in `waitid` until a child exits, as a guardian process's reaper: the polling
     # Reaper woke 20 times a second in every host, jobs or not (issue #16).
-    reaper = WaitingReaper().start()
+    reaper = WaitingReaper()
+    reaper.start()
     backend = get_backend(args.backend, reaper=reaper)
     host = GuardianHost(
         HostConfig(
             args.host_id,
             lease_ttl_s=args.lease_ttl,
             poll_s=args.poll,
+            safety_poll_s=args.safety_poll,
             step_threads=args.step_threads,
             deploy_threads=args.deploy_threads,
         ),
@@ -737,6 +836,7 @@ def main(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
         backend,
         make_config,
         PreemptionStatsRepository(db),
+        reaper,
     )
     backend.release_ended(
         args.data_dir / "jobs", make_config("-", {}).objects_dir, lambda j: job_over(jobs, j)

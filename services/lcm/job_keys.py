@@ -16,6 +16,11 @@ The view can trail etcd by the watch's delivery (milliseconds): what the LCM doe
 is what it did on a read made at the start of a round, which trailed the round's end as
 much. Where acting on a stale key would be wrong (collecting a job's leftovers: its
 guardian may have just erased them), the LCM reads etcd itself (`manager.collect`).
+
+The view also remembers which jobs' keys changed since the LCM last asked
+(`take_changed`): the LCM's round between its full ones looks only at those jobs, the
+jobs whose records changed in MongoDB and the few it must watch by the clock (issue #18),
+and asks the view for one job's keys (`get`, `has_keys`) rather than copying it whole.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class JobKeys:
         self.on_guardian_change = on_guardian_change
         self._lock = threading.Lock()
         self._keys: dict[str, Entry] = {}
+        self._by_job: dict[str, set[str]] = {}  # job id -> its keys in `_keys`
+        # Jobs whose keys changed since `take_changed`; None: every job (a fresh read).
+        self._changed: set[str] | None = set()
         self._watch: PrefixWatch | None = None
 
     @property
@@ -62,9 +70,19 @@ class JobKeys:
         with self._lock:
             if full:
                 self._keys = {}
+                self._by_job = {}
+                self._changed = None
             for change in changes:
+                job_id = etcd_keys.job_of(change.key) or ""
+                if self._changed is not None:
+                    self._changed.add(job_id)
                 if change.deleted:
-                    self._keys.pop(change.key, None)
+                    if self._keys.pop(change.key, None) is not None:
+                        of_job = self._by_job.get(job_id)
+                        if of_job is not None:
+                            of_job.discard(change.key)
+                            if not of_job:
+                                del self._by_job[job_id]
                     continue
                 value = change.value
                 # A guardian key's value names its lease (Guardian.acquire): the LCM
@@ -73,6 +91,7 @@ class JobKeys:
                 self._keys[change.key] = Entry(
                     change.key, value, change.mod_revision, int(lease or 0)
                 )
+                self._by_job.setdefault(job_id, set()).add(change.key)
         if full or any(is_guardian_key(c.key) for c in changes):
             self.on_guardian_change()
 
@@ -80,3 +99,20 @@ class JobKeys:
         """Every key under the jobs prefix as last delivered (a copy)."""
         with self._lock:
             return dict(self._keys)
+
+    def get(self, key: str) -> Entry | None:
+        """One key as last delivered."""
+        with self._lock:
+            return self._keys.get(key)
+
+    def has_keys(self, job_id: str) -> bool:
+        """Whether job `job_id` has any key under the jobs prefix, as last delivered."""
+        with self._lock:
+            return job_id in self._by_job
+
+    def take_changed(self) -> set[str] | None:
+        """The jobs whose keys changed since the last call (ids; "" for a key outside any
+        job), or None after a fresh read of the prefix: any job may have changed."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+            return changed

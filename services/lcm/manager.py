@@ -12,6 +12,19 @@ active jobs from MongoDB and the job keys from its view of etcd (kept by a watch
 3. collects garbage: keys of jobs that are no longer active and have no live guardian are
    erased, and anything still running for them is stopped.
 
+A full round reads and looks at every active job; it runs every `full_round_s` (30 s)
+and whenever the view of etcd was read afresh. The rounds between (every `poll_s`)
+are driven by changes (issue #18: at N=100 the round over every active job, five a
+second, was the daemon's largest steady cost per alive job): they read only the records
+written since the last round (`JobsRepository.statuses_changed_since`, an indexed range
+read, with a `changes_lookback_s` overlap for writes that land late) and look only at
+the jobs whose record or etcd keys changed, plus those something is counted in time
+for: a job with no guardian yet (the start window, a backoff, a set-up), a job given to
+a host that has not taken it yet, a guardian process that is not our child. A guardian
+process or host we started tells of its exit through the reaper (`_guardian_exited`),
+and a host an earlier LCM started is looked at once a round (`_check_found_hosts`). The
+full round is the safety net behind all of these.
+
 Two LCMs never both act: only the holder of the `leaders/lcm` key (an etcd lease) runs
 rounds, and the per-job guardian key makes a second guardian exit at once anyway.
 The LCM is a child subreaper: learners and commands orphaned by a dying guardian are
@@ -67,6 +80,14 @@ log = logging.getLogger("rhizome.lcm")
 
 # The longest rest after a slow round (LifecycleManager._loop).
 MAX_ROUND_REST_S = 2.0
+# How often a round reads and looks at every active job (LcmConfig.full_round_s): the
+# safety net behind the change-driven rounds between.
+FULL_ROUND_S = 30.0
+# How far before the previous read a change-driven round asks for changed records
+# (LcmConfig.changes_lookback_s): a write stamps its `updated_at` before it lands (and
+# another machine's clock may be behind ours); one that lands later than this is seen
+# by the next full round.
+CHANGES_LOOKBACK_S = 10.0
 # A guardian that exits so found the job guarded by another: restarting it cannot help.
 GUARDIAN_ALREADY_GUARDED = ExitCode.FATAL
 # The statuses of a job being started: placed, its guardian deploying, its learners
@@ -122,6 +143,10 @@ class LcmConfig:
     # A guardian host's etcd lease (services/guardian/host.py HOST_LEASE_TTL_S says why it
     # is longer than a guardian process's `lease_ttl_s`).
     host_lease_ttl_s: int = HOST_LEASE_TTL_S
+    # A round over every active job this often; the rounds between look at what changed
+    # (the module's docstring). 0: every round is a full one.
+    full_round_s: float = FULL_ROUND_S
+    changes_lookback_s: float = CHANGES_LOOKBACK_S
 
 
 @dataclass
@@ -157,15 +182,6 @@ class GuardianHostProcess:
                 self.conn.close()
             elif self.proc is not None and self.proc.stdin is not None:
                 self.proc.stdin.close()
-
-
-@dataclass(frozen=True)
-class ActiveJob:
-    """What a round reads of an active job (JobsRepository.manifests_by_status)."""
-
-    job_id: str
-    status: str
-    manifest: dict[str, Any]
 
 
 @dataclass
@@ -227,6 +243,15 @@ class LifecycleManager:
         self._host_progress: dict[str, float] = {}
         # Hosted jobs being started (hosted_start_window), counted by each round.
         self._starting = 0
+        # The active jobs as the last round knew them (id -> status), and whether each may
+        # go to a guardian host (neither pipeline nor elastic: its manifest parsed once).
+        self._active: dict[str, str] = {}
+        self._hostable: dict[str, bool] = {}
+        self._full_at = -1e9  # when the last full round read (monotonic)
+        self._read_since = 0.0  # wall time the last round's read of the records began
+        # Jobs a change-driven round must look at whatever MongoDB and etcd say: their
+        # guardian exited, a request for them came (`_mark`).
+        self._marked: set[str] = set()
         self.backend = get_backend(config.backend)
 
     # -- life ------------------------------------------------------------------------------
@@ -298,6 +323,7 @@ class LifecycleManager:
                     self.reconcile()
                 else:
                     self._hosts_found = False  # whoever leads may start hosts meanwhile
+                    self._full_at = -1e9  # and what we knew may be stale: a full round first
             except (StoreUnavailable, OSError) as exc:
                 log.warning("lcm round failed, retrying: %s", exc)
             except Exception:
@@ -363,59 +389,188 @@ class LifecycleManager:
         if self.config.guardians_per_host > 0 and not self._hosts_found:
             self.find_hosts()
             self._hosts_found = True
+        self._check_found_hosts()
         if self.config.place_locally:
             place_queued_locally(self.jobs)
+        changed = self._job_keys.take_changed() if self._job_keys.started else None
+        with self._lock:
+            marked, self._marked = self._marked, set()
+        due = time.monotonic() - self._full_at >= self.config.full_round_s
+        if changed is None or due or not self._job_keys.started:
+            self._full_round()
+        else:
+            self._changed_round(changed | marked)
+
+    def _full_round(self) -> None:
+        """Read every active job and every job key; look at each (the safety net)."""
+        read_since = time.time()
         reading = time.monotonic()
         # Ids, statuses and manifests only: not the records' histories (manifests_by_status).
-        active = [ActiveJob(*job) for job in self.jobs.manifests_by_status(states.ACTIVE_STATES)]
+        active = self.jobs.manifests_by_status(states.ACTIVE_STATES)
+        if self._view_started():
+            # This round looks at every job: what changed in etcd until now with it (what
+            # changes from here on, the next round looks at, perhaps twice).
+            self._job_keys.take_changed()
         keys = self.job_keys()
         self._read_s = time.monotonic() - reading
+        self._full_at, self._read_since = reading, read_since
+        self._active = {job_id: status for job_id, status, _ in active}
+        self._hostable = {
+            job_id: self._hostable[job_id]
+            if job_id in self._hostable
+            else self._may_be_hosted(manifest)
+            for job_id, _, manifest in active
+        }
         guardian_keys = {k: e for k, e in keys.items() if is_guardian_key(k)}
-        active_ids = {j.job_id for j in active}
+        with self._lock:
+            guarded = set(self.guardians)
+        with_keys = {j for j in map(etcd_keys.job_of, keys) if j}
+        self._act(
+            list(self._active),
+            sorted((guarded | with_keys) - self._active.keys()),
+            lambda job_id: guardian_keys.get(etcd_keys.guardian_lease(job_id)),
+            with_keys.__contains__,
+        )
+
+    def _changed_round(self, changed: set[str]) -> None:
+        """Read the records written since the last round; look at the jobs whose record
+        or keys changed and at those something is counted in time for."""
+        read_since = time.time()
+        reading = time.monotonic()
+        since = self._read_since - self.config.changes_lookback_s
+        look = set(changed)
+        new: list[str] = []
+        for job_id, status in self.jobs.statuses_changed_since(since):
+            known = self._active.get(job_id)
+            if status not in states.ACTIVE_STATES:
+                if known is not None:  # it ended (or was halted): no longer active
+                    del self._active[job_id]
+                    self._hostable.pop(job_id, None)
+                    look.add(job_id)
+            elif known is None:
+                new.append(job_id)
+            elif known != status:
+                self._active[job_id] = status
+                look.add(job_id)
+        for job_id, status, manifest in self.jobs.manifests_of(new):
+            if status in states.ACTIVE_STATES:  # not moved on since (else the next round)
+                self._active[job_id] = status
+                self._hostable[job_id] = self._may_be_hosted(manifest)
+                look.add(job_id)
+        self._read_s = time.monotonic() - reading
+        self._read_since = read_since
+        with self._lock:
+            # Counted in time, not told by a change: no guardian yet (waiting for the start
+            # window, a backoff, its set-up), given to a host that has not taken it yet,
+            # or guarded by a process that is not our child (its exit tells nobody).
+            look.update(self._active.keys() - self.guardians.keys())
+            look.update(j for j, g in self.guardians.items() if not self._told_of(g))
+        look.discard("")
+        self._act(
+            sorted(j for j in look if j in self._active),
+            sorted(j for j in look if j not in self._active),
+            lambda job_id: self._job_keys.get(etcd_keys.guardian_lease(job_id)),
+            self._job_keys.has_keys,
+        )
+
+    @staticmethod
+    def _may_be_hosted(manifest: dict[str, Any]) -> bool:
+        spec = Manifest.from_document(manifest)
+        return spec.pipeline is None and spec.elastic is None
+
+    @staticmethod
+    def _told_of(current: Supervised) -> bool:
+        """Whether a change tells the LCM when `current` stops guarding its job: a guardian
+        process that is our child (the reaper: `_guardian_exited`); a host that holds the
+        job's key (its letting go is a key change; its exit, the reaper's or
+        `_check_found_hosts`'s word)."""
+        return current.taken if current.host is not None else current.child
+
+    def _act(
+        self,
+        active: list[str],
+        inactive: list[str],
+        held: Callable[[str], Entry | None],
+        has_keys: Callable[[str], bool],
+    ) -> None:
+        """What a round does for the jobs it looks at: a guardian for each `active` job
+        (oldest first); for each of `inactive` (no longer active, or never known), its
+        guardian's end taken note of and its leftover keys collected."""
+        window = self.config.hosted_start_window
+        hosting = self.config.guardians_per_host > 0
         with self._lock:  # ended before it was given out (halted, deleted): not given out
-            for job_id in [j for j in self._setups if j not in active_ids]:
+            for job_id in [j for j in self._setups if j not in self._active]:
                 del self._setups[job_id]  # its set-up's end (_set_up) finds it gone
-            for job_id in [j for j in self._setup_failures if j not in active_ids]:
+            for job_id in [j for j in self._setup_failures if j not in self._active]:
                 del self._setup_failures[job_id]
             self._starting = sum(
-                1 for j in active if j.status in STARTING_STATES and self._started_hosted(j.job_id)
+                1
+                for j, status in self._active.items()
+                if status in STARTING_STATES and self._started_hosted(j)
             )
-        for job in active:
-            spec = Manifest.from_document(job.manifest)  # parsed once per round
-            self.ensure_guardian(
-                job.job_id,
-                guardian_keys.get(etcd_keys.guardian_lease(job.job_id)),
-                hostable=spec.pipeline is None and spec.elastic is None,
-            )
+        for job_id in active:
+            entry = held(job_id)
+            hostable = self._hostable.get(job_id, False)
+            if (
+                hosting
+                and hostable
+                and window > 0
+                and self._starting >= window
+                and entry is None
+                and job_id not in self.guardians
+                and job_id not in self._setups
+            ):
+                continue  # waits for the start window: nothing to do for it this round
+            self.ensure_guardian(job_id, entry, hostable=hostable)
         ended_in_hosts = []
         with self._lock:
-            for job_id in [j for j in self.guardians if j not in active_ids]:
+            for job_id in [j for j in inactive if j in self.guardians]:
                 current = self.guardians[job_id]
                 in_host = current.host is not None and current.ref.alive()
-                if in_host and etcd_keys.guardian_lease(job_id) not in guardian_keys:
+                if in_host and held(job_id) is None:
                     # Its guardian in a live host ended the job and let go of it.
                     assert current.host is not None
                     current.host.jobs.discard(job_id)
                     ended_in_hosts.append(job_id)
                 elif in_host or current.ref.alive():
+                    self._marked.add(job_id)  # still ending: looked at again next round
                     continue
                 self.guardians.pop(job_id)
                 self.failures.pop(job_id, None)
         for job_id in ended_in_hosts:
             self._job_ended(job_id)
-        leftover = {j for j in map(etcd_keys.job_of, keys) if j} - active_ids
-        for job_id in leftover:
-            self.collect(job_id, guardian_keys.get(etcd_keys.guardian_lease(job_id)))
+        for job_id in inactive:
+            if has_keys(job_id):
+                self.collect(job_id, held(job_id))
+
+    def _mark(self, job_id: str) -> None:
+        """Have the next round look at job `job_id` (and wake it)."""
+        with self._lock:
+            self._marked.add(job_id)
+        self.wake.set()
+
+    def _check_found_hosts(self) -> None:
+        """A host an earlier LCM started is not our child: the reaper does not tell of its
+        exit, so each round looks whether it still runs (one /proc read a host, not one a
+        job); a dead one's jobs are restarted like those of a host we started."""
+        for host in [h for h in self.hosts if h.proc is None and not h.ref.alive()]:
+            self._host_exited(host, -1)
 
     def job_keys(self) -> dict[str, Entry]:
         """Every key under the jobs prefix: the watched view (job_keys.py), or, until its
         watch could be started (etcd away), a read of the prefix as every round made before."""
+        if not self._view_started():
+            return self.etcd.get_prefix(etcd_keys.jobs_prefix())
+        return self._job_keys.snapshot()
+
+    def _view_started(self) -> bool:
+        """Whether the watched view of the jobs prefix runs (started now if it can be)."""
         if not self._job_keys.started:
             try:
                 self._job_keys.start()
             except StoreUnavailable:
-                return self.etcd.get_prefix(etcd_keys.jobs_prefix())
-        return self._job_keys.snapshot()
+                return False
+        return True
 
     def ensure_guardian(self, job_id: str, held: object, hostable: bool = False) -> None:
         with self._lock:
@@ -745,7 +900,7 @@ class LifecycleManager:
             held = self.etcd.get(etcd_keys.guardian_lease(job_id))
             if held is not None and isinstance(held.value, dict) and held.value.get("pid") == pid:
                 self.etcd.revoke(held.lease)  # it is dead: the next guardian need not wait
-        self.wake.set()
+        self._mark(job_id)
 
     def collect(self, job_id: str, held: object) -> None:
         """Erase what a finished job left (a guardian that died after writing the end)."""
@@ -808,7 +963,7 @@ class LifecycleManager:
                 if target == states.DELETED:  # never deployed: nothing else removes them
                     JobSecrets.in_data_dir(self.config.data_dir).remove(job_id)
                 return f"job {job_id} {target.lower()}"
-        self.wake.set()
+        self._mark(job_id)
         return f"{action} of job {job_id} requested"
 
     def resume(self, job_id: str, reason: str) -> str:
@@ -827,5 +982,5 @@ class LifecycleManager:
             placement=None,
             queue_reason="",
         )
-        self.wake.set()
+        self._mark(job_id)
         return f"job {job_id} is queued again; it is placed like a new job"

@@ -336,6 +336,26 @@ class JobsRepository:
         return [(str(d["job_id"]), str(d["status"]), dict(d.get("manifest") or {})) for d in cursor]
 
     @with_retries
+    def statuses_changed_since(self, since: float) -> list[tuple[str, str]]:
+        """(job_id, status) of every job whose record was written after `since` (its
+        `updated_at`: every status change moves it, a metric does not), whatever its status:
+        one range read on the `updated_at` index, so the LCM's round between its full ones
+        reads what changed, not every active job (issue #18)."""
+        cursor = self._col.find({"updated_at": {"$gt": since}}, {"status": 1})
+        return [(str(d["_id"]), str(d.get("status", ""))) for d in cursor]
+
+    @with_retries
+    def manifests_of(self, job_ids: Iterable[str]) -> list[tuple[str, str, dict[str, Any]]]:
+        """(job_id, status, manifest) of each of `job_ids` still stored (read by `_id`)."""
+        wanted = list(job_ids)
+        if not wanted:
+            return []
+        cursor = self._col.find({"_id": {"$in": wanted}}, {"status": 1, "manifest": 1})
+        return [
+            (str(d["_id"]), str(d.get("status", "")), dict(d.get("manifest") or {})) for d in cursor
+        ]
+
+    @with_retries
     def ids_by_status(self, statuses: Iterable[str], after: str = "") -> list[str]:
         """Ids only, oldest first (only ids greater than `after` when given): the cheap
         scan the scheduling loop makes every pass."""

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from contract.etcd import EtcdClient
 from services.backends.local.backend import LocalBackend
 from services.guardian.guardian import Guardian, GuardianConfig
 from services.store import states
+from services.store.jobs import JobRecord
 from tests.services.guardian.helpers import job_report, submit, wait_for
 
 pytestmark = pytest.mark.integration
@@ -43,6 +45,38 @@ class CountingEtcd:
         return counted
 
 
+@dataclass
+class SleepingJob:
+    """A submitted one-learner job whose command sleeps, and the config of its guardian."""
+
+    stores: dict[str, Any]
+    tmp_path: Path
+    job: JobRecord
+    config: GuardianConfig
+
+    def report(self) -> str:
+        return job_report(self.stores["repo"], self.job.job_id, self.tmp_path)
+
+    def controller(self) -> dict[str, Any] | None:
+        """Learner 0's status value once it is PROCESSING (its controller's pid)."""
+        entry = self.stores["etcd"].get(etcd_keys.learner_status(self.job.job_id, 0))
+        value = entry.value if entry is not None else None
+        return value if isinstance(value, dict) and value.get("status") == "PROCESSING" else None
+
+
+@pytest.fixture
+def sleeping(stores: dict[str, Any], tmp_path: Path) -> SleepingJob:
+    job = submit(stores["repo"], tmp_path, "sleep 120")
+    config = GuardianConfig(
+        job_id=job.job_id,
+        etcd_url=stores["etcd_url"],
+        mongodb_uri=stores["mongo_url"],
+        data_dir=tmp_path,
+        learner_grace_s=1.0,
+    )
+    return SleepingJob(stores, tmp_path, job, config)
+
+
 class CountedQuietSteps(Guardian):
     """Counts the steps that needed no etcd read."""
 
@@ -55,32 +89,15 @@ class CountedQuietSteps(Guardian):
 
 
 def test_quiet_steps_read_nothing_and_a_dead_controller_is_still_restarted(
-    stores: dict[str, Any], tmp_path: Path
+    stores: dict[str, Any], sleeping: SleepingJob
 ) -> None:
-    job = submit(stores["repo"], tmp_path, "sleep 120")
-    config = GuardianConfig(
-        job_id=job.job_id,
-        etcd_url=stores["etcd_url"],
-        mongodb_uri=stores["mongo_url"],
-        data_dir=tmp_path,
-        learner_grace_s=1.0,
-    )
+    job, report, controller = sleeping.job, sleeping.report, sleeping.controller
     etcd = CountingEtcd(stores["etcd"])
-    guardian = CountedQuietSteps(config, etcd, stores["repo"], LocalBackend())  # type: ignore[arg-type]
+    guardian = CountedQuietSteps(sleeping.config, etcd, stores["repo"], LocalBackend())  # type: ignore[arg-type]
     guardian.safety_poll_s = 3600.0  # only a change may bring a full round here
     ended: list[int] = []
     thread = threading.Thread(target=lambda: ended.append(guardian.run()), daemon=True)
     thread.start()
-
-    def report() -> str:
-        return job_report(stores["repo"], job.job_id, tmp_path)
-
-    status_key = etcd_keys.learner_status(job.job_id, 0)
-
-    def controller() -> dict[str, Any] | None:
-        entry = stores["etcd"].get(status_key)
-        value = entry.value if entry is not None else None
-        return value if isinstance(value, dict) and value.get("status") == "PROCESSING" else None
 
     try:
         wait_for(
@@ -112,7 +129,7 @@ def test_quiet_steps_read_nothing_and_a_dead_controller_is_still_restarted(
 
 
 def test_a_guardian_whose_controllers_are_its_children_waits_for_their_exit_not_a_poll(
-    stores: dict[str, Any], tmp_path: Path
+    stores: dict[str, Any], sleeping: SleepingJob
 ) -> None:
     """In a guardian process the reaper wakes the guardian when a controller it started
     exits (`WaitingReaper.on_exit`), so between two changes the guardian sleeps until its
@@ -121,22 +138,15 @@ def test_a_guardian_whose_controllers_are_its_children_waits_for_their_exit_not_
     here (stopped at the end, before the test servers exit)."""
     from services.guardian.__main__ import WaitingReaper
 
-    job = submit(stores["repo"], tmp_path, "sleep 120")
-    config = GuardianConfig(
-        job_id=job.job_id,
-        etcd_url=stores["etcd_url"],
-        mongodb_uri=stores["mongo_url"],
-        data_dir=tmp_path,
-        learner_grace_s=1.0,
-    )
+    job, report, controller = sleeping.job, sleeping.report, sleeping.controller
     reaper = WaitingReaper()
     reaper.start()
     guardian = CountedQuietSteps(
-        config, stores["etcd"], stores["repo"], LocalBackend(reaper=reaper)
+        sleeping.config, stores["etcd"], stores["repo"], LocalBackend(reaper=reaper)
     )
     exits: list[int] = []
 
-    def on_exit() -> None:
+    def on_exit(pid: int) -> None:
         exits.append(1)
         guardian.wake.set()
 
@@ -146,16 +156,6 @@ def test_a_guardian_whose_controllers_are_its_children_waits_for_their_exit_not_
     ended: list[int] = []
     thread = threading.Thread(target=lambda: ended.append(guardian.run()), daemon=True)
     thread.start()
-
-    def report() -> str:
-        return job_report(stores["repo"], job.job_id, tmp_path)
-
-    status_key = etcd_keys.learner_status(job.job_id, 0)
-
-    def controller() -> dict[str, Any] | None:
-        entry = stores["etcd"].get(status_key)
-        value = entry.value if entry is not None else None
-        return value if isinstance(value, dict) and value.get("status") == "PROCESSING" else None
 
     try:
         first = wait_for("learner 0 PROCESSING", controller, explain=report)
