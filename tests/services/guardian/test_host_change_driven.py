@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from queue import Queue
 from typing import Any
@@ -24,7 +25,7 @@ from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.backends.local.backend import LocalBackend
 from services.guardian.guardian import GuardianConfig
-from services.guardian.host import GuardianHost, Hosted, HostConfig, HostedGuardian
+from services.guardian.host import GuardianHost, HostConfig, Hosted, HostedGuardian
 from services.store import states
 from tests.services.guardian.helpers import job_report, submit, wait_for
 
@@ -120,8 +121,8 @@ def test_a_running_job_s_guardian_steps_only_on_changes_and_every_transition_sti
         for job_id in ids:
             assert host.adopt(job_id)
         for job_id in ids:
-            wait_for(f"{job_id} PROCESSING", lambda j=job_id: processing(stores, j), explain=report)
-            wait_for(f"{job_id}'s guardian settled", lambda j=job_id: settled(host, j))
+            wait_for(f"{job_id} PROCESSING", partial(processing, stores, job_id), explain=report)
+            wait_for(f"{job_id}'s guardian settled", partial(settled, host, job_id))
         # Nothing changes: no step at all (at the old 2 s poll for every guardian, at
         # POLL_S here, there would be seven of each).
         before = dict(_Counted.steps)
@@ -255,7 +256,8 @@ def test_a_fresh_read_of_the_jobs_prefix_steps_every_guardian(tmp_path: Path) ->
     )
     stubs = {job_id: _Stub() for job_id in ("job-a", "job-b")}
     for job_id, stub in stubs.items():
-        host.guardians[job_id] = Hosted(job_id, stub, lambda: stub)  # type: ignore[arg-type]
+        # (never made again: a stub does not raise)
+        host.guardians[job_id] = Hosted(job_id, stub, HostedGuardian)  # type: ignore[arg-type]
     try:
         host._on_change([], full=False)
         time.sleep(0.2)
