@@ -32,8 +32,15 @@ docs/control-plane-scale.md); the hosts' figures are then compared with the proc
 at each N measured in the same run. "Guardian" figures are those of every guardian
 process (hosts included); with the simulated backend they include its learner threads.
 
+With `--baseline-tree DIR` (a checkout of other code, e.g. `git archive main | tar -x -C
+DIR`; its `gen/` stubs are this tree's) each size and mode also runs on that code first,
+in the same run: the daemon and the guardian hosts import DIR's packages (PYTHONPATH),
+and the steady CPU per alive job and the latencies of both are printed side by side.
+The steady window should cover the slowest periodic work (a hosted guardian's safety
+poll and the LCM's full round, 30 s each): `--steady 30`.
+
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
-        [--modes process,hosts] [--per-host 500] [--phase-timeout S]
+        [--modes process,hosts] [--per-host 500] [--phase-timeout S] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 
 CLIENTS = 8
+ROOT_DIR = Path(__file__).resolve().parent.parent
 LEARNER_LEASE_TTL_S = 10
 CLUSTER = """nodes:
   - name: sim
@@ -246,12 +254,43 @@ def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, f
 
 
 def run(
-    n: int, steady_s: float, per_host: int, phase_timeout_s: float, leader_ttl_s: int
+    n: int,
+    steady_s: float,
+    per_host: int,
+    phase_timeout_s: float,
+    leader_ttl_s: int,
+    tree: Path | None = None,
 ) -> dict[str, Any]:
     """One platform with N jobs alive; `per_host` guardians per host (0: a process each);
-    the daemon's leader lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`)."""
+    the daemon's leader lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`); the
+    platform's code from `tree` (its packages first on the daemon's PYTHONPATH, which
+    the guardians inherit) or, None, this tree's."""
     os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
-    print(f"N={n}, {per_host or 'no'} guardians per host", file=sys.stderr, flush=True)
+    code = "baseline" if tree is not None else "this tree"
+    here = os.environ.get("PYTHONPATH")
+    if tree is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(tree), str(ROOT_DIR / "gen"), *([here] if here else [])]
+        )
+    try:
+        row = _run(n, steady_s, per_host, phase_timeout_s, leader_ttl_s)
+    finally:
+        if here is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = here
+    row["code"] = code
+    return row
+
+
+def _run(
+    n: int, steady_s: float, per_host: int, phase_timeout_s: float, leader_ttl_s: int
+) -> dict[str, Any]:
+    print(
+        f"N={n}, {per_host or 'no'} guardians per host, PYTHONPATH={os.environ.get('PYTHONPATH')}",
+        file=sys.stderr,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="rz-scale-") as tmp:
         cluster = Path(tmp) / "cluster.yaml"
         cluster.write_text(CLUSTER)
@@ -293,6 +332,12 @@ def run(
             ]
             stages = stage_seconds(repo, alive)
             # Steady state: N jobs alive, nothing changing.
+            print(  # for a profiler run by hand meanwhile (py-spy record --pid)
+                f"steady window of {steady_s:g} s: daemon pid {pid}, guardian pids "
+                f"{guardian_pids(platform.data_dir)}",
+                file=sys.stderr,
+                flush=True,
+            )
             s0 = sample(pid, platform.data_dir)
             time.sleep(steady_s)
             s1 = sample(pid, platform.data_dir)
@@ -394,6 +439,12 @@ def main() -> None:
         help="the daemon's leader lease TTL, s (rhizomed --leader-lease-ttl)",
     )
     parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="also run every size and mode on the code in this directory, first (same run)",
+    )
+    parser.add_argument(
         "--max-process-n",
         type=int,
         default=200,
@@ -404,17 +455,29 @@ def main() -> None:
     if not modes or set(modes) - {"process", "hosts"} or args.per_host < 1:
         parser.error("--modes is a list of process and hosts; --per-host is at least 1")
     sizes = [int(n) for n in args.sizes.split(",")]
+    if args.baseline_tree is not None and not (args.baseline_tree / "services").is_dir():
+        parser.error(f"--baseline-tree {args.baseline_tree}: no services/ package there")
+    trees = [args.baseline_tree.resolve(), None] if args.baseline_tree is not None else [None]
     rows = []
     for n in sizes:
         for mode in modes:
             if mode == "hosts" or n <= args.max_process_n:
                 per_host = args.per_host if mode == "hosts" else 0
-                rows.append(
-                    run(n, args.steady, per_host, args.phase_timeout, args.leader_lease_ttl)
-                )
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if cut short
+                for tree in trees:
+                    rows.append(
+                        run(
+                            n,
+                            args.steady,
+                            per_host,
+                            args.phase_timeout,
+                            args.leader_lease_ttl,
+                            tree,
+                        )
+                    )
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if cut short
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)\n")
     cols = [
+        ("code", "code", "{}"),
         ("mode", "mode", "{}"),
         ("N", "n", "{:.0f}"),
         ("submit→PROC p50 s", "submit_to_processing_p50_s", "{:.2f}"),
@@ -438,7 +501,10 @@ def main() -> None:
     print(" | ".join(c for c, _, _ in cols))
     for row in rows:
         print(" | ".join(fmt.format(row[key]) for _, key, fmt in cols))
-    by_mode = {mode: [r for r in rows if r["mode"].startswith(mode[:4])] for mode in modes}
+    if args.baseline_tree is not None:
+        compare_trees(rows)
+    mine = [r for r in rows if r["code"] == "this tree"]
+    by_mode = {mode: [r for r in mine if r["mode"].startswith(mode[:4])] for mode in modes}
     if len(modes) == 2:
         print("\nhosts against a process per job, same N, same run:")
         hosts_by_n = {r["n"]: r for r in by_mode["hosts"]}
@@ -477,6 +543,35 @@ def main() -> None:
                 print(f"    {line[:200]}")
     if args.json:
         print(json.dumps(rows, indent=2))
+
+
+def compare_trees(rows: list[dict[str, Any]]) -> None:
+    """This tree's figures against the baseline tree's, same N and mode, same run."""
+    print("\nthis tree against the baseline tree, same N and mode, same run:")
+    baseline = {(r["mode"], r["n"]): r for r in rows if r["code"] == "baseline"}
+    for row in rows:
+        base = baseline.get((row["mode"], row["n"]))
+        if row["code"] != "this tree" or base is None:
+            continue
+        steady = {
+            r["code"]: r["steady_daemon_ms_per_job_s"] + r["steady_guardian_ms_per_job_s"]
+            for r in (base, row)
+        }
+        print(
+            f"  {row['mode']} N={row['n']}: steady ms of CPU per alive job per second: daemon "
+            f"{base['steady_daemon_ms_per_job_s']:.3f} -> {row['steady_daemon_ms_per_job_s']:.3f} "
+            f"(x{ratio(row, base, 'steady_daemon_ms_per_job_s'):.3f}), guardian hosts "
+            f"{base['steady_guardian_ms_per_job_s']:.3f} -> "
+            f"{row['steady_guardian_ms_per_job_s']:.3f} "
+            f"(x{ratio(row, base, 'steady_guardian_ms_per_job_s'):.3f}), both "
+            f"{steady['baseline']:.3f} -> {steady['this tree']:.3f} "
+            f"(x{steady['this tree'] / steady['baseline'] if steady['baseline'] else float('inf'):.3f}); "
+            f"submit→PROCESSING p99 {base['submit_to_processing_p99_s']:.2f} -> "
+            f"{row['submit_to_processing_p99_s']:.2f} s; release→COMPLETED p99 "
+            f"{base['release_to_completed_p99_s']:.2f} -> {row['release_to_completed_p99_s']:.2f} s; "
+            f"lost {base['lost_status_changes']} -> {row['lost_status_changes']}, FAILED/late "
+            f"{base['failed_jobs']} -> {row['failed_jobs']}"
+        )
 
 
 def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
