@@ -527,17 +527,17 @@ def main() -> None:
             f"{name} {v['p50']:.2f} / {v['p99']:.2f}" for name, v in row["stages_s"].items()
         )
         print(
-            f"  {row['mode']} N={row['n']}: {parts}; all PROCESSING after {row['all_processing_s']:.1f} s"
+            f"  {row['code']}, {row['mode']} N={row['n']}: {parts}; all PROCESSING after {row['all_processing_s']:.1f} s"
         )
     print("\nwhat went wrong, and the etcd authentication storm:")
     for row in rows:
         print(
-            f"  {row['mode']} N={row['n']}: etcd auth calls {row['etcd_auth_calls']}; "
+            f"  {row['code']}, {row['mode']} N={row['n']}: etcd auth calls {row['etcd_auth_calls']}; "
             f"logs {row['findings']}; FAILED/late by reason {row['failed_why'] or 'none'}"
         )
         if not row["daemon_alive_at_end"]:
             print(
-                f"  {row['mode']} N={row['n']}: THE DAEMON EXITED during the run; its last lines:"
+                f"  {row['code']}, {row['mode']} N={row['n']}: THE DAEMON EXITED during the run; its last lines:"
             )
             for line in row["daemon_last_words"]:
                 print(f"    {line[:200]}")
