@@ -31,7 +31,8 @@ from pathlib import Path
 from _platform import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 from contract import etcd_keys
-from contract.etcd import ETCD_BCRYPT_COST, EtcdClient, EtcdCredentials, etcd_argv
+from contract.etcd import EtcdClient, EtcdCredentials
+from contract.etcd_server import ETCD_BCRYPT_COST, etcd_argv
 from contract.etcd_users import add_job_user, enable_auth, remove_job_user
 from services.embedded.servers import EtcdServer
 

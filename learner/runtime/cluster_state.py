@@ -70,7 +70,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from contract import etcd_keys
-from contract.etcd import Change, EtcdClient, Lease, PrefixWatch, encode
+from contract.etcd import EtcdClient, Lease, encode
+from contract.etcd_watch import Change, PrefixWatch
 from learner.runtime.api import ConfigError
 
 

@@ -12,7 +12,7 @@ the next poll.
 What is ignored, not applied: a ``state`` older than the one held (a stale generation:
 the state only moves forward, by compare-and-set), a value that does not parse, and keys
 the watcher has no business with (rendezvous reports, failures, the partition). Keys of
-another prefix never reach here (``contract.etcd.PrefixWatch`` drops them).
+another prefix never reach here (``contract.etcd_watch.PrefixWatch`` drops them).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from contract.etcd import Change
+from contract.etcd_watch import Change
 from learner.runtime.cluster_state import ClusterState
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from contract.env import ETCD_STORE, LearnerConfigError, LearnerEnv, RuntimeEnv
-from contract.etcd import etcd_argv, etcd_binary, etcd_healthy
+from contract.etcd_server import etcd_argv, etcd_binary, etcd_healthy
 from contract.procs import free_port
 from learner.runtime.api import (
     EXIT_EVICTED,
@@ -65,7 +65,7 @@ MAX_PIPELINES = 256
 @contextlib.contextmanager
 def private_etcd() -> Iterator[str]:
     """A throw-away etcd for one run (started as the platform starts its own, see
-    `contract.etcd.etcd_argv`); yields its client URL."""
+    `contract.etcd_server.etcd_argv`); yields its client URL."""
     with private_etcd_process() as (url, _):
         yield url
 

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from contract.etcd import etcd_argv, etcd_healthy
+from contract.etcd_server import etcd_argv, etcd_healthy
 from contract.procs import free_port, venv_bin
 from services.embedded.process import ManagedServer
 

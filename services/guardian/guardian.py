@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from contract import etcd_keys, procs
-from contract.etcd import Change, Entry, EtcdClient, Lease, PrefixWatch
+from contract.etcd import Entry, EtcdClient, Lease
+from contract.etcd_watch import Change, PrefixWatch
 from contract.procs import free_port
 from contract.status import (
     FINAL_STATUSES,

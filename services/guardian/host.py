@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from contract import etcd_keys, procs
-from contract.etcd import Change, EtcdClient, Lease, PrefixWatch
+from contract.etcd import EtcdClient, Lease
+from contract.etcd_watch import Change, PrefixWatch
 from contract.status import ExitCode
 from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, get_backend
 from services.guardian.__main__ import WaitingReaper, pop_job_credentials, quiet_grpc_waits

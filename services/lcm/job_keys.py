@@ -29,7 +29,8 @@ import threading
 from collections.abc import Callable
 
 from contract import etcd_keys
-from contract.etcd import Change, Entry, EtcdClient, PrefixWatch
+from contract.etcd import Entry, EtcdClient
+from contract.etcd_watch import Change, PrefixWatch
 
 
 def is_guardian_key(key: str) -> bool:

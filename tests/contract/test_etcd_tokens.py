@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from contract import etcd
+from contract import etcd, etcd_watch
 from contract.etcd import EtcdClient, EtcdCredentials, StoreUnavailable
 from contract.procs import free_port
 
@@ -247,13 +247,15 @@ def test_a_watch_started_amid_auth_changes_gets_new_tokens_not_an_error(
     monkeypatch.setattr(client.raw, "get_prefix_response", refused_once("read", listing))
     monkeypatch.setattr(client.raw, "get_response", refused_once("check", None))
     monkeypatch.setattr(client.raw, "add_watch_prefix_callback", refused_once("watch", 7))
-    delivered: list[tuple[list[etcd.Change], bool]] = []
-    watch = etcd.PrefixWatch(client, "/p/", lambda changes, full: delivered.append((changes, full)))
+    delivered: list[tuple[list[etcd_watch.Change], bool]] = []
+    watch = etcd_watch.PrefixWatch(
+        client, "/p/", lambda changes, full: delivered.append((changes, full))
+    )
     watch.start()
     try:
         assert called == ["read", "read", "check", "check", "watch", "watch"]
         assert client.reauthentications == 3  # a new token before each retry
-        assert delivered == [([etcd.Change("/p/a", 1, 4)], True)] and watch.revision == 5
+        assert delivered == [([etcd_watch.Change("/p/a", 1, 4)], True)] and watch.revision == 5
         assert watch._watch_id == 7
     finally:
         monkeypatch.setattr(client.raw, "cancel_watch", lambda _id: None)

@@ -16,7 +16,7 @@ import pytest
 from cryptography import x509
 from rhizome.v1 import tds_pb2
 
-from learner.controller.collector import RenewingStub
+from learner.controller.tds_channel import RenewingStub
 from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.security.tls import JOB_CERT_VALID, InternalTls, renewal_due

@@ -238,7 +238,7 @@ def test_up_refuses_contradicting_tls_flags(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     """A real etcd serving its clients over TLS only, with a certificate of a local CA."""
-    from contract.etcd import etcd_argv
+    from contract.etcd_server import etcd_argv
     from contract.procs import free_port, stop_process_group
 
     root = Path(tmp_path_factory.mktemp("tls-etcd"))

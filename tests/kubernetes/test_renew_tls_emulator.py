@@ -27,7 +27,7 @@ import pytest
 from rhizome.v1 import tds_pb2
 
 from contract.credentials import TDS_TLS_DIR_ENV, TDS_TLS_FILE, tds_tls_file
-from learner.controller.collector import RenewingStub
+from learner.controller.tds_channel import RenewingStub
 from services.backends.api import BackendError
 from services.backends.kubernetes.backend import KubernetesBackend
 from services.backends.kubernetes.scheduler import GangScheduler

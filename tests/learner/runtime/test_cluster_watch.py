@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from contract import etcd_keys
-from contract.etcd import Change, EtcdClient, PrefixWatch
+from contract.etcd import EtcdClient
+from contract.etcd_watch import Change, PrefixWatch
 from learner.runtime.api import Batch, RedundancyMode
 from learner.runtime.cluster_state import (
     ClusterState,

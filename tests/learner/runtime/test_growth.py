@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from contract.etcd import Change
+from contract.etcd_watch import Change
 from learner.runtime.cluster_state import ClusterState, EtcdClusterStateStore
 from learner.runtime.cluster_watch import ClusterView
 from learner.runtime.reconfigure import (

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from services.injector.targets import JobTargets
 from services.store import states
-from tests.services.guardian.helpers import start_guardian, submit, wait_for
+from tests.services.guardian.helpers import job_report, start_guardian, submit, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,30 +30,48 @@ def preempted(stores: dict[str, Any], job_id: str) -> list[str]:
     return [h.message for h in stores["repo"].get(job_id).history if "preempted" in h.message]
 
 
+def inject_one(stores: dict[str, Any], job_id: str, seed: int) -> dict[str, Any]:
+    """One preemption by `rhizome inject --job`, once the learner runs its command again.
+
+    The injector preempts whoever runs when its schedule fires and records a "missed"
+    preemption when nobody does (a trace replay goes on): injected while the guardian was
+    still restarting the learner, this test's preemption would be one that never happened.
+    So it waits for a target as the injector sees one (`JobTargets`: status PROCESSING and
+    the command's processes found by their labels) and checks that one was preempted."""
+    wait_for("a learner to preempt", lambda: JobTargets(stores["etcd"], job_id).current())
+    inject = subprocess.run(
+        [sys.executable, "-m", "services.client.cli", "inject", "--job", job_id,
+         "--etcd", stores["etcd_url"], "--mttp", "0.5", "--count", "1",
+         "--notice", "1", "--seed", str(seed), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert inject.returncode == 0, inject.stderr
+    done = json.loads(inject.stdout)
+    assert len(done) == 1 and done[0]["outcome"] in ("exited", "killed"), inject.stdout
+    return dict(done[0])
+
+
 def test_a_job_with_one_allowed_restart_survives_three_injected_preemptions(
     stores: dict[str, Any], tmp_path: Path
 ) -> None:
     repo = stores["repo"]
     job = submit(repo, tmp_path, "sh run.sh", files={"run.sh": SCRIPT}, max_learner_restarts=1)
     guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
+    injected: list[dict[str, Any]] = []
+
+    def why() -> str:
+        return f"{job_report(repo, job.job_id, tmp_path)}\ninjector said: {injected}"
+
     try:
         wait_for("PROCESSING", lambda: repo.get(job.job_id).status == states.PROCESSING)
         for n in range(1, 4):
-            # one preemption at a time: the injector waits until the restarted learner's
-            # command runs again (a PROCESSING rank is its target)
-            inject = subprocess.run(
-                [sys.executable, "-m", "services.client.cli", "inject", "--job", job.job_id,
-                 "--etcd", stores["etcd_url"], "--mttp", "0.5", "--count", "1",
-                 "--notice", "1", "--seed", str(n), "--json"],
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-            assert inject.returncode == 0, inject.stderr
-            assert len(json.loads(inject.stdout)) == 1, inject.stdout
+            # one preemption at a time, each of a learner that runs its command
+            injected.append(inject_one(stores, job.job_id, seed=n))
 
             def counted(n: int = n) -> bool:
                 return len(preempted(stores, job.job_id)) >= n
 
-            wait_for(f"preemption {n} in the history", counted)
+            wait_for(f"preemption {n} in the history", counted, explain=why)
         record = repo.get(job.job_id)
         assert record.status == states.PROCESSING, record.status_message
         notes = preempted(stores, job.job_id)
@@ -98,12 +117,7 @@ def test_past_max_preemptions_the_job_fails_saying_so(
     guardian = start_guardian(job.job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
     try:
         wait_for("PROCESSING", lambda: repo.get(job.job_id).status == states.PROCESSING)
-        inject = subprocess.run(
-            [sys.executable, "-m", "services.client.cli", "inject", "--job", job.job_id,
-             "--etcd", stores["etcd_url"], "--mttp", "0.5", "--count", "1", "--notice", "1"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert inject.returncode == 0, inject.stderr
+        inject_one(stores, job.job_id, seed=0)
         assert guardian.wait(timeout=60) == 0
         record = repo.get(job.job_id)
         assert record.status == states.FAILED
