@@ -9,16 +9,13 @@ import torch
 from torch import nn
 
 from learner.runtime.snapshot import OptimizerSnapshot
+from tests.learner.runtime._optim_steps import random_grad_steps
 
 Factory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    random_grad_steps(model, opt, seed, steps=1)
 
 
 @pytest.mark.parametrize(
