@@ -145,6 +145,11 @@ class Worker:
         # this worker's own update sends of the last step, waited for by the next sync
         # phase (or the finish): (holder, work, the tensor sent, transport)
         self._update_sends: list[tuple[int, Any, torch.Tensor, Transport]] = []
+        # take each owned block's pre-update snapshot in the step's first wait (on the
+        # updater's thread) rather than in the sync phase, where it sat between the step's
+        # last backward and the next step's first forward (benchmarks/RESULTS.md, session
+        # 13: off, for the before/after pair)
+        self.snapshot_ahead = True
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
     @property
@@ -461,6 +466,12 @@ class Worker:
             # posted now, not in the sync phase: gloo moves a message once both sides have
             # posted, so the update then travels while this worker still computes
             self._replica_update_recv(step)
+        if not recovering and self.snapshot_ahead:
+            # nothing changes a block between its updates: its snapshot for this step's
+            # update can be taken in the step's first wait (a bubble) instead of in the
+            # sync phase; apply() copies as before if it was not
+            for blk in st.owned.values():
+                st.updater.submit_task(blk.prepare_snapshot, epoch)
         programs = {b: prog for b, prog in rest.items() if prog}
         # each block's program on a kept pool thread (comm.POOL), not a thread per step
         calls = [
