@@ -330,8 +330,12 @@ def worker_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from contract.env import RuntimeEnv
+    from learner.runtime.allocator import one_malloc_arena
     from learner.runtime.worker import options_from_env
 
+    # as learner.runtime.worker.train does, for the whole process: torch's modes too
+    if not args.per_thread_arenas:
+        one_malloc_arena()
     torch.set_num_threads(1)
     env = RuntimeEnv.from_environ(os.environ)
     if args.pin:
@@ -489,6 +493,7 @@ def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
         "--results",
         str(results),
         *(["--pin"] if args.pin else []),
+        *(["--per-thread-arenas"] if args.per_thread_arenas else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not args.json:
@@ -817,8 +822,9 @@ def steadiness_profile(recs: list[dict[str, Any]], stages: int) -> None:
     last = stages - 1
     print(
         f"\n# --profile steadiness: per repetition, the last stage's iteration ms (median / "
-        f"p90, steps {WARM}+); per step, mean over repetitions, per worker: GC pause ms, "
-        "gen-2 collections per run, minor page faults, voluntary / involuntary context switches"
+        f"p90, steps {WARM}+; its GC pause ms per step); per step, mean over repetitions, "
+        "per worker: GC pause ms, gen-2 collections per run, minor page faults, voluntary / "
+        "involuntary context switches"
     )
     print(
         "| mode | reps: median / p90 ms | worker | GC ms | gen-2 per run | faults | vol cs | invol cs |"
@@ -831,8 +837,10 @@ def steadiness_profile(recs: list[dict[str, Any]], stages: int) -> None:
         reps = []
         for r in lasts:
             t = sorted(r["times"][WARM:])
+            gc_ms = 1000 * statistics.mean(row[0] for row in r["probe_steps"][WARM:])
             reps.append(
                 f"{1000 * statistics.median(t):.1f} / {1000 * t[int(0.9 * (len(t) - 1))]:.1f}"
+                f" (GC {gc_ms:.2f})"
             )
         for w in range(stages):
             runs = [r for r in rows if r["mode"] == mode and r["worker"] == w]
@@ -1009,6 +1017,12 @@ def main() -> None:
         help="instead: etcd's CPU per lease refresh, new stream each vs one kept stream",
     )
     p.add_argument("--pin", action="store_true", help="pin worker w to core w mod the core count")
+    p.add_argument(
+        "--per-thread-arenas",
+        action="store_true",
+        help="leave glibc's malloc one arena per thread in the workers, as before session 13 "
+        "(learner/runtime/allocator.py), for a before/after pair",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
