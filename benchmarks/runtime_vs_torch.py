@@ -147,7 +147,7 @@ class StepProbe:
     def mark(self) -> None:
         self.marks.append(self._now())
 
-    def close(self) -> dict[str, list[list[float]]]:
+    def close(self) -> dict[str, Any]:
         """Per step: [gc seconds, gen-2 collections, minor faults, voluntary and involuntary
         context switches]."""
         with contextlib.suppress(ValueError):
@@ -164,7 +164,10 @@ class StepProbe:
                     float(b[3] - a[3]),
                 ]
             )
-        return {"probe_steps": rows}
+        # the process's OS threads at the run's end (kept pools, gloo's and gRPC's
+        # threads: the ones left behind by earlier runs share the worker's core too)
+        threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
+        return {"probe_steps": rows, "threads": threads}
 
 
 def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> dict[str, Any]:
@@ -822,7 +825,8 @@ def steadiness_profile(recs: list[dict[str, Any]], stages: int) -> None:
     last = stages - 1
     print(
         f"\n# --profile steadiness: per repetition, the last stage's iteration ms (median / "
-        f"p90, steps {WARM}+; its GC pause ms per step); per step, mean over repetitions, "
+        f"p90, steps {WARM}+; its GC pause ms per step, its process's threads at the end); "
+        "per step, mean over repetitions, "
         "per worker: GC pause ms, gen-2 collections per run, minor page faults, voluntary / "
         "involuntary context switches"
     )
@@ -840,7 +844,7 @@ def steadiness_profile(recs: list[dict[str, Any]], stages: int) -> None:
             gc_ms = 1000 * statistics.mean(row[0] for row in r["probe_steps"][WARM:])
             reps.append(
                 f"{1000 * statistics.median(t):.1f} / {1000 * t[int(0.9 * (len(t) - 1))]:.1f}"
-                f" (GC {gc_ms:.2f})"
+                f" (GC {gc_ms:.2f}, {r.get('threads', 0)} threads)"
             )
         for w in range(stages):
             runs = [r for r in rows if r["mode"] == mode and r["worker"] == w]
