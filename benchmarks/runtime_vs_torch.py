@@ -750,6 +750,7 @@ def sync_profile(recs: list[dict[str, Any]], stages: int) -> None:
 # of the iteration (the step loop's own bookkeeping, thread hand-offs, the block thread's
 # own work between its instructions)
 PHASES = [
+    ("step_setup", "step set-up (frees the last step's records)"),
     ("forward", "forward (+ loss)"),
     ("backward", "backward (+ accumulate)"),
     ("frc", "eager FRC in waits"),

@@ -452,6 +452,7 @@ class Worker:
         """Run the step's pipeline part: the full schedule, or ``rest`` after a failover."""
         st = self.state
         recovering = rest is not None
+        t_setup = time.monotonic()
         with st.lock:
             epoch = st.epoch
             if rest is None:
@@ -462,6 +463,9 @@ class Worker:
                     # the last block's loss travels in one more element with its gradients
                     blk.fresh_acc(1 if b == st.P - 1 else 0)
                 rest = {b: self._program(b) for b in st.owned}
+        # what freeing the last step's records (its FRC graphs, outputs) and zeroing the
+        # accumulators cost, before this step's first forward
+        st.phase(step, "step_setup", time.monotonic() - t_setup)
         if not recovering and st.replica is not None:
             # posted now, not in the sync phase: gloo moves a message once both sides have
             # posted, so the update then travels while this worker still computes
