@@ -344,7 +344,7 @@ def worker_main(args: argparse.Namespace) -> None:
     if args.pin:
         # one core per worker: the scheduler then cannot move a stage onto the core where
         # the other stage runs (other processes of the machine still share both)
-        os.sched_setaffinity(0, {env.worker % (os.cpu_count() or 1)})
+        os.sched_setaffinity(0, {pin_cpus(env.stages)[env.worker]})
     opts = options_from_env(env)
     opts.verbose = False
     host, _, port = env.store.rpartition(":")
@@ -390,6 +390,35 @@ def worker_main(args: argparse.Namespace) -> None:
             break
     sys.stdout.flush()
     os._exit(code)
+
+
+def _siblings(cpu: int) -> str:
+    """The hyper-threads of ``cpu``'s physical core, as the kernel lists them."""
+    try:
+        return Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text()
+    except OSError:
+        return str(cpu)
+
+
+def pin_cpus(
+    workers: int,
+    cpus: list[int] | None = None,
+    siblings: Any = _siblings,
+) -> list[int]:
+    """The CPU each worker is pinned to (``--pin``): one per physical core while there are
+    enough, so two stages never share a core's execution units as hyper-threads (then a
+    stage that fills its bubble with eager FRC slows its sibling's own compute, which a
+    stage that waits does not); the first CPU of each core in order, then the others."""
+    allowed = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    first: list[int] = []
+    rest: list[int] = []
+    seen: set[str] = set()
+    for cpu in allowed:
+        core = siblings(cpu)
+        (rest if core in seen else first).append(cpu)
+        seen.add(core)
+    order = first + rest
+    return [order[w % len(order)] for w in range(workers)]
 
 
 # ------------------------------------------------------------------ driver side
@@ -625,7 +654,8 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
     modes = summary["modes"]
     print(
         f"# runtime_vs_torch: {args.stages} stages, gloo/CPU, 1 torch thread per process, "
-        f"{os.cpu_count()} cores (shared){', workers pinned' if args.pin else ''}; "
+        f"{os.cpu_count()} cores (shared)"
+        f"{f', workers pinned to CPUs {pin_cpus(args.stages)}' if args.pin else ''}; "
         f"model {args.model}, 4 microbatches; "
         f"{args.steps} steps per run (first {WARM} dropped), {args.reps} interleaved repetitions"
     )
@@ -1021,7 +1051,11 @@ def main() -> None:
         metavar="N",
         help="instead: etcd's CPU per lease refresh, new stream each vs one kept stream",
     )
-    p.add_argument("--pin", action="store_true", help="pin worker w to core w mod the core count")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each worker to a CPU of its own, one per physical core while there are enough",
+    )
     p.add_argument(
         "--per-thread-arenas",
         action="store_true",
