@@ -147,8 +147,10 @@ class Worker:
         self._update_sends: list[tuple[int, Any, torch.Tensor, Transport]] = []
         # take each owned block's pre-update snapshot in the step's first wait (on the
         # updater's thread) rather than in the sync phase, where it sat between the step's
-        # last backward and the next step's first forward (benchmarks/RESULTS.md, session
-        # 13: off, for the before/after pair)
+        # last backward and the next step's first forward; not with eager FRC, whose
+        # first wait is full of FRC: there the snapshot pushed FRC out and delayed the
+        # first one, which waits for it (1.10-1.11x slower in both runs of
+        # benchmarks/RESULTS.md, session 13). False: never (the before of that pair)
         self.snapshot_ahead = True
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
@@ -470,7 +472,7 @@ class Worker:
             # posted now, not in the sync phase: gloo moves a message once both sides have
             # posted, so the update then travels while this worker still computes
             self._replica_update_recv(step)
-        if not recovering and self.snapshot_ahead:
+        if not recovering and self.snapshot_ahead and not st.mode.eager_frc:
             # nothing changes a block between its updates: its snapshot for this step's
             # update can be taken in the step's first wait (a bubble) instead of in the
             # sync phase; apply() copies as before if it was not
