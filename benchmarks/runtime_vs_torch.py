@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import itertools
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -70,7 +72,15 @@ RZ_MODES = {
 # predictor, the last stage's fill floor from the plan), measured interleaved in one run:
 # the machine is too noisy for two runs to compare.
 PLAN_CAPPED = "rz-eager-plan-capped"
-EXTRA_MODES = {PLAN_CAPPED: "eager-frc-lazy-brc"}
+# Not run by default either: the before of session 13's before/after pairs, in the same
+# run — each owned block's pre-update snapshot taken in the sync phase, as before session
+# 13, instead of in the step's first wait (Worker.snapshot_ahead; with eager FRC the
+# snapshot stays in the sync phase anyway: measured slower ahead)
+SNAPSHOT_INLINE = {
+    "rz-none-snapshot-inline": "none",
+    "rz-lazy-snapshot-inline": "lazy-frc-lazy-brc",
+}
+EXTRA_MODES = {PLAN_CAPPED: "eager-frc-lazy-brc", **SNAPSHOT_INLINE}
 RZ_MODES_ALL = {**RZ_MODES, **EXTRA_MODES}
 ALL_MODES = [*TORCH_MODES, *RZ_MODES]
 WARM = 3  # steps dropped at the start of every run (allocator, bubble history)
@@ -105,6 +115,61 @@ MODELS = {"gpt": gpt_job, "tiny": tiny_job}
 # ----------------------------------------------------------------- worker side
 
 
+class StepProbe:
+    """Per step of one run: the garbage collector's pauses and the process's page faults and
+    context switches (``--profile``), what tells a step slowed by the interpreter or the
+    allocator from one slowed by the schedule.
+
+    ``mark()`` at each step's end takes ``getrusage`` (the whole process: every thread);
+    the collector's pauses come from ``gc.callbacks`` (whichever thread ran it) and go to
+    the step in which they started.
+    """
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, int, int, int]] = []
+        self.gc_events: list[tuple[float, float, int]] = []  # (start, seconds, generation)
+        self._gc_start = 0.0
+        self.marks.append(self._now())
+        gc.callbacks.append(self._on_gc)
+
+    @staticmethod
+    def _now() -> tuple[float, int, int, int]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return (time.monotonic(), ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.monotonic()
+        else:
+            start = self._gc_start
+            self.gc_events.append((start, time.monotonic() - start, info["generation"]))
+
+    def mark(self) -> None:
+        self.marks.append(self._now())
+
+    def close(self) -> dict[str, Any]:
+        """Per step: [gc seconds, gen-2 collections, minor faults, voluntary and involuntary
+        context switches]."""
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
+        rows: list[list[float]] = []
+        for a, b in itertools.pairwise(self.marks):
+            pauses = [e for e in self.gc_events if a[0] <= e[0] < b[0]]
+            rows.append(
+                [
+                    sum(e[1] for e in pauses),
+                    float(sum(1 for e in pauses if e[2] == 2)),
+                    float(b[1] - a[1]),
+                    float(b[2] - a[2]),
+                    float(b[3] - a[3]),
+                ]
+            )
+        # the process's OS threads at the run's end (kept pools, gloo's and gRPC's
+        # threads: the ones left behind by earlier runs share the worker's core too)
+        threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
+        return {"probe_steps": rows, "threads": threads}
+
+
 def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> dict[str, Any]:
     """``job`` under torch.distributed.pipelining, with the runtime's split and data."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -134,6 +199,7 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     losses: list[float] = []
     phases: dict[int, dict[str, float]] = {}
     t_last = time.monotonic()
+    probe = StepProbe()
     with _torch_phases(schedule, stage, phases) as at:
         for step in range(job.steps):
             at[0] = step
@@ -160,6 +226,7 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
             times.append(now - t_last)
             ends.append(now)
             cpu.append(time.process_time())
+            probe.mark()
             t_last = now
     return {
         "times": times,
@@ -168,6 +235,7 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
         "losses": losses,
         "frc": None,
         "phase_steps": {str(k): v for k, v in sorted(phases.items())},
+        **probe.close(),
     }
 
 
@@ -203,19 +271,35 @@ def _torch_phases(schedule: Any, stage: Any, phases: dict[int, dict[str, float]]
 
 
 def run_rhizome(
-    job: PipelineJob, opts: Any, etcd: str, job_id: str, store: Any, cap_to_plan: bool = False
+    job: PipelineJob,
+    opts: Any,
+    etcd: str,
+    job_id: str,
+    store: Any,
+    cap_to_plan: bool = False,
+    snapshot_ahead: bool = True,
 ) -> dict[str, Any]:
     from learner.runtime.bubbles import FOR_BRC, IN_BUBBLE, IN_SYNC, OVERRUN
     from learner.runtime.cluster_state import EtcdClusterStateStore
     from learner.runtime.engine import Worker
 
     cluster = EtcdClusterStateStore(etcd, job_id)
+    probe = StepProbe()
     try:
         worker = Worker(job, opts, cluster, store)
         worker.interpreter.cap_to_plan = cap_to_plan
+        worker.snapshot_ahead = snapshot_ahead
+        sync = worker._sync
+
+        def sync_and_mark(step: int) -> None:
+            sync(step)  # the step ends in here (Worker.step_ends)
+            probe.mark()
+
+        worker._sync = sync_and_mark  # type: ignore[method-assign]
         worker.run()
     finally:
         cluster.close()
+    probed = probe.close()
     totals = worker.interpreter.frc_profile.totals(WARM)
     return {
         "times": [t for _, t in worker.step_times],
@@ -238,6 +322,7 @@ def run_rhizome(
         "sync_steps": {str(step): row for step, row in sorted(worker.sync_profile.items())},
         # per step: seconds in each phase of the step (WorkerState.phase)
         "phase_steps": {str(step): row for step, row in sorted(worker.state.phases.items())},
+        **probed,
     }
 
 
@@ -248,14 +333,18 @@ def worker_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from contract.env import RuntimeEnv
+    from learner.runtime.allocator import one_malloc_arena
     from learner.runtime.worker import options_from_env
 
+    # as learner.runtime.worker.train does, for the whole process: torch's modes too
+    if not args.per_thread_arenas:
+        one_malloc_arena()
     torch.set_num_threads(1)
     env = RuntimeEnv.from_environ(os.environ)
     if args.pin:
         # one core per worker: the scheduler then cannot move a stage onto the core where
         # the other stage runs (other processes of the machine still share both)
-        os.sched_setaffinity(0, {env.worker % (os.cpu_count() or 1)})
+        os.sched_setaffinity(0, {pin_cpus(env.stages)[env.worker]})
     opts = options_from_env(env)
     opts.verbose = False
     host, _, port = env.store.rpartition(":")
@@ -286,6 +375,7 @@ def worker_main(args: argparse.Namespace) -> None:
                         f"{env.job_id}-{i}",
                         dist.PrefixStore(f"run{i}", store),
                         cap_to_plan=mode == PLAN_CAPPED,
+                        snapshot_ahead=mode not in SNAPSHOT_INLINE,
                     )
             except Exception as exc:
                 print(f"ERROR in {mode}: {exc!r}", file=sys.stderr, flush=True)
@@ -300,6 +390,35 @@ def worker_main(args: argparse.Namespace) -> None:
             break
     sys.stdout.flush()
     os._exit(code)
+
+
+def _siblings(cpu: int) -> str:
+    """The hyper-threads of ``cpu``'s physical core, as the kernel lists them."""
+    try:
+        return Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text()
+    except OSError:
+        return str(cpu)
+
+
+def pin_cpus(
+    workers: int,
+    cpus: list[int] | None = None,
+    siblings: Any = _siblings,
+) -> list[int]:
+    """The CPU each worker is pinned to (``--pin``): one per physical core while there are
+    enough, so two stages never share a core's execution units as hyper-threads (then a
+    stage that fills its bubble with eager FRC slows its sibling's own compute, which a
+    stage that waits does not); the first CPU of each core in order, then the others."""
+    allowed = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    first: list[int] = []
+    rest: list[int] = []
+    seen: set[str] = set()
+    for cpu in allowed:
+        core = siblings(cpu)
+        (rest if core in seen else first).append(cpu)
+        seen.add(core)
+    order = first + rest
+    return [order[w % len(order)] for w in range(workers)]
 
 
 # ------------------------------------------------------------------ driver side
@@ -406,6 +525,7 @@ def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
         "--results",
         str(results),
         *(["--pin"] if args.pin else []),
+        *(["--per-thread-arenas"] if args.per_thread_arenas else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not args.json:
@@ -456,12 +576,18 @@ def summarize(
         cpu_step_s = 0.0  # CPU seconds per step, all workers together, mean over repetitions
         etcd_s = etcd_wall = 0.0
         steady_s = steady_wall = steady_sched_s = 0.0
+        worker_step_ms: dict[str, float] = {}  # CPU ms per step of each worker
         for w in range(stages):
             used = wall = 0.0
-            for r in (r for r in runs if r["worker"] == w):
+            w_runs = [r for r in runs if r["worker"] == w]
+            for r in w_runs:
                 used += r["cpu"][-1] - r["cpu"][WARM - 1]
                 wall += r["ends"][-1] - r["ends"][WARM - 1]
-                cpu_step_s += (r["cpu"][-1] - r["cpu"][WARM - 1]) / (len(r["cpu"]) - WARM)
+                per_step = (r["cpu"][-1] - r["cpu"][WARM - 1]) / (len(r["cpu"]) - WARM)
+                cpu_step_s += per_step
+                worker_step_ms[f"worker{w}"] = worker_step_ms.get(
+                    f"worker{w}", 0.0
+                ) + 1000 * per_step / len(w_runs)
                 if w == last:
                     t0, t1 = r["ends"][WARM - 1], r["ends"][-1]
                     etcd_s += etcd_cpu.at(t1) - etcd_cpu.at(t0)
@@ -477,6 +603,7 @@ def summarize(
             cpu[f"worker{w}"] = used / wall if wall else 0.0
         row["cpu_cores"] = cpu
         row["cpu_ms_per_step"] = 1000 * cpu_step_s / max(1, len(lasts))
+        row["cpu_ms_per_step_worker"] = worker_step_ms
         row["etcd_cpu_cores"] = etcd_s / etcd_wall if etcd_wall else 0.0
         row["etcd_steady_cpu_cores"] = steady_s / steady_wall if steady_wall > 0 else None
         row["etcd_steady_window_s"] = steady_wall
@@ -527,7 +654,8 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
     modes = summary["modes"]
     print(
         f"# runtime_vs_torch: {args.stages} stages, gloo/CPU, 1 torch thread per process, "
-        f"{os.cpu_count()} cores (shared){', workers pinned' if args.pin else ''}; "
+        f"{os.cpu_count()} cores (shared)"
+        f"{f', workers pinned to CPUs {pin_cpus(args.stages)}' if args.pin else ''}; "
         f"model {args.model}, 4 microbatches; "
         f"{args.steps} steps per run (first {WARM} dropped), {args.reps} interleaved repetitions"
     )
@@ -563,15 +691,23 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
                 f"{f['brc']:.1f} ms before an eager BRC"
             )
     # what the machine allows: the workers' CPU per step spread over every core is a floor
-    # no schedule beats (the CPU includes every thread of the worker processes)
+    # no schedule beats (the CPU includes every thread of the worker processes); pinned,
+    # each worker has one core, so the busiest worker's CPU per step is the floor
     cores = os.cpu_count() or 1
     base = modes.get("rz-none")
     for mode, row in modes.items():
-        floor = row["cpu_ms_per_step"] / cores
+        per_worker = row["cpu_ms_per_step_worker"]
+        if args.pin:
+            floor = max(per_worker.values(), default=0.0)
+            where = "on one core per worker (pinned)"
+        else:
+            floor = row["cpu_ms_per_step"] / cores
+            where = f"on {cores} cores"
         rel = f" = {floor / base['iter_ms']:.3f}x rz-none's median" if base else ""
+        each = " / ".join(f"{v:.1f}" for v in per_worker.values())
         print(
-            f"# {mode}: workers' CPU {row['cpu_ms_per_step']:.1f} ms per step; on {cores} "
-            f"cores no schedule runs a step in under {floor:.1f} ms{rel}"
+            f"# {mode}: workers' CPU {row['cpu_ms_per_step']:.1f} ms per step ({each}); "
+            f"{where} no schedule runs a step in under {floor:.1f} ms{rel}"
         )
     print(f"losses match torch 1F1B within {LOSS_TOL:g}: {summary['losses_match']}")
     for mode, (base, goal) in GOALS.items():
@@ -644,6 +780,7 @@ def sync_profile(recs: list[dict[str, Any]], stages: int) -> None:
 # of the iteration (the step loop's own bookkeeping, thread hand-offs, the block thread's
 # own work between its instructions)
 PHASES = [
+    ("step_setup", "step set-up (frees the last step's records)"),
     ("forward", "forward (+ loss)"),
     ("backward", "backward (+ accumulate)"),
     ("frc", "eager FRC in waits"),
@@ -709,10 +846,55 @@ def phase_profile(recs: list[dict[str, Any]], stages: int) -> None:
         print(f"| ({label}) | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
 
 
+def steadiness_profile(recs: list[dict[str, Any]], stages: int) -> None:
+    """``--profile``: why a mode's repetitions differ — per mode, each repetition's median
+    and 90th-percentile iteration (last stage, steps ``WARM``+), and per worker the mean per
+    step of the collector's pauses, minor page faults and context switches (``StepProbe``)."""
+    rows = [r for r in recs if r.get("probe_steps")]
+    if not rows:
+        return
+    last = stages - 1
+    print(
+        f"\n# --profile steadiness: per repetition, the last stage's iteration ms (median / "
+        f"p90, steps {WARM}+; its GC pause ms per step, its process's threads at the end); "
+        "per step, mean over repetitions, "
+        "per worker: GC pause ms, gen-2 collections per run, minor page faults, voluntary / "
+        "involuntary context switches"
+    )
+    print(
+        "| mode | reps: median / p90 ms | worker | GC ms | gen-2 per run | faults | vol cs | invol cs |"
+    )
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        lasts = sorted(
+            (r for r in rows if r["mode"] == mode and r["worker"] == last), key=lambda r: r["rep"]
+        )
+        reps = []
+        for r in lasts:
+            t = sorted(r["times"][WARM:])
+            gc_ms = 1000 * statistics.mean(row[0] for row in r["probe_steps"][WARM:])
+            reps.append(
+                f"{1000 * statistics.median(t):.1f} / {1000 * t[int(0.9 * (len(t) - 1))]:.1f}"
+                f" (GC {gc_ms:.2f}, {r.get('threads', 0)} threads)"
+            )
+        for w in range(stages):
+            runs = [r for r in rows if r["mode"] == mode and r["worker"] == w]
+            steps = [row for r in runs for row in r["probe_steps"][WARM:]]
+            if not steps:
+                continue
+            mean = [statistics.mean(row[i] for row in steps) for i in range(5)]
+            gen2 = sum(row[1] for row in steps) / len(runs)
+            print(
+                f"| {mode} | {', '.join(reps) if w == 0 else ''} | {w} | {1000 * mean[0]:.2f} "
+                f"| {gen2:.1f} | {mean[2]:.0f} | {mean[3]:.0f} | {mean[4]:.0f} |"
+            )
+
+
 def profile(recs: list[dict[str, Any]], stages: int) -> None:
     """``--profile``: per stage and step, ms of eager FRC inside bubbles and in the sync phase."""
     phase_profile(recs, stages)
     sync_profile(recs, stages)
+    steadiness_profile(recs, stages)
     for mode in sorted({r["mode"] for r in recs if r.get("frc_steps")}):
         print(
             f"\n# --profile {mode}: FRC ms per step, in bubbles / on the critical path "
@@ -833,7 +1015,8 @@ def main() -> None:
     p.add_argument(
         "--modes",
         default=",".join(ALL_MODES),
-        help=f"comma-separated modes; also {PLAN_CAPPED} (eager FRC filled exactly as planned)",
+        help=f"comma-separated modes; also {PLAN_CAPPED} (eager FRC filled exactly as planned) "
+        f"and {', '.join(SNAPSHOT_INLINE)} (the pre-update snapshot in the sync phase)",
     )
     p.add_argument(
         "--model",
@@ -868,7 +1051,17 @@ def main() -> None:
         metavar="N",
         help="instead: etcd's CPU per lease refresh, new stream each vs one kept stream",
     )
-    p.add_argument("--pin", action="store_true", help="pin worker w to core w mod the core count")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each worker to a CPU of its own, one per physical core while there are enough",
+    )
+    p.add_argument(
+        "--per-thread-arenas",
+        action="store_true",
+        help="leave glibc's malloc one arena per thread in the workers, as before session 13 "
+        "(learner/runtime/allocator.py), for a before/after pair",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = p.parse_args()

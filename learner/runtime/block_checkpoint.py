@@ -77,3 +77,4 @@ def load(directory: str, blk: BlockState, step: int) -> None:
     blk.optimizer.load_state_dict(got["optimizer"])
     blk.version = int(got["version"])
     blk.snapshot = None
+    blk.drop_prepared()

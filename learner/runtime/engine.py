@@ -145,6 +145,13 @@ class Worker:
         # this worker's own update sends of the last step, waited for by the next sync
         # phase (or the finish): (holder, work, the tensor sent, transport)
         self._update_sends: list[tuple[int, Any, torch.Tensor, Transport]] = []
+        # take each owned block's pre-update snapshot in the step's first wait (on the
+        # updater's thread) rather than in the sync phase, where it sat between the step's
+        # last backward and the next step's first forward; not with eager FRC, whose
+        # first wait is full of FRC: there the snapshot pushed FRC out and delayed the
+        # first one, which waits for it (1.10-1.11x slower in both runs of
+        # benchmarks/RESULTS.md, session 13). False: never (the before of that pair)
+        self.snapshot_ahead = True
 
     # what callers inspect after a run (benchmarks/runtime_overhead.py reads me and owned)
     @property
@@ -447,6 +454,7 @@ class Worker:
         """Run the step's pipeline part: the full schedule, or ``rest`` after a failover."""
         st = self.state
         recovering = rest is not None
+        t_setup = time.monotonic()
         with st.lock:
             epoch = st.epoch
             if rest is None:
@@ -457,10 +465,19 @@ class Worker:
                     # the last block's loss travels in one more element with its gradients
                     blk.fresh_acc(1 if b == st.P - 1 else 0)
                 rest = {b: self._program(b) for b in st.owned}
+        # what freeing the last step's records (its FRC graphs, outputs) and zeroing the
+        # accumulators cost, before this step's first forward
+        st.phase(step, "step_setup", time.monotonic() - t_setup)
         if not recovering and st.replica is not None:
             # posted now, not in the sync phase: gloo moves a message once both sides have
             # posted, so the update then travels while this worker still computes
             self._replica_update_recv(step)
+        if not recovering and self.snapshot_ahead and not st.mode.eager_frc:
+            # nothing changes a block between its updates: its snapshot for this step's
+            # update can be taken in the step's first wait (a bubble) instead of in the
+            # sync phase; apply() copies as before if it was not
+            for blk in st.owned.values():
+                st.updater.submit_task(blk.prepare_snapshot, epoch)
         programs = {b: prog for b, prog in rest.items() if prog}
         # each block's program on a kept pool thread (comm.POOL), not a thread per step
         calls = [

@@ -191,6 +191,7 @@ class Failover:
                 assert blk.snapshot is not None
                 blk.snapshot.restore(blk.params, blk.optimizer)
                 blk.version = resume
+                blk.drop_prepared()
         if fresh:
             reconfigure.restart_step(st, resume)
             tr = Transport(st.me, st.generation, st.opts.backend, self.store, st.timeout, st.device)

@@ -403,6 +403,7 @@ def _decode(blk: BlockState, raw: torch.Tensor) -> None:
     blk.optimizer.load_state_dict(got["optimizer"])
     blk.version = int(got["version"])
     blk.snapshot = None
+    blk.drop_prepared()
 
 
 def handover_peers(topo: Topology, me: int, joiners: list[int]) -> set[int]:

@@ -49,10 +49,13 @@ class Updatable(Protocol):
 
 @dataclass
 class _Update:
-    block: Updatable
-    reduced: torch.Tensor
+    block: Updatable | None
+    reduced: torch.Tensor | None
     step: int
     epoch: int
+    # a task instead of an update (``submit_task``): run, not applied, and started only
+    # while a step thread waits or something settles, whatever ``when_idle`` says
+    task: Callable[[], None] | None = None
 
 
 class ReplicaUpdater:
@@ -95,12 +98,28 @@ class ReplicaUpdater:
             if self._closed:
                 raise RuntimeError("replica updater already closed")
             self._queue.append(_Update(block, reduced, step, epoch))
-            if self._thread is None:
-                # started once, on the first update: one thread per worker for the run
-                self._thread = threading.Thread(
-                    target=self._serve, name="replica-updater", daemon=True
-                )
-                self._thread.start()
+            self._start()
+            self._cv.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            # started once, on the first update or task: one thread per worker for the run
+            self._thread = threading.Thread(target=self._serve, name="replica-updater", daemon=True)
+            self._thread.start()
+
+    def submit_task(self, task: Callable[[], None], epoch: int) -> None:
+        """Queue ``task`` behind the updates handed over so far, to run on the updater's
+        thread in a wait of the step (``idle``) or when something settles; one whose epoch
+        moved on by then is dropped. What the worker can do ahead of time off its critical
+        path — the snapshot its own block's next update needs (``BlockState.prepare_snapshot``),
+        in the step's first bubble instead of in the sync phase between the step's last
+        backward and the next step's first forward."""
+        with self._cv:
+            self._raise_error()
+            if self._closed:
+                raise RuntimeError("replica updater already closed")
+            self._queue.append(_Update(None, None, -1, epoch, task))
+            self._start()
             self._cv.notify_all()
 
     def settle(self) -> float:
@@ -144,7 +163,8 @@ class ReplicaUpdater:
             self._cv.notify_all()
 
     def _may_start(self) -> bool:
-        return not self._when_idle or self._idle > 0 or self._forced > 0
+        gated = self._when_idle or self._queue[0].task is not None
+        return not gated or self._idle > 0 or self._forced > 0
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -161,14 +181,18 @@ class ReplicaUpdater:
                 job = self._queue.popleft()
                 self._busy = True
             try:
-                if job.epoch != self._epoch():
+                if job.task is not None:
+                    if job.epoch == self._epoch():
+                        job.task()
+                elif job.epoch != self._epoch():
                     self.discarded += 1
                     self._log(
                         f"discarded the update of step {job.step} of replica block "
-                        f"{job.block.index}: received in epoch {job.epoch}, now "
+                        f"{job.block.index if job.block else '?'}: received in epoch {job.epoch}, now "
                         f"{self._epoch()}"
                     )
                 else:
+                    assert job.block is not None and job.reduced is not None
                     t0 = time.monotonic()
                     job.block.apply(job.reduced, job.step)
                     self.applied_s[job.step] = time.monotonic() - t0

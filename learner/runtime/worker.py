@@ -28,6 +28,7 @@ from contract.env import ETCD_STORE, NOTICE_SOURCES, LearnerConfigError, Learner
 from contract.status import ExitCode
 from learner.checkpoint.api import NoticeSourceError
 from learner.checkpoint.notices import NoticeBoard
+from learner.runtime.allocator import one_malloc_arena
 from learner.runtime.api import (
     EXIT_EVICTED,
     EXIT_FATAL,
@@ -90,6 +91,8 @@ def _config_error(exc: LearnerConfigError) -> None:
 
 def train(job: PipelineJob) -> None:
     """Run this process's worker of ``job`` and exit the process with its outcome."""
+    # before any thread of the runtime allocates (allocator.py: page faults every step)
+    one_malloc_arena()
     try:
         env = RuntimeEnv.from_environ(os.environ)
         opts = options_from_env(env)

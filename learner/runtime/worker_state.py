@@ -71,6 +71,12 @@ class BlockState:
     acc_flat: torch.Tensor | None = None
     # the two kept flat buffers ``fresh_acc`` alternates between
     _acc_bufs: list[torch.Tensor] = field(default_factory=list)
+    # a snapshot taken ahead of ``apply`` (``prepare_snapshot``), and the version it holds
+    # (-1: none); ``apply`` takes it instead of copying on the critical path
+    _prepared: OptimizerSnapshot | None = None
+    _prepared_version: int = -1
+    # ``prepare_snapshot`` (the updater's thread) against ``apply`` (the step loop)
+    _snap_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -122,10 +128,41 @@ class BlockState:
             raise RuntimeFailure(
                 f"block {self.index} is at version {self.version} but step {step} is being applied"
             )
+        with self._snap_lock:
+            self._apply(reduced, step)
+
+    def prepare_snapshot(self) -> None:
+        """Take the snapshot the next ``apply`` needs now, ahead of it (off the critical
+        path: ``ReplicaUpdater.submit_task``, in a wait of the step). Between two updates
+        the parameters and optimizer state do not change, so a snapshot of this version is
+        the one ``apply`` would take; ``apply`` swaps it in, or copies as before when none
+        of its version is ready. Safe beside the step's forwards and backwards, which only
+        read the parameters."""
+        with self._snap_lock:
+            if self._prepared_version == self.version:
+                return
+            if self._prepared is None:
+                self._prepared = OptimizerSnapshot()
+            self._prepared.take(self.params, self.optimizer)
+            self._prepared_version = self.version
+
+    def drop_prepared(self) -> None:
+        """Forget a prepared snapshot: the state was replaced outside ``apply`` (a rollback,
+        a checkpoint load, a hand-over)."""
+        with self._snap_lock:
+            self._prepared_version = -1
+
+    def _apply(self, reduced: torch.Tensor, step: int) -> None:
         t0 = time.monotonic()
-        if self.snapshot is None:
-            self.snapshot = OptimizerSnapshot()
-        self.snapshot.take(self.params, self.optimizer)
+        if self._prepared is not None and self._prepared_version == step:
+            # taken ahead at this very version: the old snapshot's buffers are reused for
+            # the next one
+            self.snapshot, self._prepared = self._prepared, self.snapshot
+        else:
+            if self.snapshot is None:
+                self.snapshot = OptimizerSnapshot()
+            self.snapshot.take(self.params, self.optimizer)
+        self._prepared_version = -1
         t1 = time.monotonic()
         params = self.params
         total = sum(p.numel() for p in params)

@@ -91,3 +91,42 @@ def test_the_steady_window_starts_past_the_warm_up(bench: ModuleType) -> None:
     assert bench.steady_from(Args()) == bench.WARM + 1
     Args.steps, Args.steady_from = 5, None
     assert bench.steady_from(Args()) == 3  # a 5-step smoke run: one step, never empty
+
+
+def test_pinned_the_floor_is_the_busiest_workers_cpu_per_step(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``--pin`` each worker has one core: no schedule runs a step faster than the
+    busiest worker's CPU per step (not the workers' CPU spread over every core)."""
+    rec, sampler = _fake_run(bench, 100.0)  # worker 1: 50 ms of CPU per step
+    worker0 = {**rec, "worker": 0, "cpu": [0.08 * (i + 1) for i in range(STEPS)]}
+    got = bench.summarize([worker0, rec], ["rz-none"], 2, sampler, 5, {})
+    row = got["modes"]["rz-none"]
+    assert row["cpu_ms_per_step_worker"] == {
+        "worker0": pytest.approx(80.0),
+        "worker1": pytest.approx(50.0),
+    }
+
+    class Args:
+        stages, steps, reps, model, pin = 2, STEPS, 1, "gpt", True
+
+    bench.report(got, Args())
+    out = capsys.readouterr().out
+    assert "on one core per worker (pinned) no schedule runs a step in under 80.0 ms" in out
+
+
+def test_pinned_workers_get_cpus_of_distinct_physical_cores(bench: ModuleType) -> None:
+    """``--pin`` on a machine with hyper-threads: two stages never share a physical core
+    while there are enough (siblings listed as the kernel does, ``0,8`` or ``0-1``)."""
+
+    def pairs_apart(cpu: int) -> str:  # cpu k and k+8 share a core
+        return f"{cpu % 8},{cpu % 8 + 8}"
+
+    def pairs_adjacent(cpu: int) -> str:  # cpu 2k and 2k+1 share a core
+        return f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}"
+
+    cpus = list(range(16))
+    assert bench.pin_cpus(4, cpus, pairs_apart) == [0, 1, 2, 3]
+    assert bench.pin_cpus(4, cpus, pairs_adjacent) == [0, 2, 4, 6]
+    assert bench.pin_cpus(2, [0, 1], pairs_adjacent) == [0, 1]  # one core: both threads
+    assert bench.pin_cpus(3, [0, 1], str) == [0, 1, 0]  # more workers than CPUs

@@ -101,6 +101,40 @@ def test_with_when_idle_an_update_starts_only_in_a_wait_of_the_step_or_a_settle(
     updater.close()
 
 
+def test_a_task_runs_only_in_a_wait_of_the_step_or_a_settle_even_without_when_idle() -> None:
+    """``submit_task`` (the owned block's snapshot taken ahead of its update): behind the
+    updates handed over before it, started only in a wait of the step (``idle``) or by a
+    settle, also on an updater that applies updates at once (eager FRC); a task of an
+    abandoned epoch is dropped (no timing: without a wait or a settle it must never run)."""
+    epoch = [0]
+    updater, _ = make(epoch)  # when_idle=False: updates start at once
+    block = FakeBlock()
+    ran: list[str] = []
+    started = threading.Event()
+
+    def task(name: str) -> None:
+        ran.append(name)
+        started.set()
+
+    updater.submit(block, torch.zeros(1), 0, 0)
+    updater.submit_task(lambda: task("a"), 0)
+    assert not started.wait(0.2)
+    assert block.started.wait(30)  # the update before it started without a wait
+    with updater.idle():
+        assert started.wait(30)
+    assert ran == ["a"]
+    started.clear()
+    updater.submit_task(lambda: task("b"), 0)
+    updater.settle()
+    assert ran == ["a", "b"]
+    updater.submit_task(lambda: task("c"), 0)
+    epoch[0] = 1  # a failover joined before it ran
+    updater.settle()
+    assert ran == ["a", "b"]
+    assert updater.discarded == 0  # a task is not an update
+    updater.close()
+
+
 def test_an_update_of_an_abandoned_epoch_is_discarded_not_applied() -> None:
     epoch = [3]
     updater, logs = make(epoch)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from learner.runtime.worker_state import BlockState, prefer_foreach
+from tests.learner.runtime._optim_steps import random_grad_steps
 
 Factory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -24,15 +25,6 @@ Factory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5))
-
-
-def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
-    g = torch.Generator().manual_seed(7)
-    for _ in range(steps):
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
 
 @pytest.mark.parametrize(
@@ -48,8 +40,8 @@ def test_the_foreach_step_equals_the_jobs_own_optimizer_bit_for_bit(factory: Fac
     own_opt = factory(list(own.parameters()))
     fast_opt = prefer_foreach(factory(list(fast.parameters())))
     assert all(g["foreach"] is True for g in fast_opt.param_groups)
-    _train(own, own_opt, 12)
-    _train(fast, fast_opt, 12)
+    random_grad_steps(own, own_opt, seed=7, steps=12)
+    random_grad_steps(fast, fast_opt, seed=7, steps=12)
     for a, b in zip(own.parameters(), fast.parameters(), strict=True):
         assert torch.equal(a, b)
         for key, value in own_opt.state[a].items():
