@@ -85,7 +85,7 @@ lint: install
 	$(BIN)/mypy $(MYPY_PATHS)
 
 # The same lint, but mypy runs beside pytest instead of before it: from an empty cache (a
-# fresh CI machine) it takes a core for over a minute, while the suite spends most of its
+# fresh CI machine) it takes a core for about 45 s, while the suite spends most of its
 # time waiting on the servers and learners it starts. Its report is printed after pytest's,
 # and either failing fails `make test`. ruff takes seconds and still goes first.
 test: install
