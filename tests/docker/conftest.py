@@ -9,9 +9,11 @@ cannot run containers.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,14 @@ import pytest
 
 from services.embedded.docker_engine import DockerEngine
 from services.embedded.process import DependencyError
-from services.images.build import BuildResult, ImageBuildError, build_offline
+from services.images.build import (
+    BuildResult,
+    ImageBuildError,
+    _rootfs_tarball,
+    _tarball_name,
+    build_offline,
+    cache_dir,
+)
 
 HOW_TO_PROVIDE = (
     "the docker tests need a Docker engine: run `make install` as root (it installs "
@@ -41,6 +50,52 @@ def remove_engine_root(data_dir: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+# The learner base's root filesystem, debootstrapped in the background while the tests
+# that run before the docker ones go on (see pytest_collection_finish); None when the run
+# needs no debootstrap; and the progress lines it printed.
+_ROOTFS_AHEAD: threading.Thread | None = None
+_AHEAD_LINES: list[str] = []
+
+
+def _debootstrap_ahead() -> None:
+    try:
+        _rootfs_tarball(_AHEAD_LINES.append)
+    except Exception as exc:
+        # build_offline meets the missing tarball and runs debootstrap itself, failing the
+        # learner_image fixture with its own message; this thread only tried to be early.
+        _AHEAD_LINES.append(f"debootstrap ahead of the docker tests failed: {exc}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start debootstrap as soon as the run is known to hold docker tests and no cached
+    root filesystem exists (a fresh machine, as on CI): it costs about a minute, mostly
+    waiting on Debian's mirror, that the session's first learner image build would
+    otherwise wait out while every docker test waits behind it. Our own engine is fresh
+    each session, so only the cache can spare it; an engine of yours (DOCKER_HOST) may
+    already hold the base, and then nothing is started here."""
+    global _ROOTFS_AHEAD
+    if not any(item.get_closest_marker("docker") for item in session.items):
+        return
+    if os.environ.get("DOCKER_HOST") or os.geteuid() != 0:
+        return
+    if (cache_dir() / _tarball_name()).exists():
+        return
+    if shutil.which("debootstrap", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
+        return
+    _ROOTFS_AHEAD = threading.Thread(
+        target=_debootstrap_ahead, name="debootstrap-ahead", daemon=True
+    )
+    _ROOTFS_AHEAD.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A run that ended before its docker tests (-x, an interrupt) still waits for the
+    debootstrap it started: stopped half-way it would leave a running process and a
+    half-made root filesystem in the cache directory."""
+    if _ROOTFS_AHEAD is not None:
+        _ROOTFS_AHEAD.join()
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +143,9 @@ class LearnerImage:
 def learner_image(docker_client: docker.DockerClient) -> LearnerImage:
     """`rhizome-learner:<version>` built offline once per session. On a fresh engine the
     base comes from the cached root filesystem, or from debootstrap the first time."""
-    lines: list[str] = []
+    if _ROOTFS_AHEAD is not None:
+        _ROOTFS_AHEAD.join()  # its tarball is what build_offline imports
+    lines = list(_AHEAD_LINES)
     try:
         return LearnerImage(build_offline(docker_client, lines.append), lines)
     except ImageBuildError as exc:
