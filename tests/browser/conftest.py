@@ -73,11 +73,8 @@ def platform(
         )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
-    """One Chromium for the session (starting playwright and the browser costs ~2 s);
-    each test still gets a browser context of its own, which shares no cookies, storage
-    or cache with any other (the `tab` fixture)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
