@@ -63,10 +63,12 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
 # one (to 120 s); a client whose keep-alive tried all through a cut of etcd thus stayed
 # cut off up to a second after etcd was back, and two or three short cuts in a row let a
 # 2-3 s lease lapse (issue #24). Retrying a local etcd every 0.1-0.5 s costs a refused
-# connection each.
+# connection each. Not `grpc.min_reconnect_backoff_ms`: gRPC core reads it as the *minimum
+# connect timeout* (20 s by default), so at 100 ms every connection attempt had to finish
+# its TCP and HTTP/2 handshake within 0.1-0.5 s, and on a loaded machine a worker's first
+# call failed with "connection attempt timed out before receiving SETTINGS frame".
 _CHANNEL = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 

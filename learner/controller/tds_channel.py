@@ -68,9 +68,10 @@ class RenewingStub:
             self.address,
             tls_channel_credentials(tls) if tls else None,
             options=[
-                # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s).
+                # Reconnect quickly after a TDS restart (grpc's default backoff reaches 120 s);
+                # not min_reconnect_backoff_ms, which is each attempt's connect timeout
+                # (contract/etcd.py `_CHANNEL`).
                 ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ],
