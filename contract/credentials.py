@@ -10,6 +10,7 @@ both print etcd, MongoDB, Elasticsearch and object-store addresses in errors and
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -125,6 +126,23 @@ def with_bearer(channel: grpc.Channel, token: str) -> grpc.Channel:
     if not token:
         return channel
     return grpc.intercept_channel(channel, BearerInterceptor(token))
+
+
+def tls_from_json(raw: str, variable: str, writer: str = "") -> dict[str, str]:
+    """A TLS client certificate as the platform passes it in an environment variable:
+    JSON `{ca, cert, key}`; {} when `raw` is empty (a plaintext platform). ValueError
+    naming `variable` (and who writes it) when malformed."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"${variable} is not JSON{writer}") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
+    ):
+        raise ValueError(f"${variable} must be a JSON object with ca, cert and key")
+    return {k: value[k] for k in ("ca", "cert", "key")}
 
 
 def tls_channel_credentials(tls: Mapping[str, str]) -> grpc.ChannelCredentials:

@@ -22,7 +22,12 @@ import grpc
 from rhizome.v1 import tds_pb2_grpc
 
 from contract.containers import COLLECTOR_TLS_ENV
-from contract.credentials import internal_channel, tls_channel_credentials, with_bearer
+from contract.credentials import (
+    internal_channel,
+    tls_channel_credentials,
+    tls_from_json,
+    with_bearer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +135,4 @@ class _RenewingMethod:
 def tls_from_environ() -> dict[str, str]:
     """As a process, the collector's TLS client certificate (`COLLECTOR_TLS_ENV`, JSON
     `{ca, cert, key}`); {} when unset (a plaintext platform). ValueError when malformed."""
-    raw = os.environ.get(COLLECTOR_TLS_ENV, "")
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise ValueError(f"${COLLECTOR_TLS_ENV} is not JSON") from None
-    if not isinstance(value, dict) or not all(
-        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
-    ):
-        raise ValueError(f"${COLLECTOR_TLS_ENV} must be a JSON object with ca, cert and key")
-    return {k: value[k] for k in ("ca", "cert", "key")}
+    return tls_from_json(os.environ.get(COLLECTOR_TLS_ENV, ""), COLLECTOR_TLS_ENV)

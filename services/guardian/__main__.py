@@ -8,7 +8,6 @@ store."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import procs
+from contract.credentials import tls_from_json
 from contract.etcd import EtcdClient
 from contract.status import ExitCode
 from services.backends.api import get_backend
@@ -108,17 +108,7 @@ class WaitingReaper(procs.Reaper):
 
 def _job_tls(raw: str) -> dict[str, str]:
     """The LCM's `{ca, cert, key}` for the learners' TDS channel; {} on plaintext."""
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise ValueError(f"${JOB_TLS_ENV} is not JSON (the LCM writes it)") from None
-    if not isinstance(value, dict) or not all(
-        isinstance(value.get(k), str) for k in ("ca", "cert", "key")
-    ):
-        raise ValueError(f"${JOB_TLS_ENV} must be a JSON object with ca, cert and key")
-    return {k: value[k] for k in ("ca", "cert", "key")}
+    return tls_from_json(raw, JOB_TLS_ENV, " (the LCM writes it)")
 
 
 def pop_job_credentials(env: MutableMapping[str, str]) -> dict[str, Any]:
