@@ -21,22 +21,9 @@ from services.store import states
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from tests.services.guardian.helpers import submit, wait_for
+from tests.services.lcm.recording_repo import RecordingRepo
 
 pytestmark = pytest.mark.integration
-
-
-class RecordingRepo:
-    """The LCM's jobs repository, recording which of its methods a round calls."""
-
-    def __init__(self, repo: JobsRepository) -> None:
-        self._repo = repo
-        self.calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._repo, name)
-        if callable(attr):
-            self.calls.append(name)
-        return attr
 
 
 def test_rounds_between_full_ones_look_only_at_what_changed(

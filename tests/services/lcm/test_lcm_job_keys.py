@@ -19,6 +19,7 @@ from services.store import states
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
 from tests.services.guardian.helpers import submit, wait_for
+from tests.services.lcm.recording_repo import RecordingRepo
 
 pytestmark = pytest.mark.integration
 
@@ -82,20 +83,6 @@ def test_rounds_read_the_watched_view_wake_on_a_guardian_key_and_still_collect(
         assert etcd.reads == [], etcd.reads
     finally:
         lcm.stop()
-
-
-class RecordingRepo:
-    """The LCM's jobs repository, recording which of its reads a round calls."""
-
-    def __init__(self, repo: JobsRepository) -> None:
-        self._repo = repo
-        self.calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._repo, name)
-        if callable(attr):
-            self.calls.append(name)
-        return attr
 
 
 def test_a_round_reads_ids_statuses_and_manifests_not_whole_records(
