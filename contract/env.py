@@ -59,10 +59,13 @@ which is the platform's own SIGTERM -> SIGKILL delay and so always the truth):
 Written for each pipeline runtime worker (`RuntimeEnv`, field `runtime`), all prefixed
 `RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`, `ETCD`, `JOB_ID` (required),
 `BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`, `OUT_DIR`, `KILL`, `REDUNDANCY`,
-`MICROBATCHES`, `THREADS`. Off the platform the runtime's launcher writes them (`STORE` is
-its TCPStore's `HOST:PORT`); on the platform the learner controller of a pipeline job
-writes them for its command (`RuntimeEnv.for_learner`: worker = rank, the shape from the
-`pipeline:` section, `STORE=etcd`: the rendezvous store lives in the platform's etcd).
+`MICROBATCHES`, `THREADS`, `JOIN_TOKEN`, `CHECKPOINT_DIR`, `CHECKPOINT_EVERY`,
+`METRICS_FILE`. Off the platform the runtime's launcher writes them (`STORE` is its
+TCPStore's `HOST:PORT`); on the platform the learner controller of a pipeline job writes
+them for its command (`RuntimeEnv.for_learner`: worker = rank, the shape from the
+`pipeline:` section, `STORE=etcd`: the rendezvous store lives in the platform's etcd,
+`METRICS_FILE` in the learner's directory, where the job's metric source reads it:
+contract/runtime_metrics.py).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from contract import runtime_metrics
 
 PREFIX = "RHIZOME_"
 
@@ -233,6 +238,8 @@ class RuntimeEnv:
     # block checkpoints (learner/runtime/block_checkpoint.py): where, and every how many steps
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
+    # where the worker appends its per-step metrics (contract/runtime_metrics.py); None: not
+    metrics_file: str | None = None
 
     # field -> variable suffix (the names predate this record; keep them)
     _NAMES = {
@@ -254,6 +261,7 @@ class RuntimeEnv:
         "join_token": "JOIN_TOKEN",
         "checkpoint_dir": "CHECKPOINT_DIR",
         "checkpoint_every": "CHECKPOINT_EVERY",
+        "metrics_file": "METRICS_FILE",
     }
 
     @classmethod
@@ -303,6 +311,10 @@ class RuntimeEnv:
             checkpoint_dir=None
             if env.checkpoint_dir is None
             else str(Path(env.checkpoint_dir) / "pipeline"),
+            # read by the job's `runtime_metrics.SOURCE` (the learner's collector)
+            metrics_file=None
+            if env.job_dir is None
+            else str(Path(env.job_dir) / "learners" / str(env.rank) / runtime_metrics.FILE),
         )
 
     @classmethod
@@ -341,6 +353,7 @@ class RuntimeEnv:
             join_token=_str(environ, v("join_token")),
             checkpoint_dir=_str(environ, v("checkpoint_dir")),
             checkpoint_every=_int(environ, v("checkpoint_every"), 10, minimum=0),
+            metrics_file=_str(environ, v("metrics_file")),
         )
 
 

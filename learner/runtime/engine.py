@@ -43,6 +43,7 @@ from learner.runtime.api import (
     PipelineJob,
     RuntimeFailure,
 )
+from learner.runtime.bubbles import PLACES
 from learner.runtime.cluster_state import ClusterStateStore, initial_state
 from learner.runtime.cluster_watch import ClusterView
 from learner.runtime.comm import (
@@ -61,6 +62,7 @@ from learner.runtime.interpreter import Interpreter
 from learner.runtime.options import LINK_KILL_POINT, KillPoint, WorkerOptions
 from learner.runtime.partition import balanced_boundaries, param_costs, profile_costs
 from learner.runtime.schedule import Instr, Op
+from learner.runtime.step_metrics import StepMetricsFile
 from learner.runtime.topology import Topology
 from learner.runtime.worker_state import BlockState, StepProgress, WorkerState, prefer_foreach
 
@@ -137,6 +139,8 @@ class Worker:
         # seconds per step the sync phase spent waiting for the replica's update and
         # applying one on its own thread (benchmarks/runtime_vs_torch.py --profile)
         self.sync_profile: dict[int, dict[str, float]] = {}
+        # each ended step's time, loss and FRC places, shipped by the platform's collector
+        self.step_metrics = StepMetricsFile(opts.metrics_file, self.state.log)
         # flat gradients (+ the loss on the last stage) per owned block, reused every step
         self._stash_bufs: dict[int, torch.Tensor] = {}
         # the receive of the replica's update, posted when its step starts:
@@ -420,6 +424,7 @@ class Worker:
                 self.job.on_fatal(exc)
             raise
         finally:
+            self.step_metrics.close()
             st.updater.close()
             self._stopped.set()
             self._view.changed.set()  # wake the watcher to stop its watch
@@ -616,6 +621,14 @@ class Worker:
         self.step_ends.append(now)
         self.step_cpu.append(time.process_time())
         self._t_last = now
+        frc = self.interpreter.frc_profile.per_step.get(step)
+        self.step_metrics.write(
+            step,
+            iter_s=self.step_times[-1][1],
+            generation=st.generation,
+            loss=loss,
+            frc_s=(frc or dict.fromkeys(PLACES, 0.0)) if self.job.redundancy.eager_frc else None,
+        )
         if loss is not None:
             self.loss_history.append((step, loss))
             if st.pipe == 0 or all(

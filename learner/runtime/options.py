@@ -62,3 +62,5 @@ class WorkerOptions:
     # block checkpoints every `checkpoint_every` steps (block_checkpoint.py); None: off
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    # where each ended step's metrics go (step_metrics.py); None: nowhere
+    metrics_file: str | None = None

@@ -66,6 +66,7 @@ def options_from_env(env: RuntimeEnv) -> WorkerOptions:
         join_token=env.join_token,
         checkpoint_dir=env.checkpoint_dir,
         checkpoint_every=env.checkpoint_every,
+        metrics_file=env.metrics_file,
     )
 
 

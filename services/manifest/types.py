@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from contract import runtime_metrics
 from services.manifest.schema import schema
 
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?[Bb]?|[KMGT]b|[KMGT]B)?\s*$")
@@ -186,6 +187,21 @@ class Manifest:
     @property
     def learners(self) -> int:
         return self.resources.learners
+
+    @property
+    def metric_sources(self) -> list[Any] | None:
+        """What the learners' collectors read metrics with: `evaluation_metrics` (None, one
+        mapping or a list), and for a pipeline job the runtime's per-step metrics last
+        (contract/runtime_metrics.py), so the user's sources keep their ids. Every backend
+        passes this, never `evaluation_metrics` alone: a source's id is its position, and
+        the collectors on both sides of a container must agree on it."""
+        sources = self.evaluation_metrics
+        own = (
+            [] if sources is None else [sources] if isinstance(sources, Mapping) else list(sources)
+        )
+        if self.pipeline is not None:
+            own.append(dict(runtime_metrics.SOURCE))
+        return own or None
 
     def redacted(self) -> dict[str, Any]:
         """The document as the API shows it: every data-store connection value (keys,

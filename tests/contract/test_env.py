@@ -188,3 +188,14 @@ def test_a_runtime_store_is_host_port_or_etcd() -> None:
     base = RuntimeEnv(worker=0, stages=2, pipelines=1, store="etcd", etcd="http://e:1", job_id="j")
     with pytest.raises(LearnerConfigError, match="RHIZOME_RUNTIME_STORE"):
         RuntimeEnv.from_environ({**base.to_environ(), "RHIZOME_RUNTIME_STORE": "zookeeper"})
+
+
+def test_a_pipeline_learner_writes_its_step_metrics_where_the_jobs_metric_source_reads() -> None:
+    from contract import runtime_metrics
+
+    env = LearnerEnv(job_id="job-7", rank=3, job_dir="/jobs/job-7", pipeline_stages=2)
+    runtime = RuntimeEnv.for_learner(env, "http://127.0.0.1:2379")
+    assert runtime is not None
+    # the learner's directory, where the collector resolves `runtime_metrics.SOURCE["in"]`
+    assert runtime.metrics_file == f"/jobs/job-7/learners/3/{runtime_metrics.SOURCE['in']}"
+    assert RuntimeEnv.from_environ(runtime.to_environ()).metrics_file == runtime.metrics_file

@@ -14,6 +14,7 @@ from typing import Any
 
 import docker
 import pytest
+from rhizome.v1 import tds_pb2
 
 from services.backends.docker.spec import LABEL_RANK
 from services.client.sdk import Client
@@ -101,5 +102,11 @@ def test_a_pipeline_job_in_containers_survives_a_docker_kill_of_a_learner(
     for f in saved:
         shutil.copy(f, params / f.name)
     assert_equals_reference(params, pipelines=1, steps=STEPS)
+    # each stage's per-step metrics left its container through the platform's metric path
+    # (contract/runtime_metrics.py); learner 0's generation rose with the failover
+    samples = list(client.metrics(tds_pb2.MetricsRequest(job_id=job_id, learner=-1)))
+    generations = {s.value for s in samples if s.learner == 0 and s.name == "runtime/generation"}
+    assert 0 in generations and max(generations) >= 1, sorted(generations)
+    assert {s.learner for s in samples if s.name == "runtime/frc_bubble_ms"} == {0, 1}
     wait_for("no container after the end", lambda: containers(docker_client, job_id) == [], 60)
     assert jobs(docker_platform).get(job_id).status == states.COMPLETED

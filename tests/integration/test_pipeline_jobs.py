@@ -557,3 +557,17 @@ def test_the_pipeline_gpt_example_trains_through_rhizome_train_as_documented(
         assert err.count("started:") == 1 and err.count("finished:") == 1, err
         assert f"[worker {rank}] started: stage {rank} of pipeline 0" in err, err
         assert "rhizome-runtime: worker" not in err  # no launcher inside a learner
+    # each stage's per-step metrics reach `rhizome metrics` through the platform's metric
+    # path (contract/runtime_metrics.py): its step time, where its redundant forward ran
+    # (the example's mode is eager-frc-lazy-brc), and the last stage's loss
+    steps = 40  # the manifest's `--steps 40`
+    seen: dict[tuple[int, str], set[int]] = {}
+    for s in json.loads(rz(platform, "metrics", job_id, "--json").stdout):
+        # MessageToDict leaves out zeros (learner 0, step 0) and writes int64 as a string
+        key = (int(s.get("learner", 0)), str(s["name"]))
+        seen.setdefault(key, set()).add(int(s.get("step", 0)))
+    every_step = set(range(steps))
+    for rank in (0, 1):
+        for name in ("iter_ms", "generation", "frc_bubble_ms", "frc_sync_ms"):
+            assert seen.get((rank, f"runtime/{name}")) == every_step, (rank, name, sorted(seen))
+    assert seen.get((1, "runtime/loss")) == every_step and (0, "runtime/loss") not in seen

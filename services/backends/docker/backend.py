@@ -493,8 +493,8 @@ class DockerBackend(Backend):
             f"--docker-host={self.url}",
             f"--drain-timeout-s={_HELPER_DRAIN_S}",
         ]
-        if job.manifest.evaluation_metrics is not None:
-            argv.append(f"--metric-sources={json.dumps(job.manifest.evaluation_metrics)}")
+        if job.manifest.metric_sources is not None:
+            argv.append(f"--metric-sources={json.dumps(job.manifest.metric_sources)}")
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PLATFORM_PREFIX)}
         env[TDS_TOKEN_ENV] = job.tds_token  # the environment, not argv: argv is public
         if job.tds_tls:  # the job's TDS client certificate, when the internal port is mTLS

@@ -170,7 +170,7 @@ def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
         tds_token=job.tds_token,
         tds_tls=job.tds_tls,
         etcd_credentials=job.etcd_credentials,
-        metric_sources=job.manifest.evaluation_metrics,
+        metric_sources=job.manifest.metric_sources,
         grace_s=job.grace_s,
     )
 

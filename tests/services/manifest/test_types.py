@@ -80,3 +80,20 @@ def test_the_api_view_of_a_job_never_shows_data_store_credentials() -> None:
     assert store["connection"] == {"auth_url": "***", "secret_key": "***", "access_key": "***"}
     assert store["training_data"] == {"container": "in"}  # the rest is shown as given
     assert record.spec.data_stores[0].connection["secret_key"] == "hunter2"  # kept for the learner
+
+
+def test_a_pipeline_jobs_metric_sources_end_with_the_runtimes_own() -> None:
+    from contract import runtime_metrics
+
+    regex = "evaluation_metrics: {type: regex_extractor, in: stdout, line_lookahead: 1}\n"
+    pipe = "pipeline: {stages: 2}\n"
+    # a plain job reads what its manifest names, nothing more
+    assert parse_manifest(MINIMAL).metric_sources is None
+    assert parse_manifest(MINIMAL + regex).metric_sources == [
+        parse_manifest(MINIMAL + regex).evaluation_metrics
+    ]
+    # a pipeline job's runtime metrics come last, so the user's sources keep their ids
+    assert parse_manifest(MINIMAL + pipe).metric_sources == [dict(runtime_metrics.SOURCE)]
+    both = parse_manifest(MINIMAL + pipe + regex).metric_sources
+    assert both is not None and [s["type"] for s in both] == ["regex_extractor", "emetrics_file"]
+    assert both[-1] == dict(runtime_metrics.SOURCE)

@@ -1,0 +1,130 @@
+"""The worker's per-step metrics file (learner/runtime/step_metrics.py), read back by the
+platform's own metric source (emetrics_file), as the learner's collector reads it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from contract import runtime_metrics
+from learner.controller.metric_sources.emetrics_file import parse_line
+from learner.runtime.api import RedundancyMode
+from learner.runtime.bubbles import PLACES
+from learner.runtime.cluster_state import InMemoryClusterStateStore
+from learner.runtime.engine import Worker, WorkerOptions
+from learner.runtime.step_metrics import StepMetricsFile
+from learner.runtime.toy import toy_job
+
+STEPS = 4
+FRC_NAMES = {f"runtime/{runtime_metrics.FRC_MS[p]}" for p in PLACES}
+
+
+def _run(mode: RedundancyMode, files: list[Path | None]) -> list[Worker]:
+    """Two in-process workers (in-memory cluster state, gloo over a HashStore)."""
+    shared = InMemoryClusterStateStore()
+    store = dist.HashStore()
+    job = toy_job(steps=STEPS, microbatches=4, redundancy=mode)
+    workers = [
+        Worker(
+            job,
+            WorkerOptions(
+                worker=w,
+                stages=2,
+                pipelines=1,
+                verbose=False,
+                metrics_file=None if files[w] is None else str(files[w]),
+            ),
+            shared.view(),
+            store,
+        )
+        for w in range(2)
+    ]
+    errors: list[BaseException] = []
+
+    def run(worker: Worker) -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return workers
+
+
+def _samples(path: Path) -> dict[int, dict[str, float]]:
+    """step -> {metric name: value}, through the collector's emetrics_file parser."""
+    out: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        for s in parse_line(json.loads(line)):
+            out.setdefault(s.step, {})[s.name] = s.value
+    return out
+
+
+def test_each_ended_step_reports_its_time_generation_loss_and_where_its_frc_ran(
+    tmp_path: Path,
+) -> None:
+    files: list[Path | None] = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
+    workers = _run(RedundancyMode.EAGER_FRC_LAZY_BRC, files)
+    for w, worker in enumerate(workers):
+        path = files[w]
+        assert path is not None
+        per_step = _samples(path)
+        assert sorted(per_step) == list(range(STEPS))  # one line per step, in order
+        for step, values in per_step.items():
+            assert values["runtime/iter_ms"] > 0
+            assert values["runtime/generation"] == 0
+            # the last stage holds the loss; the first does not
+            assert ("runtime/loss" in values) == (w == 1)
+            assert set(values) >= FRC_NAMES
+            # the metric is the profile's own record of the step, in ms
+            row = worker.interpreter.frc_profile.per_step.get(step, dict.fromkeys(PLACES, 0.0))
+            for place in PLACES:
+                name = f"runtime/{runtime_metrics.FRC_MS[place]}"
+                assert values[name] == pytest.approx(row[place] * 1000.0, abs=1e-3)
+        assert dict(workers[1].loss_history)[STEPS - 1] == pytest.approx(
+            _samples(files[1])[STEPS - 1]["runtime/loss"]  # type: ignore[arg-type]
+        )
+    # every step's FRC ran somewhere: the eager mode ran the replica's forward each step
+    assert any(
+        sum(v for k, v in values.items() if k in FRC_NAMES) > 0
+        for p in files
+        if p is not None
+        for values in _samples(p).values()
+    )
+
+
+def test_a_mode_without_eager_frc_reports_no_frc_metrics(tmp_path: Path) -> None:
+    files: list[Path | None] = [tmp_path / "w0.jsonl", None]
+    _run(RedundancyMode.NONE, files)
+    per_step = _samples(tmp_path / "w0.jsonl")
+    assert sorted(per_step) == list(range(STEPS))
+    assert not FRC_NAMES & {name for values in per_step.values() for name in values}
+
+
+def test_an_unwritable_metrics_file_is_reported_once_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    said: list[str] = []
+    metrics = StepMetricsFile(str(tmp_path / "missing-dir" / "m.jsonl"), said.append)
+    for step in range(3):
+        metrics.write(step, iter_s=0.1, generation=0, loss=None, frc_s=None)
+    metrics.close()
+    assert len(said) == 1 and "per-step metrics stopped: cannot write" in said[0], said
+    assert not (tmp_path / "missing-dir").exists()
+
+
+def test_no_path_writes_nothing(tmp_path: Path) -> None:
+    said: list[str] = []
+    metrics = StepMetricsFile(None, said.append)
+    metrics.write(0, iter_s=0.1, generation=0, loss=1.0, frc_s={"bubble": 0.01})
+    metrics.close()
+    assert said == [] and list(tmp_path.iterdir()) == []
