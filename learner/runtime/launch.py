@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from contract.env import ETCD_STORE, LearnerConfigError, LearnerEnv, RuntimeEnv
@@ -114,7 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--etcd", default="auto", help="etcd client URL, or 'auto' for a private one")
     p.add_argument("--job-id", default=None, help="keys live under /rhizome/jobs/<job-id>/runtime/")
     p.add_argument("--redundancy", default=None, help="override the script's redundancy mode")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPU)")
+    p.add_argument(
+        "--backend",
+        default="gloo",
+        choices=("gloo", "nccl"),
+        help="gloo (CPU) or nccl (GPU: worker w on GPU w, one GPU per worker and standby)",
+    )
     p.add_argument("--detection-timeout", type=float, default=10.0, help="seconds")
     p.add_argument("--lease-ttl", type=float, default=2.0, help="etcd lease TTL in seconds")
     p.add_argument("--out-dir", default=None, help="each worker saves its parameters here")
@@ -170,6 +176,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--standbys {args.standbys}: must be within 0..64")
     if args.stages < 1 or args.pipelines < 1:
         p.error(f"--stages {args.stages} --pipelines {args.pipelines}: both must be >= 1")
+    if args.backend == "nccl":
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), and a standby
+        # that joins forms links too: every process the launcher starts needs its own
+        workers = args.stages * args.pipelines + args.standbys
+        gpus = torch.cuda.device_count()
+        if gpus < workers:
+            p.error(
+                f"--backend nccl needs one GPU per worker: {workers} workers "
+                f"({args.stages} stages x {args.pipelines} pipelines + {args.standbys} "
+                f"standbys), {gpus} GPU(s) visible (NCCL refuses two ranks on one GPU); "
+                "use --backend gloo on CPU, or fewer stages"
+            )
     if args.max_pipelines is None:
         args.max_pipelines = args.pipelines
     if not args.pipelines <= args.max_pipelines <= MAX_PIPELINES:
@@ -189,6 +207,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not Path(args.script).exists():
         p.error(f"training script {args.script} does not exist")
     return args
+
+
+def worker_device(backend: str, worker: int) -> str | None:
+    """Worker ``worker``'s device: GPU ``worker`` with NCCL (a replacement takes its
+    predecessor's, a standby one of its own: parse_args checked there are enough), the
+    runtime's default (CPU) otherwise. Unindexed, every worker would use GPU 0."""
+    return f"cuda:{worker}" if backend == "nccl" else None
 
 
 def _read_fatal(etcd: str, job_id: str) -> str | None:
@@ -269,7 +294,9 @@ def run(args: argparse.Namespace) -> int:
         grown = [k for k in points if k.worker >= n]
 
         def start(w: int, joiner: bool = False) -> None:
-            worker_env = dataclasses.replace(runtime, worker=w)
+            worker_env = dataclasses.replace(
+                runtime, worker=w, device=worker_device(args.backend, w)
+            )
             if joiner:
                 # A replacement carries the kill points its slot has not reached yet: the
                 # earliest one is what preempted its predecessor. A standby (w >= n)

@@ -117,6 +117,10 @@ def train(job: PipelineJob) -> None:
         _config_error(exc)
         return
     torch.set_num_threads(env.resolved_threads)
+    if opts.device.startswith("cuda:"):
+        # the launcher's one GPU per worker (launch.worker_device): NCCL's communicators
+        # and the CUDA context go there, not to GPU 0 of every worker
+        torch.cuda.set_device(opts.device)
     store: dist.Store
     if env.store == ETCD_STORE:  # on the platform: kept in etcd, no process hosts it
         store = EtcdStore(env.etcd, env.job_id, timeout=timedelta(seconds=60))
