@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/runtime_vs_torch.py [--steps 40] [--reps 3] [--profile] [--json]
 
-Two stages (``--stages``) on CPU, gloo, one torch thread per process, launched by
+Two stages (``--stages``) on CPU, gloo, one torch thread per process (``--backend nccl``:
+stage s on GPU s, one GPU per stage; each step's end waits for the GPU), launched by
 ``learner.runtime.launch`` with this script as the training script. Inside the same worker
 processes, one after the other, modes interleaved and repeated (``--reps``):
 
@@ -170,8 +171,16 @@ class StepProbe:
         return {"probe_steps": rows, "threads": threads}
 
 
-def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> dict[str, Any]:
-    """``job`` under torch.distributed.pipelining, with the runtime's split and data."""
+def run_torch(
+    job: PipelineJob,
+    kind: str,
+    me: int,
+    stages: int,
+    group: Any,
+    device: torch.device = torch.device("cpu"),
+) -> dict[str, Any]:
+    """``job`` under torch.distributed.pipelining, with the runtime's split and data, on
+    ``device`` (``cuda:N`` with ``--backend nccl``: each step's end waits for the GPU)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from learner.runtime.partition import balanced_boundaries, param_costs
@@ -180,13 +189,14 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
     torch.manual_seed(job.seed)
     layers = [layer.to(dtype=job.dtype) for layer in job.build_layers()]
     bounds = balanced_boundaries(param_costs(layers), stages)
-    module = nn.Sequential(*layers[bounds[me] : bounds[me + 1]])
+    module = nn.Sequential(*layers[bounds[me] : bounds[me + 1]]).to(device)
+    cuda = device.type == "cuda"
     scale = 1.0 / job.microbatches  # as the runtime scales each microbatch's loss
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return job.loss_fn(out, target) * scale
 
-    stage = PipelineStage(module, me, stages, torch.device("cpu"), group=group)
+    stage = PipelineStage(module, me, stages, device, group=group)
     schedule_cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
     schedule = schedule_cls(stage, job.microbatches, loss_fn=loss_fn, scale_grads=False)
     # the optimizer implementation the runtime runs (its multi-tensor step where the job
@@ -204,8 +214,8 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
         for step in range(job.steps):
             at[0] = step
             mbs = [job.batch(step, 0, m) for m in range(job.microbatches)]
-            x = torch.cat([b[0] for b in mbs]) if first else None
-            y = torch.cat([b[1] for b in mbs]) if last else None
+            x = torch.cat([b[0] for b in mbs]).to(device) if first else None
+            y = torch.cat([b[1] for b in mbs]).to(device) if last else None
             t0 = time.monotonic()
             if first:
                 schedule.step(x)
@@ -215,9 +225,13 @@ def run_torch(job: PipelineJob, kind: str, me: int, stages: int, group: Any) -> 
                 losses.append(float(sum(float(v.item()) for v in got)))
             else:
                 schedule.step()
+            if cuda:
+                torch.cuda.synchronize(device)
             t1 = time.monotonic()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize(device)
             now = time.monotonic()
             row = phases.setdefault(step, {})
             row["compute_phase"] = t1 - t0
@@ -349,10 +363,14 @@ def worker_main(args: argparse.Namespace) -> None:
     opts.verbose = False
     host, _, port = env.store.rpartition(":")
     store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=120))
+    device = torch.device(opts.device)
+    if device.type == "cuda":
+        # the launcher's GPU of this worker (learner.runtime.launch.worker_device)
+        torch.cuda.set_device(device)
     # torch.distributed.pipelining sends through a process group of its own; the runtime
     # never uses the default group, so the two do not meet
     dist.init_process_group(
-        "gloo",
+        "nccl" if env.backend == "nccl" else "gloo",
         store=dist.PrefixStore("torch-pipelining", store),
         rank=env.worker,
         world_size=env.stages,
@@ -365,7 +383,7 @@ def worker_main(args: argparse.Namespace) -> None:
             try:
                 if mode in TORCH_MODES:
                     job = MODELS[args.model](args.steps, "none")
-                    out = run_torch(job, TORCH_MODES[mode], env.worker, env.stages, None)
+                    out = run_torch(job, TORCH_MODES[mode], env.worker, env.stages, None, device)
                 else:
                     job = MODELS[args.model](args.steps, RZ_MODES_ALL[mode])
                     out = run_rhizome(
@@ -512,6 +530,8 @@ def launch(args: argparse.Namespace, etcd: str) -> list[dict[str, Any]]:
         f"bench-{uuid.uuid4().hex[:8]}",
         "--detection-timeout",
         "10",
+        "--backend",
+        args.backend,
         __file__,
         "--worker",
         "--steps",
@@ -653,7 +673,9 @@ def summarize(
 def report(summary: dict[str, Any], args: argparse.Namespace) -> None:
     modes = summary["modes"]
     print(
-        f"# runtime_vs_torch: {args.stages} stages, gloo/CPU, 1 torch thread per process, "
+        f"# runtime_vs_torch: {args.stages} stages, "
+        f"{'NCCL, one GPU per stage' if args.backend == 'nccl' else 'gloo/CPU'}, "
+        "1 torch thread per process, "
         f"{os.cpu_count()} cores (shared)"
         f"{f', workers pinned to CPUs {pin_cpus(args.stages)}' if args.pin else ''}; "
         f"model {args.model}, 4 microbatches; "
@@ -1062,6 +1084,13 @@ def main() -> None:
         help="leave glibc's malloc one arena per thread in the workers, as before session 13 "
         "(learner/runtime/allocator.py), for a before/after pair",
     )
+    p.add_argument(
+        "--backend",
+        default="gloo",
+        choices=("gloo", "nccl"),
+        help="gloo: every stage on CPU (the figures of this machine); nccl: stage s on GPU s "
+        "(needs one GPU per stage: NCCL refuses two ranks on one GPU)",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -1070,6 +1099,12 @@ def main() -> None:
     else:
         if args.steps <= WARM + 1:
             raise SystemExit(f"--steps {args.steps}: need more than {WARM + 1}")
+        if args.backend == "nccl" and torch.cuda.device_count() < args.stages:
+            raise SystemExit(
+                f"--backend nccl needs one GPU per stage: {args.stages} stages, "
+                f"{torch.cuda.device_count()} GPU(s) visible (NCCL refuses two ranks on one "
+                "GPU)"
+            )
         driver(args)
 
 
