@@ -108,7 +108,7 @@ def test_pinned_the_floor_is_the_busiest_workers_cpu_per_step(
     }
 
     class Args:
-        stages, steps, reps, model, pin = 2, STEPS, 1, "gpt", True
+        stages, steps, reps, model, pin, backend = 2, STEPS, 1, "gpt", True, "gloo"
 
     bench.report(got, Args())
     out = capsys.readouterr().out

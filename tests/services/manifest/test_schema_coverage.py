@@ -47,7 +47,9 @@ READERS: dict[str, list[tuple[str, str]]] = {
     ],
     "framework.command": [("services/guardian/guardian.py", "manifest.command")],
     "evaluation_metrics": [
-        ("services/backends/local/backend.py", "manifest.evaluation_metrics"),
+        # with a pipeline job's runtime metrics added (contract/runtime_metrics.py)
+        ("services/manifest/types.py", "sources = self.evaluation_metrics"),
+        ("services/backends/local/backend.py", "manifest.metric_sources"),
         ("learner/controller/collector.py", "metric_sources"),
     ],
     "pipeline.stages": [
