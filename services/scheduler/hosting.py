@@ -459,9 +459,9 @@ class SchedulingLoop:
         record_of = {job_id: parents[job_id] or job_id for job_id in placed}
         wanted = set(record_of.values())  # a scale gang has no record: its job's
         started, now = time.time(), time.monotonic()
-        if now - self._full_read_at >= self.full_release_read_s:
+        full = now - self._full_read_at >= self.full_release_read_s
+        if full:
             read = wanted
-            self._full_read_at = now
         else:
             written = self.jobs.written_since(self._read_since - self.release_lookback_s)
             read = {record_of[j] for j in placed if j not in self._placed_at_read}
@@ -471,6 +471,9 @@ class SchedulingLoop:
                 if job_id in written and written[job_id] != self._read_stamps.get(job_id)
             )
         records = {j.job_id: j for j in self.jobs.get_many(read)} if read else {}
+        # (only once the reads succeeded: a failed one is made again by the next check)
+        if full:
+            self._full_read_at = now
         self._read_since = started
         self._placed_at_read = set(placed)
         self._read_stamps = {
