@@ -30,17 +30,32 @@ Each size runs in each mode (`--modes`): `process`, a guardian process per job, 
 `hosts`, guardian hosts of `--per-host` jobs each (`RHIZOME_GUARDIANS_PER_HOST`,
 docs/control-plane-scale.md); the hosts' figures are then compared with the processes'
 at each N measured in the same run. "Guardian" figures are those of every guardian
-process (hosts included); with the simulated backend they include its learner threads.
+process (hosts included). With the simulated backend a job's learner is threads in that
+process (its lease's keep-alive: a thread, a grpc stream and its reader; the backend's
+poller of SIM_UNTIL_FILE), whose CPU a real learner's own process pays: the steady
+figures count them apart. The daemon and the guardians get a `sitecustomize` (written by
+this script, first on their PYTHONPATH) that names every thread a simulated learner
+started, and those it started in turn, `rz-sim-learner` in the OS; the CPU of those
+threads (/proc/<pid>/task/<tid>/stat) is "sim learners", the rest of the process's is
+the host's own ("steady guardian ms/job/s"). gRPC's own threads (shared by the host's
+and the learners' channels) stay in the host's figure. The whole-run "guardian CPU
+s/job" includes the learners.
 
 With `--baseline-tree DIR` (a checkout of other code, e.g. `git archive main | tar -x -C
 DIR`; its `gen/` stubs are this tree's) each size and mode also runs on that code first,
 in the same run: the daemon and the guardian hosts import DIR's packages (PYTHONPATH),
 and the steady CPU per alive job and the latencies of both are printed side by side.
+With `--repeat K` each size and mode runs K times, the two trees interleaved (baseline,
+this tree, baseline, ...): each pair is compared, then the median over the pairs. The
+load average (`uptime`'s 1-minute figure) at the steady window's start and end is
+printed with each.
 The steady window should cover the slowest periodic work (a hosted guardian's safety
-poll and the LCM's full round, 30 s each): `--steady 30`.
+poll, the LCM's full round and the scheduler's full release read, 30 s each):
+`--steady 30`.
 
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
         [--modes process,hosts] [--per-host 500] [--phase-timeout S] [--baseline-tree DIR]
+        [--repeat K]
 """
 
 from __future__ import annotations
@@ -107,6 +122,68 @@ def proc_stat(pid: int) -> tuple[float, float]:
     return rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, cpu
 
 
+# The OS name (comm, at most 15 bytes) of a simulated learner's threads in a guardian.
+SIM_THREAD = "rz-sim-learner"
+# Put first on the PYTHONPATH of the daemon and the guardians (both trees): every thread
+# started by a simulated learner's thread (`sim-<job>-<rank>`, the backend's `sim-until`)
+# or by one of those (its lease keep-alive, the keep-alive stream's reader, gRPC's
+# request-iterator thread, the learners' channel's spin thread) is named SIM_THREAD in
+# the OS, so its CPU can be told from the host's own. Nothing else changes.
+SITECUSTOMIZE = f"""
+import ctypes
+import threading
+
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_start = threading.Thread.start
+_bootstrap_inner = threading.Thread._bootstrap_inner
+
+
+def _is_sim(thread):
+    return thread.name.startswith("sim-") or getattr(thread, "_rz_sim", False)
+
+
+def start(self):
+    self._rz_sim = _is_sim(threading.current_thread())
+    _start(self)
+
+
+def bootstrap_inner(self):
+    if _is_sim(self):
+        _prctl(15, b"{SIM_THREAD}", 0, 0, 0)  # PR_SET_NAME
+    _bootstrap_inner(self)
+
+
+threading.Thread.start = start
+threading.Thread._bootstrap_inner = bootstrap_inner
+"""
+
+
+def sim_thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each thread of `pid` named SIM_THREAD, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, float] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() != SIM_THREAD:
+                continue
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        found[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
+def sim_cpu_between(s0: dict[str, Any], s1: dict[str, Any]) -> float:
+    """CPU seconds the simulated learners' threads used between two samples (a thread that
+    ended in between is not counted: its time stays in the host's figure)."""
+    before: dict[tuple[int, int], float] = s0["sim_threads"]
+    return sum(cpu - before.get(key, 0.0) for key, cpu in s1["sim_threads"].items())
+
+
 GUARDIAN_MODULES = (b"services.guardian", b"services.guardian.host")
 
 
@@ -127,7 +204,7 @@ def guardian_pids(data_dir: Path) -> list[int]:
     return found
 
 
-def sample(daemon_pid: int, data_dir: Path) -> dict[str, float]:
+def sample(daemon_pid: int, data_dir: Path) -> dict[str, Any]:
     rss, cpu = proc_stat(daemon_pid)
     guardians = guardian_pids(data_dir)
     g = [proc_stat(p) for p in guardians]
@@ -137,6 +214,9 @@ def sample(daemon_pid: int, data_dir: Path) -> dict[str, float]:
         "guardians": len(guardians),
         "guardian_rss": sum(r for r, _ in g),
         "guardian_cpu": sum(c for _, c in g),
+        # (pid, tid) -> CPU s of each simulated learner's thread in the guardians
+        "sim_threads": {(p, tid): c for p in guardians for tid, c in sim_thread_cpu(p).items()},
+        "load1": os.getloadavg()[0],
     }
 
 
@@ -259,19 +339,21 @@ def run(
     per_host: int,
     phase_timeout_s: float,
     leader_ttl_s: int,
+    thread_names: Path,
     tree: Path | None = None,
 ) -> dict[str, Any]:
     """One platform with N jobs alive; `per_host` guardians per host (0: a process each);
     the daemon's leader lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`); the
     platform's code from `tree` (its packages first on the daemon's PYTHONPATH, which
-    the guardians inherit) or, None, this tree's."""
+    the guardians inherit) or, None, this tree's; `thread_names`, the directory of the
+    SITECUSTOMIZE that names the simulated learners' threads, first on it either way."""
     os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
     code = "baseline" if tree is not None else "this tree"
     here = os.environ.get("PYTHONPATH")
-    if tree is not None:
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(tree), str(ROOT_DIR / "gen"), *([here] if here else [])]
-        )
+    code_path = [str(tree), str(ROOT_DIR / "gen")] if tree is not None else []
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(thread_names), *code_path, *([here] if here else [])]
+    )
     try:
         row = _run(n, steady_s, per_host, phase_timeout_s, leader_ttl_s)
     finally:
@@ -376,7 +458,8 @@ def _run(
             for gpid in guardian_pids(platform.data_dir):
                 os.kill(gpid, signal.SIGTERM)
     steady_daemon = s1["daemon_cpu"] - s0["daemon_cpu"]
-    steady_guardians = s1["guardian_cpu"] - s0["guardian_cpu"]
+    steady_sim = sim_cpu_between(s0, s1)
+    steady_guardians = s1["guardian_cpu"] - s0["guardian_cpu"] - steady_sim
     return {
         "mode": f"hosts of {per_host}" if per_host else "process per job",
         "n": n,
@@ -392,7 +475,10 @@ def _run(
         "guardian_rss_per_job_mib": s1["guardian_rss"] / n,
         "guardian_cpu_per_job_s": (s1["guardian_cpu"]) / n,
         "steady_daemon_ms_per_job_s": steady_daemon / n / steady_s * 1000,
+        # the guardian processes' own: their simulated learners' threads apart
         "steady_guardian_ms_per_job_s": steady_guardians / n / steady_s * 1000,
+        "steady_sim_learners_ms_per_job_s": steady_sim / n / steady_s * 1000,
+        "steady_load1": [s0["load1"], s1["load1"]],
         "etcd_keys_per_job": etcd_keys / n,
         "mongo_docs_per_job": mongo_docs / n,
         "release_to_completed_p50_s": statistics.median(to_completed),
@@ -420,6 +506,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="10,25,50", help="N, comma-separated")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each size and mode; with --baseline-tree, interleaved pairs "
+        "(baseline, this tree, baseline, this tree, ...)",
+    )
     parser.add_argument("--steady", type=float, default=10.0, help="steady window, seconds")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
@@ -457,25 +550,37 @@ def main() -> None:
     sizes = [int(n) for n in args.sizes.split(",")]
     if args.baseline_tree is not None and not (args.baseline_tree / "services").is_dir():
         parser.error(f"--baseline-tree {args.baseline_tree}: no services/ package there")
+    if args.repeat < 1:
+        parser.error("--repeat is at least 1")
     trees = [args.baseline_tree.resolve(), None] if args.baseline_tree is not None else [None]
     rows = []
-    for n in sizes:
-        for mode in modes:
-            if mode == "hosts" or n <= args.max_process_n:
-                per_host = args.per_host if mode == "hosts" else 0
-                for tree in trees:
-                    rows.append(
-                        run(
-                            n,
-                            args.steady,
-                            per_host,
-                            args.phase_timeout,
-                            args.leader_lease_ttl,
-                            tree,
-                        )
-                    )
-                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if cut short
-    print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)\n")
+    with tempfile.TemporaryDirectory(prefix="rz-scale-threads-") as thread_names:
+        (Path(thread_names) / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        for n in sizes:
+            for mode in modes:
+                if mode == "hosts" or n <= args.max_process_n:
+                    per_host = args.per_host if mode == "hosts" else 0
+                    for _ in range(args.repeat):
+                        for tree in trees:
+                            rows.append(
+                                run(
+                                    n,
+                                    args.steady,
+                                    per_host,
+                                    args.phase_timeout,
+                                    args.leader_lease_ttl,
+                                    Path(thread_names),
+                                    tree,
+                                )
+                            )
+                            # kept if cut short
+                            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)")
+    print(
+        "steady guardian ms/job/s: the guardian processes' own CPU, their simulated "
+        "learners' threads (lease keep-alives, SIM_UNTIL_FILE poller) counted apart in "
+        "'steady sim learners ms/job/s'; guardian CPU s/job (whole run) includes them\n"
+    )
     cols = [
         ("code", "code", "{}"),
         ("mode", "mode", "{}"),
@@ -490,6 +595,8 @@ def main() -> None:
         ("guardian CPU s/job", "guardian_cpu_per_job_s", "{:.3f}"),
         ("steady daemon ms/job/s", "steady_daemon_ms_per_job_s", "{:.2f}"),
         ("steady guardian ms/job/s", "steady_guardian_ms_per_job_s", "{:.2f}"),
+        ("steady sim learners ms/job/s", "steady_sim_learners_ms_per_job_s", "{:.2f}"),
+        ("load1 steady", "steady_load1", "{0[0]:.1f}-{0[1]:.1f}"),
         ("etcd keys/job", "etcd_keys_per_job", "{:.1f}"),
         ("mongo docs/job", "mongo_docs_per_job", "{:.2f}"),
         ("release→COMPLETED p99 s", "release_to_completed_p99_s", "{:.2f}"),
@@ -546,32 +653,65 @@ def main() -> None:
 
 
 def compare_trees(rows: list[dict[str, Any]]) -> None:
-    """This tree's figures against the baseline tree's, same N and mode, same run."""
+    """This tree's figures against the baseline tree's, same N and mode, same run: each
+    pair (the k-th baseline run with the k-th of this tree), then with several pairs the
+    median of each figure and of each pair's ratio."""
     print("\nthis tree against the baseline tree, same N and mode, same run:")
-    baseline = {(r["mode"], r["n"]): r for r in rows if r["code"] == "baseline"}
+    groups: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
     for row in rows:
-        base = baseline.get((row["mode"], row["n"]))
-        if row["code"] != "this tree" or base is None:
-            continue
-        steady = {
-            r["code"]: r["steady_daemon_ms_per_job_s"] + r["steady_guardian_ms_per_job_s"]
-            for r in (base, row)
-        }
-        print(
-            f"  {row['mode']} N={row['n']}: steady ms of CPU per alive job per second: daemon "
-            f"{base['steady_daemon_ms_per_job_s']:.3f} -> {row['steady_daemon_ms_per_job_s']:.3f} "
-            f"(x{ratio(row, base, 'steady_daemon_ms_per_job_s'):.3f}), guardian hosts "
-            f"{base['steady_guardian_ms_per_job_s']:.3f} -> "
-            f"{row['steady_guardian_ms_per_job_s']:.3f} "
-            f"(x{ratio(row, base, 'steady_guardian_ms_per_job_s'):.3f}), both "
-            f"{steady['baseline']:.3f} -> {steady['this tree']:.3f} "
-            f"(x{steady['this tree'] / steady['baseline'] if steady['baseline'] else float('inf'):.3f}); "
-            f"submit→PROCESSING p99 {base['submit_to_processing_p99_s']:.2f} -> "
-            f"{row['submit_to_processing_p99_s']:.2f} s; release→COMPLETED p99 "
-            f"{base['release_to_completed_p99_s']:.2f} -> {row['release_to_completed_p99_s']:.2f} s; "
-            f"lost {base['lost_status_changes']} -> {row['lost_status_changes']}, FAILED/late "
-            f"{base['failed_jobs']} -> {row['failed_jobs']}"
-        )
+        group = groups.setdefault((row["mode"], row["n"]), {"baseline": [], "this tree": []})
+        group[row["code"]].append(row)
+    for (mode, n), group in groups.items():
+        pairs = list(zip(group["baseline"], group["this tree"], strict=False))
+        for k, (base, row) in enumerate(pairs, 1):
+            both = {r["code"]: steady_both(r) for r in (base, row)}
+            print(
+                f"  {mode} N={n} pair {k}: steady ms of CPU per alive job per second: daemon "
+                f"{base['steady_daemon_ms_per_job_s']:.3f} -> {row['steady_daemon_ms_per_job_s']:.3f} "
+                f"(x{ratio(row, base, 'steady_daemon_ms_per_job_s'):.3f}), guardian hosts' own "
+                f"{base['steady_guardian_ms_per_job_s']:.3f} -> "
+                f"{row['steady_guardian_ms_per_job_s']:.3f} "
+                f"(x{ratio(row, base, 'steady_guardian_ms_per_job_s'):.3f}), both "
+                f"{both['baseline']:.3f} -> {both['this tree']:.3f} "
+                f"(x{both['this tree'] / both['baseline'] if both['baseline'] else float('inf'):.3f}); "
+                f"sim learners apart {base['steady_sim_learners_ms_per_job_s']:.3f} -> "
+                f"{row['steady_sim_learners_ms_per_job_s']:.3f}; load1 "
+                f"{base['steady_load1'][0]:.1f}-{base['steady_load1'][1]:.1f} -> "
+                f"{row['steady_load1'][0]:.1f}-{row['steady_load1'][1]:.1f}; "
+                f"submit→PROCESSING p99 {base['submit_to_processing_p99_s']:.2f} -> "
+                f"{row['submit_to_processing_p99_s']:.2f} s; release→COMPLETED p99 "
+                f"{base['release_to_completed_p99_s']:.2f} -> {row['release_to_completed_p99_s']:.2f} s; "
+                f"lost {base['lost_status_changes']} -> {row['lost_status_changes']}, FAILED/late "
+                f"{base['failed_jobs']} -> {row['failed_jobs']}"
+            )
+        if len(pairs) > 1:
+            med = statistics.median
+            parts = []
+            for name, key in (
+                ("daemon", "steady_daemon_ms_per_job_s"),
+                ("guardian hosts' own", "steady_guardian_ms_per_job_s"),
+            ):
+                parts.append(
+                    f"{name} {med(b[key] for b, _ in pairs):.3f} -> "
+                    f"{med(r[key] for _, r in pairs):.3f} "
+                    f"(pair ratios x{med(ratio(r, b, key) for b, r in pairs):.3f}, "
+                    f"from x{min(ratio(r, b, key) for b, r in pairs):.3f} "
+                    f"to x{max(ratio(r, b, key) for b, r in pairs):.3f})"
+                )
+            both_ratio = med(
+                steady_both(r) / steady_both(b) if steady_both(b) else float("inf")
+                for b, r in pairs
+            )
+            print(
+                f"  {mode} N={n}, median of {len(pairs)} pairs: " + ", ".join(parts) + ", both "
+                f"{med(steady_both(b) for b, _ in pairs):.3f} -> "
+                f"{med(steady_both(r) for _, r in pairs):.3f} (pair ratios x{both_ratio:.3f})"
+            )
+
+
+def steady_both(row: dict[str, Any]) -> float:
+    """Steady CPU per alive job per second of the daemon and the guardians' own."""
+    return float(row["steady_daemon_ms_per_job_s"] + row["steady_guardian_ms_per_job_s"])
 
 
 def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float:

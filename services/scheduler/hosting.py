@@ -13,7 +13,10 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
 3. jobs whose borrowed quota is reclaimed are halted (not lost);
 4. every two seconds, the explanations of the jobs at the head of the queue are written
    to their records (`rhizome show` prints them);
-5. the placements of jobs that no longer hold resources are released;
+5. the placements of jobs that no longer hold resources are released: every half second
+   from the records written since the last look (`JobsRepository.written_since`, a range
+   read on the `updated_at` index), every 30 s and at the first pass from every placed
+   job's record (the safety net behind the look-back);
 6. with a scaling policy (the cluster config's `scheduler.scaling`, e.g. Elastic-Tiresias;
    services/scheduler/elasticity), the resizes it proposes become scale requests to the
    jobs' guardians (through the LCM, as `rhizome scale`): a shrink frees its resources
@@ -67,6 +70,15 @@ EXPLAIN_AT_MOST = 10
 # Freeing the placements of ended jobs and rescanning the whole queue are not urgent.
 RELEASE_INTERVAL_S = 0.5
 RESYNC_INTERVAL_S = 5.0
+# The release check reads only the placed jobs' records written since its last read (a
+# whole record of every placed job, twice a second, was the daemon's largest steady cost
+# per alive job: issue #18). How far before that read it asks: a write stamps its
+# `updated_at` before it lands (and another machine's clock may be behind ours); one that
+# lands later than this is seen by the next full read.
+RELEASE_LOOKBACK_S = 5.0
+# How often (and at the first check) the release check reads every placed job's record:
+# the safety net for a write the change read missed.
+FULL_RELEASE_READ_S = 30.0
 # Passes woken back to back (a burst of submits) are spaced by at least this much.
 MIN_PASS_GAP_S = 0.05
 
@@ -106,6 +118,17 @@ class SchedulingLoop:
         self._explained_at = 0.0
         self._released_at = 0.0
         self._synced_at = 0.0
+        # The release check's reads (`_release_finished`): when the last full one was
+        # (monotonic; -inf: the next is one), from when the next change read asks
+        # (wall clock: `updated_at` is), the `updated_at` of each placed job's record as
+        # last read (a record the look-back returns again unchanged is not read again),
+        # and the jobs placed at the last read (one placed since is read whatever its stamp).
+        self.full_release_read_s = FULL_RELEASE_READ_S
+        self.release_lookback_s = RELEASE_LOOKBACK_S
+        self._full_read_at = float("-inf")
+        self._read_since = 0.0
+        self._read_stamps: dict[str, float] = {}
+        self._placed_at_read: set[str] = set()
 
     def start(self) -> None:
         self.thread.start()
@@ -196,7 +219,10 @@ class SchedulingLoop:
         and when each last saved a checkpoint (the record's `last_checkpoint`, the newest
         its learners reported through contract/checkpoints.py: a preemption takes the job
         that loses the least work). Fed by the
-        release check's read of every placed job's record, so it costs no read of its own."""
+        release check's reads (a record is read when it was written since the last read, a
+        job when it was placed since, every placed job every `full_release_read_s`), so it
+        costs no read of its own: a size, a straggler, a scale gang or a checkpoint reaches
+        the record by a write that moves its `updated_at`."""
         for job in records:
             if job.status not in states.ACTIVE_STATES:
                 continue
@@ -423,14 +449,44 @@ class SchedulingLoop:
 
     def _release_finished(self, placed: list[str]) -> None:
         """Free the placements of jobs that no longer hold resources (ended, halted), and
-        the scale gangs their elastic job no longer lists (retired, rolled back)."""
+        the scale gangs their elastic job no longer lists (retired, rolled back).
+
+        Reads the records of the placed jobs written since the last check (and of those
+        placed since), not every placed job's: a quiet check reads no record. Every
+        `full_release_read_s`, and at the first check, it reads every placed job's record
+        (a write that landed later than the look-back, a record removed outright)."""
         parents = {job_id: scale_gang_parent(job_id) for job_id in placed}
-        wanted = set(placed) | {p for p in parents.values() if p is not None}
-        records = {j.job_id: j for j in self.jobs.get_many(wanted)}
+        record_of = {job_id: parents[job_id] or job_id for job_id in placed}
+        wanted = set(record_of.values())  # a scale gang has no record: its job's
+        started, now = time.time(), time.monotonic()
+        full = now - self._full_read_at >= self.full_release_read_s
+        if full:
+            read = wanted
+        else:
+            written = self.jobs.written_since(self._read_since - self.release_lookback_s)
+            read = {record_of[j] for j in placed if j not in self._placed_at_read}
+            read.update(
+                job_id
+                for job_id in wanted
+                if job_id in written and written[job_id] != self._read_stamps.get(job_id)
+            )
+        records = {j.job_id: j for j in self.jobs.get_many(read)} if read else {}
+        # (only once the reads succeeded: a failed one is made again by the next check)
+        if full:
+            self._full_read_at = now
+        self._read_since = started
+        self._placed_at_read = set(placed)
+        self._read_stamps = {
+            job_id: records[job_id].updated_at if job_id in records else self._read_stamps[job_id]
+            for job_id in wanted
+            if job_id in records or (job_id in self._read_stamps and job_id not in read)
+        }
         self._follow_records(records.values())
         for job_id in placed:
+            if record_of[job_id] not in read:
+                continue  # its record was not written since it was last read
             parent = parents[job_id]
-            job = records.get(parent or job_id)
+            job = records.get(record_of[job_id])
             gone = job is None or job.status not in states.ACTIVE_STATES
             if parent is not None and job is not None:
                 gone = gone or not ((job.placement or {}).get("scale_gangs") or {}).get(job_id)

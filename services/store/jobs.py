@@ -345,6 +345,16 @@ class JobsRepository:
         return [(str(d["_id"]), str(d.get("status", ""))) for d in cursor]
 
     @with_retries
+    def written_since(self, since: float) -> dict[str, float]:
+        """{job_id: updated_at} of every record written after `since` (every write that
+        moves `updated_at`: a status, a field, a checkpoint; not a metric nor the attained
+        service), whatever its status: one range read on the `updated_at` index, so the
+        scheduler's release check reads the records that changed, not every placed job's
+        (issue #18). The stamps tell a record written again from one read before."""
+        cursor = self._col.find({"updated_at": {"$gt": since}}, {"updated_at": 1})
+        return {str(d["_id"]): float(d.get("updated_at", 0.0)) for d in cursor}
+
+    @with_retries
     def manifests_of(self, job_ids: Iterable[str]) -> list[tuple[str, str, dict[str, Any]]]:
         """(job_id, status, manifest) of each of `job_ids` still stored (read by `_id`)."""
         wanted = list(job_ids)
@@ -496,8 +506,12 @@ class JobsRepository:
     def add_checkpoints(self, job_id: str, reports: Iterable[dict[str, Any]]) -> bool:
         """Merge checkpoint reports into the job's `checkpoints` (a report seen twice is
         kept once), oldest first, the newest `contract.checkpoints.MAX_KEPT`. Like
-        `set_last_metrics`, neither `version` nor `updated_at` moves. False when the job
-        is not stored."""
+        `set_last_metrics`, `version` does not move (a report must not make a guardian's
+        fenced write stale); unlike it, `updated_at` does: the scheduler's release check
+        reads only the records written since its last read (`written_since`), and it is
+        how `last_checkpoint` reaches the choice of a preemption victim. Saves are minutes
+        apart, so the listings and the LCM re-read a record rarely for it. False when the
+        job is not stored."""
         with self._merge_lock(job_id):
             return self._merge_checkpoints(job_id, reports)
 
@@ -515,7 +529,8 @@ class JobsRepository:
         kept = sorted(merged.values(), key=lambda c: float(c["time"]))[-MAX_CHECKPOINTS:]
         newest = {"at": float(kept[-1]["time"]), "step": int(kept[-1]["step"])} if kept else {}
         self._col.update_one(
-            {"_id": job_id}, {"$set": {"checkpoints": kept, "last_checkpoint": newest}}
+            {"_id": job_id},
+            {"$set": {"checkpoints": kept, "last_checkpoint": newest, "updated_at": time.time()}},
         )
         return True
 
