@@ -22,27 +22,41 @@ def run_in_process(
     job: PipelineJob, stages: int, pipelines: int, **options: Any
 ) -> list[dict[str, torch.Tensor]]:
     """Train ``job``; returns each worker's owned parameters (full-model keys), by worker."""
+    n = stages * pipelines
+    opts = [
+        WorkerOptions(worker=w, stages=stages, pipelines=pipelines, **options) for w in range(n)
+    ]
+    return [params for _, params in run_workers(job, opts)]
+
+
+def run_workers(
+    job: PipelineJob, options: list[WorkerOptions]
+) -> list[tuple[Worker, dict[str, torch.Tensor]]]:
+    """Train ``job`` with one worker per entry of ``options`` (each its own, e.g. its own
+    metrics file); returns each ``Worker`` (what tests inspect after a run: its events,
+    profiles, losses) with its owned parameters, by worker. The first error is raised."""
     shared = InMemoryClusterStateStore()
     store = dist.HashStore()
-    n = stages * pipelines
-    results: list[dict[str, torch.Tensor] | None] = [None] * n
+    workers = [Worker(job, opts, shared.view(), store) for opts in options]
+    results: list[dict[str, torch.Tensor]] = [{} for _ in workers]
     errors: list[BaseException] = []
 
     def run(w: int) -> None:
         try:
-            opts = WorkerOptions(worker=w, stages=stages, pipelines=pipelines, **options)
-            results[w] = Worker(job, opts, shared.view(), store).run()
+            results[w] = workers[w].run()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(w,), name=f"worker{w}") for w in range(n)]
+    threads = [
+        threading.Thread(target=run, args=(w,), name=f"worker{w}") for w in range(len(workers))
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    return [r if r is not None else {} for r in results]
+    return list(zip(workers, results, strict=True))
 
 
 def merge_params(per_worker: list[dict[str, torch.Tensor]]) -> dict[str, list[torch.Tensor]]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-import torch.distributed as dist
-
 from learner.runtime.api import RedundancyMode
 from learner.runtime.bubbles import IN_BUBBLE, IN_SYNC, OVERRUN, BubblePredictor, FrcProfile
-from learner.runtime.cluster_state import InMemoryClusterStateStore
-from learner.runtime.engine import Worker, WorkerOptions
+from learner.runtime.engine import WorkerOptions
+from learner.runtime.inprocess import run_workers
 from learner.runtime.interpreter import Interpreter
 from learner.runtime.toy import toy_job
 
@@ -115,30 +113,9 @@ def test_the_summary_line_gives_ms_per_step_in_each_place_and_the_share() -> Non
 
 def _events_of_a_run(mode: RedundancyMode) -> list[list[str]]:
     """Two in-process workers (in-memory cluster state, gloo over a HashStore)."""
-    shared = InMemoryClusterStateStore()
-    store = dist.HashStore()
     job = toy_job(steps=4, microbatches=4, redundancy=mode)
-    workers = [
-        Worker(
-            job, WorkerOptions(worker=w, stages=2, pipelines=1, verbose=False), shared.view(), store
-        )
-        for w in range(2)
-    ]
-    errors: list[BaseException] = []
-
-    def run(worker: Worker) -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return [w.events for w in workers]
+    opts = [WorkerOptions(worker=w, stages=2, pipelines=1, verbose=False) for w in range(2)]
+    return [worker.events for worker, _ in run_workers(job, opts)]
 
 
 def test_every_eager_worker_logs_where_its_frc_ran_at_the_end_of_the_run() -> None:

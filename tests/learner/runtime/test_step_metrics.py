@@ -4,18 +4,16 @@ platform's own metric source (emetrics_file), as the learner's collector reads i
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
 from contract import runtime_metrics
 from learner.controller.metric_sources.emetrics_file import parse_line
 from learner.runtime.api import RedundancyMode
 from learner.runtime.bubbles import PLACES
-from learner.runtime.cluster_state import InMemoryClusterStateStore
 from learner.runtime.engine import Worker, WorkerOptions
+from learner.runtime.inprocess import run_workers
 from learner.runtime.step_metrics import StepMetricsFile
 from learner.runtime.toy import toy_job
 
@@ -25,39 +23,18 @@ FRC_NAMES = {f"runtime/{runtime_metrics.FRC_MS[p]}" for p in PLACES}
 
 def _run(mode: RedundancyMode, files: list[Path | None]) -> list[Worker]:
     """Two in-process workers (in-memory cluster state, gloo over a HashStore)."""
-    shared = InMemoryClusterStateStore()
-    store = dist.HashStore()
     job = toy_job(steps=STEPS, microbatches=4, redundancy=mode)
-    workers = [
-        Worker(
-            job,
-            WorkerOptions(
-                worker=w,
-                stages=2,
-                pipelines=1,
-                verbose=False,
-                metrics_file=None if files[w] is None else str(files[w]),
-            ),
-            shared.view(),
-            store,
+    opts = [
+        WorkerOptions(
+            worker=w,
+            stages=2,
+            pipelines=1,
+            verbose=False,
+            metrics_file=None if files[w] is None else str(files[w]),
         )
         for w in range(2)
     ]
-    errors: list[BaseException] = []
-
-    def run(worker: Worker) -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return workers
+    return [worker for worker, _ in run_workers(job, opts)]
 
 
 def _samples(path: Path) -> dict[int, dict[str, float]]:
