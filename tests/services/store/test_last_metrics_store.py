@@ -10,6 +10,7 @@ import pytest
 from services.embedded.process import ManagedServer
 from services.store.jobs import MAX_LAST_METRICS, JobRecord, JobsRepository, new_job_id
 from services.store.mongo import connect
+from tests.services.store.test_jobs import record
 
 pytestmark = pytest.mark.integration
 
@@ -24,17 +25,7 @@ def repo(mongo_server: ManagedServer) -> Iterator[JobsRepository]:
 
 
 def new_job(repo: JobsRepository) -> JobRecord:
-    job_id = new_job_id()
-    job, _ = repo.create(
-        JobRecord(
-            job_id=job_id,
-            owner="alice",
-            name="m",
-            manifest={"name": "m", "framework": {"command": "true"}},
-            resources={"learners": 1},
-        )
-    )
-    return job
+    return repo.create(record())[0]
 
 
 def row(name: str, value: float, at: float, step: int = 1) -> dict[str, object]:

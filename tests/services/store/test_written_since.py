@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from services.store import states
-from services.store.jobs import JobRecord, JobsRepository, new_job_id
+from services.store.jobs import JobsRepository
+from tests.services.store.test_jobs import record
 
 pytestmark = pytest.mark.integration
 
@@ -26,17 +27,7 @@ def repo(flavoured_db: Any) -> JobsRepository:
 
 
 def new_job(repo: JobsRepository) -> str:
-    job_id = new_job_id()
-    repo.create(
-        JobRecord(
-            job_id=job_id,
-            owner="alice",
-            name="w",
-            manifest={"name": "w", "framework": {"command": "true"}},
-            resources={"learners": 1},
-        )
-    )
-    return job_id
+    return repo.create(record())[0].job_id
 
 
 def test_written_since_gives_each_written_record_with_its_stamp(repo: JobsRepository) -> None:
