@@ -212,6 +212,11 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def learner_dir(job_dir: str | Path, rank: int) -> Path:
+    """A learner's directory in its job's: its command's output, metric files, offsets."""
+    return Path(job_dir) / "learners" / str(rank)
+
+
 @dataclass(frozen=True)
 class RuntimeEnv:
     """What the pipeline runtime's launcher tells each worker (`RHIZOME_RUNTIME_*`)."""
@@ -314,7 +319,7 @@ class RuntimeEnv:
             # read by the job's `runtime_metrics.SOURCE` (the learner's collector)
             metrics_file=None
             if env.job_dir is None
-            else str(Path(env.job_dir) / "learners" / str(env.rank) / runtime_metrics.FILE),
+            else str(learner_dir(env.job_dir, env.rank) / runtime_metrics.FILE),
         )
 
     @classmethod

@@ -124,7 +124,7 @@ class LearnerSpec:
     # -- where things are -----------------------------------------------------------------
     @property
     def learner_dir(self) -> Path:
-        return Path(self.job_dir) / "learners" / str(self.rank)
+        return learner_env.learner_dir(self.job_dir, self.rank)
 
     @property
     def code_dir(self) -> Path:

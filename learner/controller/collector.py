@@ -91,6 +91,7 @@ from contract.containers import COLLECTOR_TOKEN_ENV
 from contract.credentials import (
     tds_tls_file,
 )
+from contract.env import learner_dir
 from contract.logs import COMMAND_STREAMS
 from learner.controller.file_wait import FileWait
 from learner.controller.metric_sources import MetricSource, Sample, create_sources
@@ -122,10 +123,6 @@ class CollectorError(RuntimeError):
 
 class Stopped(Exception):
     """Raised inside a retry loop when the collector was told to stop without draining."""
-
-
-def learner_dir(job_dir: str | Path, learner: int) -> Path:
-    return Path(job_dir) / "learners" / str(learner)
 
 
 def write_json_atomically(path: Path, obj: Any) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from learner.controller.collector import OFFSETS_FILE, Collector, CollectorError, learner_dir
+from contract.env import learner_dir
+from learner.controller.collector import OFFSETS_FILE, Collector, CollectorError
 from services.tds.api import Query
 from services.tds.memory_store import MemoryStore
 from tests.services.tds.helpers import tds_in_process

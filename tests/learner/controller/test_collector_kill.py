@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import tds_pb2
 
+from contract.env import learner_dir
 from contract.procs import free_port, stop_process_group
-from learner.controller.collector import OFFSETS_FILE, learner_dir
+from learner.controller.collector import OFFSETS_FILE
 from services.embedded.servers import ElasticsearchServer
 from tests.services.tds.helpers import REPO, TDSProcess, stub
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import tds_pb2
 
-from learner.controller.collector import OFFSETS_FILE, Collector, learner_dir
+from contract.env import learner_dir
+from learner.controller.collector import OFFSETS_FILE, Collector
 from services.tds.api import Query, StoreRejected
 from services.tds.memory_store import MemoryStore
 from tests.learner.controller.test_collector import _wait

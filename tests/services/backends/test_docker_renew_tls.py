@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from contract.credentials import TDS_TLS_FILE
-from learner.controller.collector import learner_dir
+from contract.env import learner_dir
 from services.backends.api import BackendError
 from services.backends.docker.backend import DockerBackend
 from tests.services.backends.test_docker_spec import job

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import tds_pb2
 
-from learner.controller.collector import Collector, learner_dir
+from contract.env import learner_dir
+from learner.controller.collector import Collector
 from services.embedded.process import ManagedServer
 from services.tds.es_store import ElasticsearchStore
 from tests.services.tds.helpers import stub, tds_in_process
