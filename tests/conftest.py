@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import shutil
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,34 @@ os.environ.setdefault("RHIZOME_LEARNER_UIDS", "off")
 _UID_MARKS = tempfile.mkdtemp(prefix="rhizome-test-uid-marks-")
 atexit.register(shutil.rmtree, _UID_MARKS, True)
 os.environ.setdefault("RHIZOME_MACHINE_UID_CLAIMS", _UID_MARKS)
+
+
+# After the summary, the interpreter waits for every non-daemon thread a test left (and
+# for every thread-pool task still running). One stuck there once kept a CI run waiting
+# 65 minutes after its last test, until CI killed it with no word of why. So the end is
+# bounded: if the process still runs 3 minutes after pytest is done, every thread's stack
+# goes to stderr and it exits 1. (A daemon thread: it runs while the interpreter waits for
+# the others. It writes to fd 2 as it is then: pytest's capture has given it back.)
+_SHUTDOWN_BOUND_S = 180
+
+
+def _fail_a_stuck_exit() -> None:
+    time.sleep(_SHUTDOWN_BOUND_S)
+    stderr = sys.__stderr__ or sys.stderr
+    print(
+        f"\npytest ended {_SHUTDOWN_BOUND_S} s ago, but threads a test left keep this process"
+        " from exiting; their stacks:",
+        file=stderr,
+        flush=True,
+    )
+    faulthandler.dump_traceback(file=stderr, all_threads=True)
+    stderr.flush()
+    os._exit(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    threading.Thread(target=_fail_a_stuck_exit, name="exit-bound", daemon=True).start()
 
 
 # The session's servers that are running, by name: the per-module reset below empties

@@ -66,8 +66,13 @@ print("credentials-file-mode", oct(os.stat(os.environ["RHIZOME_ETCD_CREDENTIALS_
 # The learner's check of its data-store credentials: the backend's secrets file
 # ($RHIZOME_SECRETS) holds the password the test submitted, compared by digest so that
 # the password itself is never printed.
+# It waits for the test's gate (at most 2 minutes) before it ends: the test reads the
+# credentials file while the job runs (the LCM removes it once the job ended).
 SECRETS_PROBE = """
-import hashlib, os
+import hashlib, os, time
+deadline = time.monotonic() + 120
+while not os.path.exists(os.environ["GATE"]) and time.monotonic() < deadline:
+    time.sleep(0.1)
 text = open(os.environ["RHIZOME_SECRETS"]).read()
 line = [ln for ln in text.splitlines() if ln.startswith("BUCKET_PASSWORD=")][0]
 value = line.split("=", 1)[1]
@@ -203,7 +208,7 @@ def test_a_job_completes_and_its_learner_reaches_only_its_own_prefix(embedded: P
 
 
 def test_data_store_credentials_stay_out_of_the_record_and_every_response(
-    embedded: Path,
+    embedded: Path, tmp_path: Path
 ) -> None:
     state = load_state(embedded)
     assert state is not None
@@ -216,7 +221,8 @@ def test_data_store_credentials_stay_out_of_the_record_and_every_response(
         "  - id: bucket\n"
         "    type: s3_datastore\n"
         f"    connection: {{password: '{password}', access_key: '{access_key}'}}\n"
-        f"env: {{EXPECTED_SHA256: '{hashlib.sha256(password.encode()).hexdigest()}'}}\n"
+        f"env: {{EXPECTED_SHA256: '{hashlib.sha256(password.encode()).hexdigest()}',"
+        f" GATE: '{tmp_path / 'go'}'}}\n"
     )
     with Client(state.api_address, data_dir=embedded) as client:
         job_id = client.create_job(manifest, code_zip("probe.py", SECRETS_PROBE)).job_id
@@ -230,6 +236,7 @@ def test_data_store_credentials_stay_out_of_the_record_and_every_response(
         kept = JobSecrets.in_data_dir(embedded).path(job_id)
         assert stat.S_IMODE(kept.stat().st_mode) == 0o600
         assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+        (tmp_path / "go").touch()
         job = wait_done(client, job_id)
         lines = [ln.line for ln in client.logs(tds_pb2.LogsRequest(job_id=job_id, learner=-1))]
         grpc_view = str(client.get_job(job_id))

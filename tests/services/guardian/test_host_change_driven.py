@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from queue import Queue
@@ -56,6 +57,7 @@ def lines() -> Iterator[Queue[str | None]]:
     queue.put(None)
 
 
+@contextmanager
 def running_host(
     stores: dict[str, Any],
     tmp_path: Path,
@@ -63,9 +65,11 @@ def running_host(
     backend: LocalBackend,
     host_type: type[GuardianHost] = GuardianHost,
     **kwargs: Any,
-) -> tuple[GuardianHost, threading.Thread, list[int]]:
+) -> Iterator[tuple[GuardianHost, list[int]]]:
     """A host (timers: POLL_S while counting in time, NEVER_S once settled) running its
-    loop in a thread; the list gets its exit code."""
+    loop in a thread; the list gets its exit code. However the test ends, every job the
+    host still guards is deleted (its learners stopped) before its input closes: a job
+    left running would keep the loop, and so pytest's exit, waiting for it."""
 
     def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
         return GuardianConfig(
@@ -81,9 +85,21 @@ def running_host(
         **kwargs,
     ).start()
     ended: list[int] = []
-    runs = threading.Thread(target=lambda: ended.append(host.run(iter(lines.get, None))))
+    runs = threading.Thread(
+        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
+    )
     runs.start()
-    return host, runs, ended
+    try:
+        yield host, ended
+    finally:
+        for job_id in list(host.guardians):
+            stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
+        deadline = time.monotonic() + 30
+        while host.guardians and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lines.put(None)
+        runs.join(30)
+        host.close()
 
 
 def processing(stores: dict[str, Any], job_id: str) -> dict[str, Any] | None:
@@ -98,6 +114,38 @@ def settled(host: GuardianHost, job_id: str) -> bool:
     hosted = host.guardians.get(job_id)
     guardian = hosted.guardian if hosted is not None else None
     return isinstance(guardian, HostedGuardian) and guardian.idle_s(host.config) == NEVER_S
+
+
+def quiet(host: GuardianHost, job_id: str) -> None:
+    """Wait until the job's guardian is settled on its learners' PROCESSING and has not
+    stepped for a second. Settled alone is not enough: its last read may have seen
+    PROCESSING before the watch delivered that same write, which then steps it once more
+    (the race a loaded CI machine lost)."""
+    last: tuple[int, float] = (-1, time.monotonic())
+
+    def still() -> bool:
+        nonlocal last
+        hosted = host.guardians.get(job_id)
+        guardian = hosted.guardian if hosted is not None else None
+        ready = (
+            hosted is not None
+            and not hosted.running
+            and not hosted.due
+            and isinstance(guardian, HostedGuardian)
+            and not guardian.changed.is_set()
+            and settled(host, job_id)
+            and all(
+                isinstance(e.value, dict) and e.value.get("status") == "PROCESSING"
+                for e in guardian._seen.values()
+            )
+        )
+        steps = _Counted.steps.get(job_id, 0)
+        if not ready or steps != last[0]:
+            last = (steps, time.monotonic())
+            return False
+        return time.monotonic() - last[1] >= 5 * POLL_S
+
+    wait_for(f"{job_id}'s guardian quiet", still)
 
 
 def test_a_running_job_s_guardian_steps_only_on_changes_and_every_transition_still_arrives(
@@ -116,13 +164,13 @@ def test_a_running_job_s_guardian_steps_only_on_changes_and_every_transition_sti
         return "\n".join(job_report(stores["repo"], j, tmp_path) for j in ids)
 
     # No reaper: a controller's death reaches the guardian only through etcd (its lease).
-    host, runs, ended = running_host(stores, tmp_path, lines, LocalBackend())
-    try:
+    with running_host(stores, tmp_path, lines, LocalBackend()) as (host, ended):
         for job_id in ids:
             assert host.adopt(job_id)
         for job_id in ids:
             wait_for(f"{job_id} PROCESSING", partial(processing, stores, job_id), explain=report)
-            wait_for(f"{job_id}'s guardian settled", partial(settled, host, job_id))
+        for job_id in ids:
+            quiet(host, job_id)
         # Nothing changes: no step at all (at the old 2 s poll for every guardian, at
         # POLL_S here, there would be seven of each).
         before = dict(_Counted.steps)
@@ -158,10 +206,6 @@ def test_a_running_job_s_guardian_steps_only_on_changes_and_every_transition_sti
         )
         wait_for("both guardians ended", lambda: not host.guardians)
         assert host.ended == {killed: 0, finishes: 0}
-    finally:
-        lines.put(None)
-        runs.join(60)
-        host.close()
     assert ended == [ExitCode.OK], report()
 
 
@@ -192,31 +236,34 @@ def test_a_controller_s_exit_steps_its_guardian_through_the_host_s_reaper(
     reaper = WaitingReaper()
     reaper.start()
     _RecordingHost.woken = []
-    host, runs, ended = running_host(
-        stores, tmp_path, lines, LocalBackend(reaper=reaper), _RecordingHost, reaper=reaper
-    )
 
     def report() -> str:
         return job_report(stores["repo"], job_id, tmp_path)
 
     try:
-        assert host.adopt(job_id)
-        first = wait_for("learner 0 PROCESSING", lambda: processing(stores, job_id), explain=report)
-        wait_for("its guardian settled", lambda: settled(host, job_id))
-        pid = int(first["pid"])
-        os.kill(pid, signal.SIGKILL)
-        wait_for(
-            "a new controller",
-            lambda: (c := processing(stores, job_id)) is not None and c["pid"] != pid,
-            explain=report,
-        )
-        assert (pid, [job_id]) in _RecordingHost.woken, _RecordingHost.woken
+        with running_host(
+            stores, tmp_path, lines, LocalBackend(reaper=reaper), _RecordingHost, reaper=reaper
+        ) as (host, ended):
+            assert host.adopt(job_id)
+            first = wait_for(
+                "learner 0 PROCESSING", lambda: processing(stores, job_id), explain=report
+            )
+            wait_for("its guardian settled", lambda: settled(host, job_id))
+            pid = int(first["pid"])
+            os.kill(pid, signal.SIGKILL)
+            wait_for(
+                "a new controller",
+                lambda: (c := processing(stores, job_id)) is not None and c["pid"] != pid,
+                explain=report,
+            )
+            assert (pid, [job_id]) in _RecordingHost.woken, _RecordingHost.woken
+            stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
+            wait_for(
+                "the job DELETED",
+                lambda: stores["repo"].get(job_id).status == states.DELETED,
+                explain=report,
+            )
     finally:
-        stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
-        wait_for("the job DELETED", lambda: stores["repo"].get(job_id).status == states.DELETED)
-        lines.put(None)
-        runs.join(60)
-        host.close()
         reaper.stop()
     assert ended == [ExitCode.OK], report()
 

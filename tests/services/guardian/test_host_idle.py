@@ -140,7 +140,9 @@ def test_the_host_loop_sleeps_while_nothing_is_due_and_steps_a_guardian_when_its
         make_config,
     ).start()
     ended: list[int] = []
-    runs = threading.Thread(target=lambda: ended.append(host.run(iter(lines.get, None))))
+    runs = threading.Thread(
+        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
+    )
     runs.start()
     try:
         wait_for("the loop's first tick", lambda: _CountedTicks.ticks >= 1)
