@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from google.protobuf import json_format
 from google.protobuf.message import Message
 from rhizome.v1 import job_pb2, tds_pb2
 from rich.console import Console
@@ -24,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from services.client.cost import for_job as job_cost
+from services.client.json_view import message_dict
 from services.client.options import (
     Ctx,
     add_global_options,
@@ -49,8 +49,7 @@ def status_name(value: int) -> str:
 
 
 def to_dict(msg: Message) -> dict[str, Any]:
-    data: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
-    return data
+    return message_dict(msg)
 
 
 def emit_json(data: Any) -> None:

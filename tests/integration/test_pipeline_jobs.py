@@ -563,9 +563,8 @@ def test_the_pipeline_gpt_example_trains_through_rhizome_train_as_documented(
     steps = 40  # the manifest's `--steps 40`
     seen: dict[tuple[int, str], set[int]] = {}
     for s in json.loads(rz(platform, "metrics", job_id, "--json").stdout):
-        # MessageToDict leaves out zeros (learner 0, step 0) and writes int64 as a string
-        key = (int(s.get("learner", 0)), str(s["name"]))
-        seen.setdefault(key, set()).add(int(s.get("step", 0)))
+        key = (s["learner"], str(s["name"]))  # every field, numbers as numbers
+        seen.setdefault(key, set()).add(s["step"])
     every_step = set(range(steps))
     for rank in (0, 1):
         for name in ("iter_ms", "generation", "frc_bubble_ms", "frc_sync_ms"):
