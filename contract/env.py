@@ -55,12 +55,13 @@ which is the platform's own SIGTERM -> SIGKILL delay and so always the truth):
 | `RHIZOME_PIPELINE_PIPELINES` | `pipeline_pipelines` | `pipeline.pipelines` | unset |
 | `RHIZOME_PIPELINE_REDUNDANCY` | `pipeline_redundancy` | `pipeline.redundancy` | unset |
 | `RHIZOME_PIPELINE_MICROBATCHES` | `pipeline_microbatches` | `pipeline.microbatches` | unset |
+| `RHIZOME_PIPELINE_METRICS_EVERY` | `pipeline_metrics_every` | `pipeline.metrics_every` | unset (1) |
 
 Written for each pipeline runtime worker (`RuntimeEnv`, field `runtime`), all prefixed
 `RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`, `ETCD`, `JOB_ID` (required),
 `BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`, `OUT_DIR`, `KILL`, `REDUNDANCY`,
 `MICROBATCHES`, `THREADS`, `JOIN_TOKEN`, `CHECKPOINT_DIR`, `CHECKPOINT_EVERY`,
-`METRICS_FILE`. Off the platform the runtime's launcher writes them (`STORE` is its
+`METRICS_FILE`, `METRICS_EVERY`. Off the platform the runtime's launcher writes them (`STORE` is its
 TCPStore's `HOST:PORT`); on the platform the learner controller of a pipeline job writes
 them for its command (`RuntimeEnv.for_learner`: worker = rank, the shape from the
 `pipeline:` section, `STORE=etcd`: the rendezvous store lives in the platform's etcd,
@@ -118,6 +119,7 @@ PIPELINE_STAGES = "RHIZOME_PIPELINE_STAGES"
 PIPELINE_PIPELINES = "RHIZOME_PIPELINE_PIPELINES"
 PIPELINE_REDUNDANCY = "RHIZOME_PIPELINE_REDUNDANCY"
 PIPELINE_MICROBATCHES = "RHIZOME_PIPELINE_MICROBATCHES"
+PIPELINE_METRICS_EVERY = "RHIZOME_PIPELINE_METRICS_EVERY"
 
 RUNTIME_PREFIX = "RHIZOME_RUNTIME_"
 # `RHIZOME_RUNTIME_STORE=etcd`: the rendezvous store is kept in the platform's etcd
@@ -245,6 +247,8 @@ class RuntimeEnv:
     checkpoint_every: int = 10
     # where the worker appends its per-step metrics (contract/runtime_metrics.py); None: not
     metrics_file: str | None = None
+    # one line per this many ended steps (their means; learner/runtime/step_metrics.py)
+    metrics_every: int = 1
 
     # field -> variable suffix (the names predate this record; keep them)
     _NAMES = {
@@ -267,6 +271,7 @@ class RuntimeEnv:
         "checkpoint_dir": "CHECKPOINT_DIR",
         "checkpoint_every": "CHECKPOINT_EVERY",
         "metrics_file": "METRICS_FILE",
+        "metrics_every": "METRICS_EVERY",
     }
 
     @classmethod
@@ -320,6 +325,7 @@ class RuntimeEnv:
             metrics_file=None
             if env.job_dir is None
             else str(learner_dir(env.job_dir, env.rank) / runtime_metrics.FILE),
+            metrics_every=env.pipeline_metrics_every or 1,
         )
 
     @classmethod
@@ -359,6 +365,7 @@ class RuntimeEnv:
             checkpoint_dir=_str(environ, v("checkpoint_dir")),
             checkpoint_every=_int(environ, v("checkpoint_every"), 10, minimum=0),
             metrics_file=_str(environ, v("metrics_file")),
+            metrics_every=_int(environ, v("metrics_every"), 1, minimum=1),
         )
 
 
@@ -394,6 +401,7 @@ _LEARNER_VARS = {
     "pipeline_pipelines": PIPELINE_PIPELINES,
     "pipeline_redundancy": PIPELINE_REDUNDANCY,
     "pipeline_microbatches": PIPELINE_MICROBATCHES,
+    "pipeline_metrics_every": PIPELINE_METRICS_EVERY,
 }
 
 
@@ -436,6 +444,7 @@ class LearnerEnv:
     pipeline_pipelines: int | None = None
     pipeline_redundancy: str | None = None
     pipeline_microbatches: int | None = None
+    pipeline_metrics_every: int | None = None
     # written by the pipeline runtime's launcher, for its workers only
     runtime: RuntimeEnv | None = field(default=None)
 
@@ -504,7 +513,12 @@ class LearnerEnv:
             )
         optional_int = {
             name: None if _raw(env, name) is None else _int(env, name, 1, minimum=1)
-            for name in (PIPELINE_STAGES, PIPELINE_PIPELINES, PIPELINE_MICROBATCHES)
+            for name in (
+                PIPELINE_STAGES,
+                PIPELINE_PIPELINES,
+                PIPELINE_MICROBATCHES,
+                PIPELINE_METRICS_EVERY,
+            )
         }
         return cls(
             job_id=_str(env, JOB_ID),
@@ -541,6 +555,7 @@ class LearnerEnv:
             pipeline_pipelines=optional_int[PIPELINE_PIPELINES],
             pipeline_redundancy=_str(env, PIPELINE_REDUNDANCY),
             pipeline_microbatches=optional_int[PIPELINE_MICROBATCHES],
+            pipeline_metrics_every=optional_int[PIPELINE_METRICS_EVERY],
             runtime=RuntimeEnv.from_environ(env) if RuntimeEnv.present(env) else None,
         )
 

@@ -1,8 +1,9 @@
 """The pipeline runtime's per-step metrics: one file the worker writes, one metric source
 the platform reads it with.
 
-A pipeline learner's runtime worker appends one JSON line per step it ends to
-``<job_dir>/learners/<rank>/runtime-metrics.jsonl`` (``RuntimeEnv.metrics_file``, set by
+A pipeline learner's runtime worker appends one JSON line per step it ends (or per
+window of ``pipeline.metrics_every`` steps: the window's means, at its last step;
+learner/runtime/step_metrics.py) to ``<job_dir>/learners/<rank>/runtime-metrics.jsonl`` (``RuntimeEnv.metrics_file``, set by
 ``RuntimeEnv.for_learner``); every pipeline job's metric sources (``Manifest.metric_sources``)
 end with ``SOURCE``, an ``emetrics_file`` source on that file, so the learner's collector
 ships the lines like any metric: ``rhizome metrics JOB``, the REST gateway's

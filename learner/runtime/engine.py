@@ -140,7 +140,7 @@ class Worker:
         # applying one on its own thread (benchmarks/runtime_vs_torch.py --profile)
         self.sync_profile: dict[int, dict[str, float]] = {}
         # each ended step's time, loss and FRC places, shipped by the platform's collector
-        self.step_metrics = StepMetricsFile(opts.metrics_file, self.state.log)
+        self.step_metrics = StepMetricsFile(opts.metrics_file, self.state.log, opts.metrics_every)
         # flat gradients (+ the loss on the last stage) per owned block, reused every step
         self._stash_bufs: dict[int, torch.Tensor] = {}
         # the receive of the replica's update, posted when its step starts:

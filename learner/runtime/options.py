@@ -64,3 +64,4 @@ class WorkerOptions:
     checkpoint_every: int = 0
     # where each ended step's metrics go (step_metrics.py); None: nowhere
     metrics_file: str | None = None
+    metrics_every: int = 1  # one metrics line per this many steps (step_metrics.py)

@@ -67,6 +67,7 @@ def options_from_env(env: RuntimeEnv) -> WorkerOptions:
         checkpoint_dir=env.checkpoint_dir,
         checkpoint_every=env.checkpoint_every,
         metrics_file=env.metrics_file,
+        metrics_every=env.metrics_every,
     )
 
 

@@ -99,6 +99,8 @@ class Pipeline:
     # the most pipelines P queued standbys may grow the job to (learner/runtime/
     # reconfigure.py); equal to `pipelines` (the default): no growth
     max_pipelines: int = 0
+    # each worker's runtime metrics: one line per this many steps (their means)
+    metrics_every: int = 1
 
     def __post_init__(self) -> None:
         if self.max_pipelines == 0:
@@ -238,6 +240,9 @@ class Manifest:
                 microbatches=int(pipe["microbatches"]) if "microbatches" in pipe else None,
                 standbys=int(pipe.get("standbys", schema_default("pipeline", "standbys"))),
                 max_pipelines=int(pipe.get("max_pipelines") or 0),
+                metrics_every=int(
+                    pipe.get("metrics_every", schema_default("pipeline", "metrics_every"))
+                ),
             )
         learners = (
             pipeline.learners if pipeline else int(doc.get("learners", schema_default("learners")))

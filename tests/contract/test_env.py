@@ -78,6 +78,7 @@ def test_what_a_backend_writes_a_learner_reads_back() -> None:
         pipeline_pipelines=2,
         pipeline_redundancy="lazy-frc-lazy-brc",
         pipeline_microbatches=8,
+        pipeline_metrics_every=50,
         runtime=runtime,
     )
     environ = written.to_environ()
@@ -166,6 +167,7 @@ def test_a_pipeline_learner_gets_one_worker_whose_index_is_its_rank() -> None:
         pipeline_pipelines=2,
         pipeline_redundancy="none",
         pipeline_microbatches=6,
+        pipeline_metrics_every=25,
     )
     runtime = RuntimeEnv.for_learner(env, "http://127.0.0.1:2379")
     assert runtime == RuntimeEnv(
@@ -178,6 +180,7 @@ def test_a_pipeline_learner_gets_one_worker_whose_index_is_its_rank() -> None:
         out_dir="/jobs/job-7/results/3",
         redundancy="none",
         microbatches=6,
+        metrics_every=25,
     )
     # what the worker reads back is the same record
     assert RuntimeEnv.from_environ(runtime.to_environ()) == runtime

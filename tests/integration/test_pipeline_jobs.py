@@ -34,11 +34,12 @@ pytestmark = pytest.mark.integration
 SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
 
 
-def manifest(stages: int, steps: int, name: str) -> str:
+def manifest(stages: int, steps: int, name: str, more: str = "") -> str:
+    """A toy pipeline job; `more`: more fields of its `pipeline:` section ("k: v, ...")."""
     return (
         f"name: {name}\nmemory: 512MiB\nmax_learner_restarts: 2\n"
         f"framework:\n  command: python train.py --steps {steps}\n"
-        f"pipeline: {{stages: {stages}, pipelines: 1}}\n"
+        f"pipeline: {{stages: {stages}, pipelines: 1{', ' + more if more else ''}}}\n"
     )
 
 
@@ -52,11 +53,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
         rz(data_dir, "down", check=False)
 
 
-def submit(platform: Path, tmp: Path, stages: int, steps: int, name: str) -> str:
+def submit(platform: Path, tmp: Path, stages: int, steps: int, name: str, more: str = "") -> str:
     code = tmp / "code"
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
-    (code / "manifest.yml").write_text(manifest(stages, steps, name))
+    (code / "manifest.yml").write_text(manifest(stages, steps, name, more))
     out = rz(platform, "train", str(code / "manifest.yml"), "--json").stdout
     return str(json.loads(out)["job_id"])
 
@@ -116,7 +117,8 @@ def test_a_pipeline_job_runs_each_stage_once_in_its_own_learner(
     platform: Path, tmp_path: Path
 ) -> None:
     steps = 4
-    job_id = submit(platform, tmp_path, stages=2, steps=steps, name="pipe-ok")
+    # metrics_every: each worker's runtime metrics for steps 0-2, then the partial 3
+    job_id = submit(platform, tmp_path, 2, steps, "pipe-ok", more="metrics_every: 3")
     job = wait_end(platform, job_id)
     assert job["status"] == "COMPLETED", job
     learners = sorted(p.name for p in (platform / "jobs" / job_id / "learners").iterdir())
@@ -154,6 +156,15 @@ def test_a_pipeline_job_runs_each_stage_once_in_its_own_learner(
     saved = gather_params(platform, job_id, tmp_path / "params")
     assert saved == ["0/worker0.pt", "1/worker1.pt"]
     assert_equals_reference(tmp_path / "params", pipelines=1, steps=steps)
+    # `pipeline.metrics_every: 3` reached the workers: a sample per window of 3 steps
+    samples = json.loads(rz(platform, "metrics", job_id, "--json").stdout)
+    iter_steps = {
+        rank: sorted(
+            s["step"] for s in samples if s["learner"] == rank and s["name"] == "runtime/iter_ms"
+        )
+        for rank in (0, 1)
+    }
+    assert iter_steps == {0: [2, 3], 1: [2, 3]}, samples
 
 
 def test_a_sigkilled_learner_is_the_runtimes_failover_not_a_restart(

@@ -70,6 +70,7 @@ def manifest_variables(job: JobSpec) -> dict[str, str]:
         out[learner_vars.PIPELINE_REDUNDANCY] = pipe.redundancy
         if pipe.microbatches is not None:
             out[learner_vars.PIPELINE_MICROBATCHES] = str(pipe.microbatches)
+        out[learner_vars.PIPELINE_METRICS_EVERY] = str(pipe.metrics_every)
     return out
 
 

@@ -21,7 +21,7 @@ STEPS = 4
 FRC_NAMES = {f"runtime/{runtime_metrics.FRC_MS[p]}" for p in PLACES}
 
 
-def _run(mode: RedundancyMode, files: list[Path | None]) -> list[Worker]:
+def _run(mode: RedundancyMode, files: list[Path | None], every: int = 1) -> list[Worker]:
     """Two in-process workers (in-memory cluster state, gloo over a HashStore)."""
     job = toy_job(steps=STEPS, microbatches=4, redundancy=mode)
     opts = [
@@ -31,6 +31,7 @@ def _run(mode: RedundancyMode, files: list[Path | None]) -> list[Worker]:
             pipelines=1,
             verbose=False,
             metrics_file=None if files[w] is None else str(files[w]),
+            metrics_every=every,
         )
         for w in range(2)
     ]
@@ -105,3 +106,47 @@ def test_no_path_writes_nothing(tmp_path: Path) -> None:
     metrics.write(0, iter_s=0.1, generation=0, loss=1.0, frc_s={"bubble": 0.01})
     metrics.close()
     assert said == [] and list(tmp_path.iterdir()) == []
+
+
+def test_with_metrics_every_a_line_stands_for_its_window_of_steps(tmp_path: Path) -> None:
+    """`pipeline.metrics_every: 2` over 4 steps: lines at steps 1 and 3, each the mean of
+    its two steps' times (as the worker measured them) and losses."""
+    files: list[Path | None] = [tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"]
+    workers = _run(RedundancyMode.EAGER_FRC_LAZY_BRC, files, every=2)
+    last = files[1]
+    assert last is not None
+    per_step = _samples(last)
+    assert sorted(per_step) == [1, 3]
+    times = dict(workers[1].step_times)
+    losses = dict(workers[1].loss_history)
+    for end in (1, 3):
+        window = (end - 1, end)
+        assert per_step[end]["runtime/iter_ms"] == pytest.approx(
+            sum(times[s] for s in window) * 1000.0 / 2, abs=1e-3
+        )
+        assert per_step[end]["runtime/loss"] == pytest.approx(sum(losses[s] for s in window) / 2)
+        assert set(per_step[end]) >= FRC_NAMES
+
+
+def test_a_partial_window_is_written_when_the_worker_stops(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    metrics = StepMetricsFile(str(path), print, every=3)
+    for step in range(5):  # a window of 0-2, then 3-4 left open
+        metrics.write(
+            step, iter_s=0.1 * (step + 1), generation=step // 4, loss=float(step), frc_s=None
+        )
+    assert sorted(_samples(path)) == [2]
+    metrics.close()
+    per_step = _samples(path)
+    assert sorted(per_step) == [2, 4]
+    assert per_step[2]["runtime/iter_ms"] == pytest.approx(200.0)  # (100 + 200 + 300) / 3
+    assert per_step[4] == {
+        "runtime/iter_ms": pytest.approx(450.0),
+        "runtime/loss": pytest.approx(3.5),
+        "runtime/generation": 1.0,  # the window's last step's
+    }
+
+
+def test_a_window_of_no_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one step"):
+        StepMetricsFile(None, print, every=0)

@@ -98,7 +98,7 @@ def test_missing_code_fails_the_volume_step_clearly(tmp_path: Path) -> None:
 def test_the_manifests_checkpoint_and_pipeline_sections_reach_the_learner(tmp_path: Path) -> None:
     manifest = typed(
         checkpoint={"policy": "fixed", "interval_s": 90, "keep": 3, "grace_s": 25},
-        pipeline={"stages": 3, "microbatches": 8},
+        pipeline={"stages": 3, "microbatches": 8, "metrics_every": 20},
     )
     env = learner_env(spec(tmp_path, manifest=manifest, grace_s=25.0), 0)
     assert env["RHIZOME_CHECKPOINT_POLICY"] == "fixed"
@@ -108,6 +108,7 @@ def test_the_manifests_checkpoint_and_pipeline_sections_reach_the_learner(tmp_pa
     assert env["RHIZOME_PIPELINE_STAGES"] == "3" and env["RHIZOME_PIPELINE_PIPELINES"] == "1"
     assert env["RHIZOME_PIPELINE_REDUNDANCY"] == "eager-frc-lazy-brc"  # the schema default
     assert env["RHIZOME_PIPELINE_MICROBATCHES"] == "8"
+    assert env["RHIZOME_PIPELINE_METRICS_EVERY"] == "20"
 
 
 def test_an_explicit_env_variable_wins_but_not_over_the_real_grace(tmp_path: Path) -> None:

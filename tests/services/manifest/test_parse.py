@@ -71,6 +71,16 @@ def test_a_good_ffdl_manifest_parses_with_resources() -> None:
             "maximum of 255",
         ),
         (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, metrics_every: 0}",
+            "pipeline.metrics_every",
+            "minimum of 1",
+        ),
+        (
+            "name: a\nframework: {command: x}\npipeline: {stages: 2, metrics_every: ten}",
+            "pipeline.metrics_every",
+            "integer",
+        ),
+        (
             "name: a\nframework: {command: x}\npipeline: {stages: 2, standbys: -1}",
             "pipeline.standbys",
             "minimum of 0",

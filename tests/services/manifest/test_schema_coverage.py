@@ -84,6 +84,12 @@ READERS: dict[str, list[tuple[str, str]]] = {
         ("contract/env.py", "env.pipeline_microbatches"),
         ("learner/runtime/worker.py", "env.microbatches"),
     ],
+    "pipeline.metrics_every": [
+        ("services/backends/local/backend.py", "pipe.metrics_every"),
+        ("contract/env.py", "metrics_every=env.pipeline_metrics_every"),
+        ("learner/runtime/worker.py", "env.metrics_every"),
+        ("learner/runtime/engine.py", "opts.metrics_every"),
+    ],
     "checkpoint.policy": [
         ("services/backends/local/backend.py", "ck.policy"),
         ("learner/checkpoint/manager.py", "checkpoint_policy"),

@@ -28,7 +28,7 @@ def test_an_omitted_field_takes_the_schema_default() -> None:
 def test_every_section_is_typed() -> None:
     m = parse_manifest(
         MINIMAL
-        + "pipeline: {stages: 2, pipelines: 2, microbatches: 8}\n"
+        + "pipeline: {stages: 2, pipelines: 2, microbatches: 8, metrics_every: 10}\n"
         + "checkpoint: {policy: fixed, interval_s: 60, grace_s: 20, keep: 3}\n"
         + "elastic: {min: 2, max: 8}\nzones: [z1, z2]\ninstance_type: p3.2xlarge\n"
         + "env: {SEED: 7, DEBUG: true}\n"
@@ -37,6 +37,7 @@ def test_every_section_is_typed() -> None:
     )
     assert m.pipeline is not None
     assert (m.pipeline.stages, m.pipeline.pipelines, m.pipeline.microbatches) == (2, 2, 8)
+    assert m.pipeline.metrics_every == 10
     assert (
         m.pipeline.redundancy
         == schema()["properties"]["pipeline"]["properties"]["redundancy"]["default"]
