@@ -72,6 +72,19 @@ def sample_records(platform: Path, job_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def widest_step(platform: Path, job_id: str) -> int:
+    """The most workers any step logged so far has (a line being written is skipped)."""
+    widest = 0
+    for path in (platform / "jobs" / job_id / "results").glob("*/samples.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            widest = max(widest, len(rec.get("samples", ())))
+    return widest
+
+
 def test_rhizome_scale_takes_an_elastic_job_2_to_3_to_2_while_it_trains(
     platform: Path, tmp_path: Path
 ) -> None:
@@ -110,6 +123,14 @@ def test_rhizome_scale_takes_an_elastic_job_2_to_3_to_2_while_it_trains(
         job_id,
         "learner 2 joined the workers",
         lambda: "joined generation" in stdout(platform, job_id, 2),
+    )
+    # Scaled in only once three workers trained a step: on a loaded machine the scale-in
+    # could come before the first step of the three (and the check below found none).
+    wait_for(
+        platform,
+        job_id,
+        "a step trained by three workers",
+        lambda: widest_step(platform, job_id) == 3,
     )
 
     scaled = rz(platform, "scale", job_id, "2", "--json")
