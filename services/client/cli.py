@@ -747,8 +747,9 @@ PLUGGED_COMMANDS = (
 )
 
 
-# Plugged commands that get the global options after their name: those that call the API.
-CALLS_THE_API = {"token", "doctor"}
+# Plugged commands that get the global options after their name: those that call the API
+# (the others read their own --data-dir and --json; the group's reach them as defaults).
+CALLS_THE_API = {"token", "doctor", "download", "events", "scale"}
 
 
 def _plug_commands() -> None:

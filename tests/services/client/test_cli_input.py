@@ -150,3 +150,16 @@ def test_doctor_reports_each_check_and_the_fix_for_a_stale_data_dir(tmp_path: Pa
     assert report["ok"] is False and data["state"] == "fail" and "mv " in data["fix"]
     text = rz("doctor", "--data-dir", str(tmp_path / "new"))
     assert "check" in text.stdout and "Traceback" not in text.stderr
+
+
+def test_commands_of_other_modules_take_the_global_options_after_their_name_too() -> None:
+    """`rhizome scale`, `download` and `events` live in modules of their own (plugged into
+    the group): `--api` after their name reached no code ("No such option") until they
+    were given the global options as the group's own commands are."""
+    for args in (
+        ("scale", "abc", "3"),
+        ("download", "abc"),
+        ("events", "list", "abc", "completed"),
+        ("token", "list"),
+    ):
+        one_clear_line(rz(*args, "--api", UNREACHABLE), 1, f"Rhizome API at {UNREACHABLE}")
