@@ -661,7 +661,7 @@ def logs(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Also draw the curves into this PNG file.",
+    help="Also draw the curves into this PNG file: a panel per metric, a line per learner.",
 )
 @json_option
 @click.pass_obj
