@@ -37,6 +37,7 @@ from services.client.up_summary import print_up_summary
 from services.config import DEFAULT_DATA_DIR
 from services.lcm.hosting import guardians_per_host_option
 from services.manifest import ManifestError, parse_manifest
+from services.tds.render import latest_values, plot_metrics
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -672,17 +673,17 @@ def metrics(obj: Ctx, job_id: str, plot: Path | None, as_json: bool) -> None:
     if as_json:
         emit_json([to_dict(s) for s in samples])
     else:
-        latest: dict[tuple[int, str], tds_pb2.MetricSample] = {}
-        for s in samples:
-            latest[(s.learner, s.name)] = s
+        latest = sorted(latest_values(samples), key=lambda r: (r.learner, r.name))
         table = Table("learner", "metric", "step", "value")
-        for (learner, name), s in sorted(latest.items()):
-            table.add_row(str(learner), name, str(s.step), f"{s.value:.6g}")
+        for row in latest:
+            table.add_row(str(row.learner), row.name, str(row.step), f"{row.value:.6g}")
         out.print(table if latest else "no metrics yet")
     if plot:
-        from services.client.plot import plot_samples
-
-        plot_samples(samples, plot)
+        try:
+            plot_metrics(samples, plot, title=job_id)
+        except ValueError as exc:  # no samples yet, not a .png
+            err.print(f"[red]error:[/red] {escape(str(exc))}")
+            sys.exit(1)
         err.print(f"plot written to {plot}")
 
 

@@ -1,10 +1,10 @@
-"""What the CLI and the REST gateway show: prefixed log lines, a table of the latest
-metric values, and metric curves drawn to a PNG."""
+"""What `rhizome metrics` shows of a job's metric samples: the latest value of each
+metric per learner, and the curves drawn to a PNG (`--plot`)."""
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,28 +12,8 @@ from rhizome.v1 import tds_pb2
 
 from services.tds.api import time_us
 
-
-def learner_prefix(learner: int, stream: str) -> str:
-    """`[learner 0]` for stdout; the stream is named when it is not stdout."""
-    return f"[learner {learner}]" if stream == "stdout" else f"[learner {learner} {stream}]"
-
-
-def format_log_line(line: tds_pb2.LogLine, *, prefix: bool = True, timestamps: bool = False) -> str:
-    parts = []
-    if timestamps:
-        when = dt.datetime.fromtimestamp(time_us(line) / 1e6, tz=dt.UTC)
-        parts.append(when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-    if prefix:
-        parts.append(learner_prefix(line.learner, line.stream))
-    parts.append(line.line)
-    return " ".join(parts)
-
-
-def format_log_lines(
-    lines: Iterable[tds_pb2.LogLine], *, prefix: bool = True, timestamps: bool = False
-) -> Iterable[str]:
-    for line in lines:
-        yield format_log_line(line, prefix=prefix, timestamps=timestamps)
+# panels per row before the figure wraps
+PLOT_COLUMNS = 3
 
 
 @dataclass(frozen=True)
@@ -56,21 +36,15 @@ def latest_values(samples: Iterable[tds_pb2.MetricSample]) -> list[Latest]:
     return sorted(best.values(), key=lambda x: (x.name, x.learner))
 
 
-def format_table(rows: Sequence[Latest]) -> str:
-    """A plain-text table (the CLI may draw it with rich instead; same columns)."""
-    header = ("metric", "learner", "step", "value")
-    body = [(r.name, str(r.learner), str(r.step), f"{r.value:.6g}") for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
-    return "\n".join(lines)
-
-
 def plot_metrics(
     samples: Iterable[tds_pb2.MetricSample], path: str | Path, *, title: str | None = None
 ) -> Path:
-    """Draw one panel per metric, one curve per learner, against the step (or the time
-    when a metric has no steps), and save it as a PNG at `path`."""
+    """Draw one panel per metric (up to PLOT_COLUMNS a row), one curve per learner in the
+    same colour on every panel, against the step (or the time when a metric has no
+    steps), and save it as a PNG at `path`.
+
+    Panels, not one axis: a pipeline job's dozen `runtime/*` series would share one scale
+    (a 100 ms step time flattens a loss of 2) and matplotlib's ten colours."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
@@ -90,21 +64,30 @@ def plot_metrics(
     if out.suffix.lower() != ".png":
         raise ValueError(f"{out}: the plot is written as PNG; give a file name ending in .png")
     names = sorted(series)
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.8 * len(names)), squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
+    columns = min(PLOT_COLUMNS, len(names))
+    rows = math.ceil(len(names) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.8 * rows), squeeze=False)
+    learners = sorted({learner for by_learner in series.values() for learner in by_learner})
+    colour = {learner: f"C{i % 10}" for i, learner in enumerate(learners)}
+    flat = [ax for row in axes for ax in row]
+    for i, (ax, name) in enumerate(zip(flat, names, strict=False)):
         for learner, pts in sorted(series[name].items()):
             has_steps = any(p[0] != 0 for p in pts)
             pts.sort(key=lambda p: (p[0], p[1]) if has_steps else (p[1], p[0]))
             xs = [p[0] if has_steps else p[1] for p in pts]
             ys = [p[2] for p in pts]
-            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=f"learner {learner}")
-            ax.set_xlabel("step" if has_steps else "time (s since epoch)")
-        ax.set_title(name)
+            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, color=colour[learner])
+            if i + columns >= len(names):  # the lowest panel of its column
+                ax.set_xlabel("step" if has_steps else "time (s since epoch)")
+        ax.set_title(name, fontsize="medium")
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize="small")
+    for ax in flat[len(names) :]:
+        ax.set_visible(False)
+    handles = [plt.Line2D([], [], color=colour[n], label=f"learner {n}") for n in learners]
+    fig.legend(handles=handles, loc="upper right", fontsize="small")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.9 if columns > 1 else 0.8, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", dpi=100)
     plt.close(fig)

@@ -165,6 +165,11 @@ def test_a_pipeline_job_runs_each_stage_once_in_its_own_learner(
         for rank in (0, 1)
     }
     assert iter_steps == {0: [2, 3], 1: [2, 3]}, samples
+    # and `--plot` draws them (a panel per metric); a name that is not .png is refused
+    rz(platform, "metrics", job_id, "--plot", str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    refused = rz(platform, "metrics", job_id, "--plot", str(tmp_path / "c.jpg"), check=False)
+    assert refused.returncode == 1 and "give a file name ending in .png" in refused.stderr
 
 
 def test_a_sigkilled_learner_is_the_runtimes_failover_not_a_restart(

@@ -1,4 +1,4 @@
-"""Rendering for the CLI: prefixed lines, the latest-values table, the metrics plot."""
+"""What `rhizome metrics` shows (services/tds/render.py): the latest values, the plot."""
 
 from __future__ import annotations
 
@@ -7,22 +7,13 @@ from pathlib import Path
 import pytest
 from rhizome.v1 import tds_pb2
 
-from services.tds.render import format_log_line, format_table, latest_values, plot_metrics
-from tests.services.tds.helpers import log_line
+from services.tds.render import latest_values, plot_metrics
 
 
 def _sample(learner: int, name: str, step: int, value: float) -> tds_pb2.MetricSample:
     m = tds_pb2.MetricSample(job_id="j", learner=learner, name=name, step=step, value=value)
     m.time.FromMicroseconds(1_700_000_000_000_000 + step)
     return m
-
-
-def test_log_lines_get_learner_prefixes_naming_non_stdout_streams() -> None:
-    assert format_log_line(log_line("j", 2, "stdout", 0, "hi", 0)) == "[learner 2] hi"
-    assert format_log_line(log_line("j", 0, "stderr", 0, "oops", 0)) == "[learner 0 stderr] oops"
-    assert format_log_line(log_line("j", 0, "stdout", 0, "x", 0), prefix=False) == "x"
-    stamped = format_log_line(log_line("j", 0, "stdout", 0, "x", 1_500_000), timestamps=True)
-    assert stamped == "1970-01-01T00:00:01.500000Z [learner 0] x"
 
 
 def test_latest_values_take_the_highest_step_per_metric_and_learner() -> None:
@@ -33,9 +24,6 @@ def test_latest_values_take_the_highest_step_per_metric_and_learner() -> None:
         ("loss", 0, 5, 0.2),
         ("loss", 1, 3, 0.4),
     ]
-    table = format_table(rows).splitlines()
-    assert table[0].split() == ["metric", "learner", "step", "value"]
-    assert table[1].split() == ["loss", "0", "5", "0.2"]
 
 
 def test_plot_metrics_writes_a_png(tmp_path: Path) -> None:
@@ -55,3 +43,14 @@ def test_plot_metrics_explains_what_is_wrong(tmp_path: Path) -> None:
         plot_metrics([], tmp_path / "m.png")
     with pytest.raises(ValueError, match=r"ending in \.png"):
         plot_metrics([_sample(0, "loss", 1, 1.0)], tmp_path / "m.jpg")
+
+
+def test_a_pipeline_job_s_many_metrics_are_drawn_a_panel_each(tmp_path: Path) -> None:
+    """Thirteen series of seven metrics (two stages; the loss on the last only), as a
+    pipeline job's runtime metrics are: a grid of panels, not one axis."""
+    names = ["iter_ms", "generation", "frc_bubble_ms", "frc_sync_ms", "frc_overrun_ms"]
+    samples = [
+        _sample(rank, f"runtime/{n}", s, float(s)) for rank in (0, 1) for n in names for s in (1, 2)
+    ] + [_sample(1, "runtime/loss", s, 3.0 - s) for s in (1, 2)]
+    out = plot_metrics(samples, tmp_path / "m.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
