@@ -61,8 +61,8 @@ Written for each pipeline runtime worker (`RuntimeEnv`, field `runtime`), all pr
 `RHIZOME_RUNTIME_`: `WORKER`, `STAGES`, `PIPELINES`, `STORE`, `ETCD`, `JOB_ID` (required),
 `BACKEND`, `DEVICE`, `DETECTION_TIMEOUT`, `LEASE_TTL`, `OUT_DIR`, `KILL`, `REDUNDANCY`,
 `MICROBATCHES`, `THREADS`, `JOIN_TOKEN`, `CHECKPOINT_DIR`, `CHECKPOINT_EVERY`,
-`METRICS_FILE`, `METRICS_EVERY`. Off the platform the runtime's launcher writes them (`STORE` is its
-TCPStore's `HOST:PORT`); on the platform the learner controller of a pipeline job writes
+`METRICS_FILE`, `METRICS_EVERY`. Off the platform the runtime's launcher writes them
+(`STORE` is its TCPStore's `HOST:PORT`); on the platform the learner controller of a pipeline job writes
 them for its command (`RuntimeEnv.for_learner`: worker = rank, the shape from the
 `pipeline:` section, `STORE=etcd`: the rendezvous store lives in the platform's etcd,
 `METRICS_FILE` in the learner's directory, where the job's metric source reads it:

@@ -4,9 +4,8 @@ protobuf's JSON mapping (what REST answers, as FfDL's gateway did) leaves out a 
 its zero value and writes 64-bit integers as strings, so JavaScript loses no precision.
 Neither suits a script reading the CLI: `jq 'select(.learner == 0)'` found no learner 0
 (the key was absent) and `.step > 9` compared a string. So the CLI asks the library for
-the zero fields and turns the 64-bit integers back into numbers (Python's and jq's
-integers hold them exactly up to 2^53 and beyond it as the nearest double, which no step,
-count or size of ours reaches).
+the zero fields and turns the 64-bit integers back into numbers (Python's are exact; jq's
+are doubles, exact up to 2^53, beyond any step, count or size of ours).
 """
 
 from __future__ import annotations
