@@ -6,9 +6,9 @@ window of ``pipeline.metrics_every`` steps: the window's means, at its last step
 learner/runtime/step_metrics.py) to ``<job_dir>/learners/<rank>/runtime-metrics.jsonl``
 (``RuntimeEnv.metrics_file``, set by ``RuntimeEnv.for_learner``); every pipeline job's
 metric sources (``Manifest.metric_sources``) end with ``SOURCE``, an ``emetrics_file``
-source on that file, so the learner's collector ships the lines like any metric: ``rhizome metrics JOB``, the REST gateway's
-``/v1/models/{id}/metrics`` and the dashboard show them, per learner (= worker = stage of
-its pipeline) and step. The lines are FfDL's shape with the group ``runtime``, so the
+source on that file, so the learner's collector ships the lines like any metric:
+``rhizome metrics JOB``, the REST gateway's ``/v1/models/{id}/metrics`` and the dashboard
+show them, per learner (= worker = stage of its pipeline) and step. The lines are FfDL's shape with the group ``runtime``, so the
 names cannot collide with the script's own metrics:
 
 | metric | what | when |
