@@ -8,8 +8,9 @@ learner/runtime/step_metrics.py) to ``<job_dir>/learners/<rank>/runtime-metrics.
 metric sources (``Manifest.metric_sources``) end with ``SOURCE``, an ``emetrics_file``
 source on that file, so the learner's collector ships the lines like any metric:
 ``rhizome metrics JOB``, the REST gateway's ``/v1/models/{id}/metrics`` and the dashboard
-show them, per learner (= worker = stage of its pipeline) and step. The lines are FfDL's shape with the group ``runtime``, so the
-names cannot collide with the script's own metrics:
+show them, per learner (= worker = stage of its pipeline) and step. The lines are FfDL's
+shape with the group ``runtime``, so the names cannot collide with the script's own
+metrics:
 
 | metric | what | when |
 | --- | --- | --- |
