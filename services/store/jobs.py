@@ -138,7 +138,7 @@ class JobRecord:
     def for_manifest(cls, job_id: str, owner: str, manifest: Manifest, **fields: Any) -> JobRecord:
         """A new record of a validated manifest: its name, description, document and
         resources, as the API stores a submit."""
-        return cls(
+        record = cls(
             job_id=job_id,
             owner=owner,
             name=manifest.name,
@@ -147,6 +147,11 @@ class JobRecord:
             resources=manifest.resources.as_dict(),
             **fields,
         )
+        # Its typed manifest is the one given (`spec` would build the same from the
+        # document): a submit reads it for admission and its answer, and need not build
+        # it again (issue #18).
+        record.__dict__["spec"] = manifest
+        return record
 
     @cached_property
     def spec(self) -> Manifest:
