@@ -31,6 +31,7 @@ from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
 from services.store.group_commit import InsertBatcher
 from services.store.job_index import JobIndex
 from services.store.job_secrets import SECRETS_IN_FILE, JobSecrets
+from services.store.mongo import TRANSIENT_ERRORS
 from services.store.retry import with_retries
 
 MAX_PAGE_SIZE = 500
@@ -259,8 +260,16 @@ class JobsRepository:
             return existing, True
         return record, False
 
-    @with_retries
     def _insert(self, doc: dict[str, Any]) -> None:
+        # The first attempt without tenacity: its machinery (a state, a future with a
+        # condition per attempt) cost a submit about as much CPU as the insert itself
+        # (issue #18). A transient failure is retried as every store call is.
+        try:
+            self._insert_once(doc)
+        except TRANSIENT_ERRORS:
+            self._insert_retried(doc)
+
+    def _insert_once(self, doc: dict[str, Any]) -> None:
         if self._batcher is not None:
             self._batcher.insert(doc)  # sorts out which documents of a dropped write landed
             return
@@ -273,6 +282,8 @@ class JobsRepository:
             # finds the same _id means it did.
             if self._col.find_one({"_id": doc["_id"]}, {"_id": 1}) is None:
                 raise
+
+    _insert_retried = with_retries(_insert_once)
 
     @with_retries
     def _stored(self, job_id: str) -> bool:
