@@ -6,6 +6,12 @@ submit N jobs each way. Every submit is acknowledged only after MongoDB stored i
 run checks the stored count at the end. The same run measures raw `insert_one` into the
 same MongoDB server as the floor the API is compared against.
 
+Beside throughput and latency it prints the CPU each path cost per submit: the daemon's
+(`rhizomed`, utime + stime from /proc/<pid>/stat around the round's submits) and the
+MongoDB-wire server's and the client threads' (this process). On a shared 2-core machine these are the figures that the
+clients' and other processes' load does not move much; the daemon's is what the API's
+own code decides (issue #18).
+
     .venv/bin/python benchmarks/api_submit.py [--jobs 600] [--clients 4,8] [--mongo secantus|nx-27017]
 """
 
@@ -18,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -32,10 +39,35 @@ from services.store.mongo import database_name
 from services.store.tokens import TokensRepository
 
 MANIFEST = "name: bench\nlearners: 1\nframework:\n  command: python train.py\n"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds `pid` has used so far (/proc/<pid>/stat, all threads)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def timed_round(
+    pids: dict[str, int],
+    clients: int,
+    per_client: int,
+    submit: Callable[[int, int], object],
+) -> tuple[float, list[float], dict[str, float]]:
+    """`run_clients`, plus the CPU seconds each of `pids` spent during it."""
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    elapsed, lat = run_clients(clients, per_client, submit)
+    return elapsed, lat, {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
 
 
 def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str, dict[str, float]]:
     """One round at one concurrency: the floor, then gRPC, then REST submits."""
+    pids = {
+        "daemon": int(state.processes["api"]["pid"]),
+        "db": int(state.processes["mongodb"]["pid"]),
+        "clients": os.getpid(),  # this process: the client threads alone run in a round
+    }
     per_client = max(1, jobs // clients)
     total = per_client * clients
     results: dict[str, dict[str, float]] = {}
@@ -51,8 +83,9 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
         i = cid * per_client + n
         floor_repo._col.insert_one({**sample, "_id": f"f{i}", "job_id": f"f{i}", "idem": f"k{i}"})
 
-    elapsed, lat = run_clients(clients, per_client, floor_insert)
-    results["mongodb insert_one (floor)"] = summarize(total, elapsed, lat)
+    results["mongodb insert_one (floor)"] = summarize(
+        total, *timed_round(pids, clients, per_client, floor_insert)
+    )
 
     # One token per benchmark user, minted in the daemon's store as `rhizome token create`
     # would.
@@ -66,10 +99,14 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
 
     users = [f"bench-{uuid.uuid4().hex[:6]}" for _ in range(clients)]
     grpc_clients = [Client(state.api_address, token=token(u)) for u in users]
-    elapsed, lat = run_clients(
-        clients, per_client, lambda cid, _: grpc_clients[cid].create_job(MANIFEST)
+    for c in grpc_clients:  # connected and authenticated before the clock starts
+        c.version()
+    results["gRPC CreateJob"] = summarize(
+        total,
+        *timed_round(
+            pids, clients, per_client, lambda cid, _: grpc_clients[cid].create_job(MANIFEST)
+        ),
     )
-    results["gRPC CreateJob"] = summarize(total, elapsed, lat)
     stored = sum(len(list(c.iter_jobs())) for c in grpc_clients)
     assert stored == total, f"only {stored} of {total} gRPC submits are stored"
 
@@ -85,8 +122,9 @@ def measure(state: platform.PlatformState, clients: int, jobs: int) -> dict[str,
     def rest_submit(cid: int, _: int) -> None:
         http[cid].post("/v1/models", files=files).raise_for_status()
 
-    elapsed, lat = run_clients(clients, per_client, rest_submit)
-    results["REST POST /v1/models"] = summarize(total, elapsed, lat)
+    results["REST POST /v1/models"] = summarize(
+        total, *timed_round(pids, clients, per_client, rest_submit)
+    )
     stored = sum(
         len(list(Client(state.api_address, token=token(u)).iter_jobs())) for u in rest_users
     )
@@ -140,14 +178,16 @@ def main() -> int:
         f"MongoDB-wire server {args.mongo}, {os.cpu_count()} cores shared by clients, daemon and database"
     )
     print(
-        f"\n{'clients':>7} {'path':<30} {'submits/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'vs floor':>9}"
+        f"\n{'clients':>7} {'path':<30} {'submits/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'vs floor':>9} {'CPU ms/submit: daemon':>22} {'db':>5} {'clients':>8}"
     )
     for clients, results in rounds.items():
         floor = results["mongodb insert_one (floor)"]["per_s"]
         for name, r in results.items():
             print(
                 f"{clients:>7} {name:<30} {r['per_s']:>10.0f} {r['p50_ms']:>8.1f} "
-                f"{r['p99_ms']:>8.1f} {r['per_s'] / floor:>8.2f}x"
+                f"{r['p99_ms']:>8.1f} {r['per_s'] / floor:>8.2f}x "
+                f"{r['daemon_cpu_ms']:>22.2f} {r['db_cpu_ms']:>5.2f} {r['clients_cpu_ms']:>8.2f}"
             )
         grpc_r, rest_r = results["gRPC CreateJob"], results["REST POST /v1/models"]
         verdict = {True: "met", False: "NOT met"}
@@ -161,16 +201,26 @@ def main() -> int:
             f"REST >= 0.8x gRPC: {rest_r['per_s'] / grpc_r['per_s']:.2f}x "
             f"-> {verdict[rest_r['per_s'] >= 0.8 * grpc_r['per_s']]}"
         )
+        print(
+            f"{clients:>7} daemon CPU per submit: gRPC {grpc_r['daemon_cpu_ms']:.2f} ms, "
+            f"REST {rest_r['daemon_cpu_ms']:.2f} ms "
+            f"({rest_r['daemon_cpu_ms'] / grpc_r['daemon_cpu_ms']:.2f}x gRPC's)"
+        )
     if args.json:
         print(json.dumps(rounds, indent=2))
     return 0
 
 
-def summarize(total: int, elapsed: float, lat: list[float]) -> dict[str, float]:
+def summarize(
+    total: int, elapsed: float, lat: list[float], cpu: dict[str, float]
+) -> dict[str, float]:
     return {
         "per_s": total / elapsed,
         "p50_ms": statistics.median(lat) * 1000,
         "p99_ms": percentile(lat, 0.99) * 1000,
+        "daemon_cpu_ms": cpu["daemon"] * 1000 / total,
+        "db_cpu_ms": cpu["db"] * 1000 / total,
+        "clients_cpu_ms": cpu["clients"] * 1000 / total,
     }
 
 

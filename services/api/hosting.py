@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -139,23 +140,82 @@ class SchedulerGangs:
             self.stub.Release(scheduler_pb2.ReleaseRequest(job_id=gang_id), timeout=10)
 
 
-def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
-    """Hand each stored job to the scheduler without waiting for it; a push that fails
-    is caught by the scheduler's periodic resync with the QUEUED records."""
-    from services.scheduler.api import SchedulerError
-    from services.scheduler.requests import admit_request
+class SchedulerPush:
+    """Hand each stored job to the scheduler without making its submit wait; a push that
+    fails is caught by the scheduler's periodic resync with the QUEUED records.
 
-    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    To a scheduler in this daemon (services/local_channel.py) the jobs go through one
+    thread of their own, which takes every job queued since it last looked: a call's
+    `future()` on the local channel is a hop to its thread pool per submit, each one a
+    wake-up and a few context switches on a daemon already short of CPU (issue #18). To
+    a scheduler elsewhere each push is its own asynchronous call, as before.
+    """
 
-    def push(job: JobRecord) -> None:
-        try:
-            request = admit_request(job, check_only=False)
-        except SchedulerError as exc:  # admission refused it already; the resync fails it
-            log.warning("not pushing %s to the scheduler: %s", job.job_id, exc)
+    def __init__(self, channel: grpc.Channel) -> None:
+        # Imported with a scheduler to talk to (numpy: see admit_client).
+        from services.local_channel import LocalChannel
+        from services.scheduler.api import SchedulerError
+        from services.scheduler.requests import admit_request
+
+        self._admit_request, self._refused = admit_request, SchedulerError
+        self.stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        self._local = isinstance(channel, LocalChannel)
+        self._queued: collections.deque[JobRecord] = collections.deque()
+        self._wake = threading.Event()
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop the pushing thread (what it has not pushed yet, the resync queues)."""
+        self._closed = True
+        self._wake.set()
+
+    def __call__(self, job: JobRecord) -> None:
+        if not self._local:
+            request = self._request(job)
+            if request is not None:
+                self.stub.Admit.future(request, timeout=10)
             return
-        stub.Admit.future(request, timeout=10)
+        self._queued.append(job)
+        self._wake.set()
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="scheduler-push", daemon=True
+                    )
+                    self._thread.start()
 
-    return push
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()  # a job queued after this wakes the next wait at once
+            while self._queued and not self._closed:
+                self._push(self._queued.popleft())
+
+    def _push(self, job: JobRecord) -> None:
+        request = self._request(job)
+        if request is None:
+            return
+        try:
+            self.stub.Admit(request, timeout=10)
+        except grpc.RpcError as exc:  # the resync queues it; nothing waits for this answer
+            log.debug("pushing %s to the scheduler failed: %s", job.job_id, exc)
+        except Exception:  # the thread must outlive a bad push
+            log.exception("pushing %s to the scheduler failed", job.job_id)
+
+    def _request(self, job: JobRecord) -> Any:
+        try:
+            return self._admit_request(job, check_only=False)
+        except self._refused as exc:  # admission refused it already; the resync fails it
+            log.warning("not pushing %s to the scheduler: %s", job.job_id, exc)
+            return None
+
+
+def scheduler_push(channel: grpc.Channel) -> SchedulerPush:
+    """The API's `on_stored`: each stored job handed to the scheduler."""
+    return SchedulerPush(channel)
 
 
 def tds_forget(channel: grpc.Channel) -> Callable[[str], None]:
@@ -196,8 +256,9 @@ def build(ctx: DaemonContext) -> Hosted:
         gate=SubmitGate(ctx.config.max_submits_in_flight),
     )
     scheduler_channel = ctx.channel("scheduler")
+    push: SchedulerPush | None = None
     if scheduler_channel is not None:
-        core.on_stored = scheduler_push(scheduler_channel)
+        core.on_stored = push = scheduler_push(scheduler_channel)
         core.scale_gangs = SchedulerGangs(scheduler_channel)
     tds_channel = ctx.channel("tds")
     if tds_channel is not None:
@@ -299,6 +360,8 @@ def build(ctx: DaemonContext) -> Hosted:
     def stop() -> None:
         gauges_stop.set()
         dispatcher.stop()
+        if push is not None:
+            push.close()
         if "server" in rest:
             rest["server"].should_exit = True
             rest["thread"].join(timeout=5)

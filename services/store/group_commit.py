@@ -8,6 +8,12 @@ writes at once (one client sees no added delay); callers that arrive while a wri
 flight queue up, and the next leader writes all of them in one call. No timer, no extra
 thread.
 
+Each caller sleeps on an event of its own, set once: when its document's outcome is in,
+or when the leader that just finished hands it the lead (it is first in the queue).
+Waking every waiter on one condition (`notify_all`) after each write cost a daemon
+several context switches per submit: the callers queued for the next write woke only to
+wait again, one after the other through the condition's lock (issue #18).
+
 Each caller is acknowledged only after the call that carried its document returned, and
 each gets its own outcome: ``insert_many(ordered=False)`` reports failures per document
 (``writeErrors[i].index``), so a duplicate idempotency key fails only its own submit.
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pymongo.errors
@@ -36,6 +42,8 @@ class _Pending:
     doc: dict[str, Any]
     done: bool = False
     error: BaseException | None = None
+    # Set once: the outcome is in (`done`), or this caller leads the next write.
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 class InsertBatcher:
@@ -47,39 +55,44 @@ class InsertBatcher:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         self._col = collection
         self._max_batch = max_batch
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queue: list[_Pending] = []
-        self._writing = False
+        self._writing = False  # a leader is writing, or has been handed the lead
         # Seen by tests and benchmarks: how many writes carried how many documents.
         self.writes = 0
         self.documents = 0
 
     def insert(self, doc: dict[str, Any]) -> None:
         mine = _Pending(doc)
-        with self._cond:
+        with self._lock:
             self._queue.append(mine)
-            while not mine.done:
-                if self._writing:
-                    self._cond.wait()
-                    continue
-                # Leader: take what has queued up (ours is among it unless the queue is
-                # longer than one batch, in which case we lead again after this one).
+            leading = not self._writing
+            self._writing = True
+        if not leading:
+            mine.wake.wait()
+        while not mine.done:
+            # Leader: take what has queued up (ours is among it unless the queue is
+            # longer than one batch, in which case we lead again after this one).
+            with self._lock:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
-                self._writing = True
-                self._cond.release()
-                try:
-                    outcomes = self._write([p.doc for p in batch])
-                except BaseException as exc:  # handed to every caller of the batch
-                    outcomes = [exc] * len(batch)
-                finally:
-                    self._cond.acquire()
-                for pending, outcome in zip(batch, outcomes, strict=True):
-                    pending.error, pending.done = outcome, True
+            try:
+                outcomes = self._write([p.doc for p in batch])
+            except BaseException as exc:  # handed to every caller of the batch
+                outcomes = [exc] * len(batch)
+            for pending, outcome in zip(batch, outcomes, strict=True):
+                pending.error, pending.done = outcome, True
+            with self._lock:
                 self.writes += 1
                 self.documents += len(batch)
-                self._writing = False
-                self._cond.notify_all()
+                following = self._queue[0] if self._queue else None
+                if following is None:
+                    self._writing = False
+                elif mine.done:
+                    following.wake.set()  # the lead passes to the first in the queue
+            for pending in batch:
+                if pending is not mine:
+                    pending.wake.set()
         if mine.error is not None:
             raise mine.error
 

@@ -31,6 +31,7 @@ from services.store.errors import IdempotencyConflict, JobNotFound, StaleToken
 from services.store.group_commit import InsertBatcher
 from services.store.job_index import JobIndex
 from services.store.job_secrets import SECRETS_IN_FILE, JobSecrets
+from services.store.mongo import TRANSIENT_ERRORS
 from services.store.retry import with_retries
 
 MAX_PAGE_SIZE = 500
@@ -138,7 +139,7 @@ class JobRecord:
     def for_manifest(cls, job_id: str, owner: str, manifest: Manifest, **fields: Any) -> JobRecord:
         """A new record of a validated manifest: its name, description, document and
         resources, as the API stores a submit."""
-        return cls(
+        record = cls(
             job_id=job_id,
             owner=owner,
             name=manifest.name,
@@ -147,6 +148,11 @@ class JobRecord:
             resources=manifest.resources.as_dict(),
             **fields,
         )
+        # Its typed manifest is the one given (`spec` would build the same from the
+        # document): a submit reads it for admission and its answer, and need not build
+        # it again (issue #18).
+        record.__dict__["spec"] = manifest
+        return record
 
     @cached_property
     def spec(self) -> Manifest:
@@ -254,8 +260,16 @@ class JobsRepository:
             return existing, True
         return record, False
 
-    @with_retries
     def _insert(self, doc: dict[str, Any]) -> None:
+        # The first attempt without tenacity: its machinery (a state, a future with a
+        # condition per attempt) cost a submit about as much CPU as the insert itself
+        # (issue #18). A transient failure is retried as every store call is.
+        try:
+            self._insert_once(doc)
+        except TRANSIENT_ERRORS:
+            self._insert_retried(doc)
+
+    def _insert_once(self, doc: dict[str, Any]) -> None:
         if self._batcher is not None:
             self._batcher.insert(doc)  # sorts out which documents of a dropped write landed
             return
@@ -268,6 +282,8 @@ class JobsRepository:
             # finds the same _id means it did.
             if self._col.find_one({"_id": doc["_id"]}, {"_id": 1}) is None:
                 raise
+
+    _insert_retried = with_retries(_insert_once)
 
     @with_retries
     def _stored(self, job_id: str) -> bool:

@@ -175,3 +175,37 @@ def test_many_concurrent_submits_are_each_stored_once(db: Any) -> None:
     assert len(set(made)) == 200
     assert db["jobs"].count_documents({"_id": {"$in": made}}) == 200
     assert repo._batcher is not None and repo._batcher.documents == 200
+
+
+class DroppingCollection:
+    """The real collection, whose first `drops` writes fail as a dropped connection
+    would, with nothing stored."""
+
+    def __init__(self, col: Any, drops: int) -> None:
+        self._col = col
+        self.drops = drops
+        self.calls = 0
+
+    def insert_many(self, docs: list[dict[str, Any]], ordered: bool = True) -> Any:
+        self.calls += 1
+        if self.calls <= self.drops:
+            raise pymongo.errors.AutoReconnect("connection dropped before the write (test)")
+        return self._col.insert_many(docs, ordered=ordered)
+
+    def find(self, *args: Any, **kwargs: Any) -> Any:
+        return self._col.find(*args, **kwargs)
+
+
+@pytest.mark.parametrize("drops", [1, 3])
+def test_a_submit_whose_write_is_dropped_is_retried_and_stored_once(db: Any, drops: int) -> None:
+    # The first attempt runs outside the retry machinery (JobsRepository._insert); a
+    # transient failure of it, or of the retries after it, is still retried.
+    repo = JobsRepository(db)
+    repo.ensure_indexes()
+    dropping = DroppingCollection(db["jobs"], drops)
+    repo._batcher = InsertBatcher(dropping)  # type: ignore[arg-type]
+    record = _record()
+    job, existing = repo.create(record)
+    assert (job.job_id, existing) == (record.job_id, False)
+    assert dropping.calls == drops + 1
+    assert db["jobs"].count_documents({"_id": record.job_id}) == 1
