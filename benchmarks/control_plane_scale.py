@@ -225,8 +225,8 @@ def steady_rates(s0: dict[str, Any], s1: dict[str, Any], n: int) -> dict[str, fl
 # clients' re-authentications after the last etcd user was added, the LCM's and the
 # scheduler's look-backs (5 s) over the start's writes. A window opened at the last
 # PROCESSING holds more of that tail the faster the start ends, which made a tree that
-# starts faster look costlier (benchmarks/RESULTS.md, session 14). 30 s: one safety poll
-# of every guardian, and the tail of a 1,000-job start is over well before.
+# starts faster look costlier (benchmarks/RESULTS.md, session 14). 30 s: a safety poll's
+# period, six times the look-backs; the window's halves (printed) show what is left.
 SETTLE_S = 30.0
 
 
