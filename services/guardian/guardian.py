@@ -486,12 +486,12 @@ class Guardian:
         """What a monitoring round of a job that is neither elastic nor a pipeline reads
         of etcd (the control key, the learners' statuses, the restart and preemption
         counts), in one call: a transaction of their reads (`EtcdClient.get_many`),
-        where they were four calls (issue #18: a full round every safety poll of every
-        settled job in a host, the host's own largest steady cost per alive job; the
-        four reads cost 3.5x the client CPU of one). The same keys, fresh from etcd at
-        one revision. None for an elastic or pipeline job: between those reads its
-        round writes what the later ones read (`ElasticScaler.apply`), so each is read
-        when it is needed, as before."""
+        where they were four calls (issue #18: a settled hosted job's safety round every
+        30 s, the part of a host's steady cost that grows with its jobs; a round with
+        four calls cost 2.5-3x the CPU of one with one). The same keys, fresh from etcd
+        at one revision. None for an elastic or pipeline job: between those reads its
+        round writes what the later ones read (`ElasticScaler.apply`), so the control
+        key is read apart, as before."""
         if spec.manifest.elastic is not None or spec.manifest.pipeline is not None:
             return None
         return self.etcd.get_many(
