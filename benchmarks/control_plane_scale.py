@@ -843,6 +843,14 @@ def report(rows: list[dict[str, Any]]) -> None:
         f"{mem_per_job * 10_000 / 1024:.0f} GiB; this machine has {total_mib / 1024:.0f} GiB, "
         f"so it holds about {total_mib / mem_per_job:.0f} jobs alive (what breaks first)"
     )
+    platform_ms = steady_both(large)
+    print(
+        f"  steady CPU per alive job at N={large['n']}: daemon "
+        f"{large['steady_daemon_ms_per_job_s']:.3f} + guardians' own "
+        f"{large['steady_guardian_ms_per_job_s']:.3f} ms/s -> {platform_ms * 10:.1f} cores "
+        f"for 10,000 jobs if it stays flat, before etcd and MongoDB (the simulated "
+        f"learners' {large['steady_sim_learners_ms_per_job_s']:.3f} apart)"
+    )
     lost = sum(r["lost_status_changes"] for r in rows)
     print(f"  lost status changes: {lost}")
 
