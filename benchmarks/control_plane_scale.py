@@ -36,8 +36,9 @@ poller of SIM_UNTIL_FILE), whose CPU a real learner's own process pays: the stea
 figures count them apart. The daemon and the guardians get a `sitecustomize` (written by
 this script, first on their PYTHONPATH) that names every thread a simulated learner
 started, and those it started in turn, `rz-sim-learner` in the OS; the CPU of those
-threads (/proc/<pid>/task/<tid>/stat) is "sim learners", the rest of the process's is
-the host's own ("steady guardian ms/job/s"). gRPC's own threads (shared by the host's
+threads (the scheduler's count, /proc/<pid>/task/<tid>/schedstat: `stat`'s per-thread
+ticks miss most of a thread that runs in short bursts) is "sim learners", the rest of the
+process's is the host's own ("steady guardian ms/job/s"). gRPC's own threads (shared by the host's
 and the learners' channels) stay in the host's figure. The whole-run "guardian CPU
 s/job" includes the learners.
 
@@ -49,12 +50,16 @@ With `--repeat K` each size and mode runs K times, the two trees interleaved (ba
 this tree, baseline, ...): each pair is compared, then the median over the pairs. The
 load average (`uptime`'s 1-minute figure) at the steady window's start and end is
 printed with each.
-The steady window should cover the slowest periodic work (a hosted guardian's safety
-poll, the LCM's full round and the scheduler's full release read, 30 s each):
-`--steady 30`.
+The steady window opens `--settle-s` (30) seconds after the last job reached PROCESSING,
+not at it: the start's tail (the last jobs' guardians settling, re-authentications, the
+look-backs over the start's writes) is not the steady state, and a window opened at the
+last PROCESSING holds more of it the faster the start ends. Its two halves are printed
+apart ("halves"): about equal when the window was flat. It should cover the slowest
+periodic work (a hosted guardian's safety poll, the LCM's full round and the
+scheduler's full release read, 30 s each): `--steady 30`.
 
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
-        [--modes process,hosts] [--per-host 500] [--phase-timeout S] [--baseline-tree DIR]
+        [--settle-s 30] [--modes process,hosts] [--per-host 500] [--phase-timeout S] [--baseline-tree DIR]
         [--repeat K]
 """
 
@@ -72,6 +77,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,22 +164,37 @@ threading.Thread._bootstrap_inner = bootstrap_inner
 """
 
 
+def thread_cpu(task_dir: Path) -> float:
+    """CPU seconds so far of one thread (`/proc/<pid>/task/<tid>`): the scheduler's own
+    count in nanoseconds (`schedstat`), not `stat`'s utime + stime. Those are per-thread
+    samples of the 100 Hz tick, and a thread that runs in bursts shorter than a tick (a
+    lease keep-alive: a message every 2.5 s) is charged far less than it ran: at N=100
+    the simulated learners' threads read 0.35 s by ticks and 1.21 s by `schedstat` over
+    the same 48 s, and the difference went to the host's figure (the process's total is
+    the exact sum either way). `stat`'s ticks where `schedstat` is missing (a kernel
+    without CONFIG_SCHED_INFO)."""
+    try:
+        return int((task_dir / "schedstat").read_text().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        fields = (task_dir / "stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def sim_thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds so far of each thread of `pid` named SIM_THREAD, by thread id."""
-    tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, float] = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return found
     for tid in tasks:
+        task_dir = Path(f"/proc/{pid}/task/{tid}")
         try:
-            if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() != SIM_THREAD:
+            if (task_dir / "comm").read_text().strip() != SIM_THREAD:
                 continue
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            found[int(tid)] = thread_cpu(task_dir)
+        except (OSError, IndexError, ValueError):
             continue  # ended meanwhile
-        found[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
     return found
 
 
@@ -182,6 +203,49 @@ def sim_cpu_between(s0: dict[str, Any], s1: dict[str, Any]) -> float:
     ended in between is not counted: its time stays in the host's figure)."""
     before: dict[tuple[int, int], float] = s0["sim_threads"]
     return sum(cpu - before.get(key, 0.0) for key, cpu in s1["sim_threads"].items())
+
+
+def steady_rates(s0: dict[str, Any], s1: dict[str, Any], n: int) -> dict[str, float]:
+    """ms of CPU per alive job per second between two samples (`sample`): the daemon's,
+    the guardian processes' own (their simulated learners' threads taken out) and the
+    simulated learners'."""
+    seconds = s1["at"] - s0["at"]
+    sim = sim_cpu_between(s0, s1)
+    per_job_s = 1000 / n / seconds
+    return {
+        "daemon": (s1["daemon_cpu"] - s0["daemon_cpu"]) * per_job_s,
+        "guardian": (s1["guardian_cpu"] - s0["guardian_cpu"] - sim) * per_job_s,
+        "sim": sim * per_job_s,
+    }
+
+
+# How long after the last job reached PROCESSING the steady window opens (--settle-s).
+# What the start leaves running is not the steady state: the guardians of the jobs that
+# started last settle (their steps every 2 s until every learner has a status), the
+# clients' re-authentications after the last etcd user was added, the LCM's and the
+# scheduler's look-backs (5 s) over the start's writes. A window opened at the last
+# PROCESSING holds more of that tail the faster the start ends, which made a tree that
+# starts faster look costlier (benchmarks/RESULTS.md, session 14). 30 s: a safety poll's
+# period, six times the look-backs; the window's halves (printed) show what is left.
+SETTLE_S = 30.0
+
+
+def steady_window(
+    take: Callable[[], dict[str, Any]],
+    settle_s: float,
+    steady_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[dict[str, Any]]:
+    """The steady window's samples (`take`): `settle_s` after now (the last job just
+    reached PROCESSING), then one at the window's start, one halfway and one at its end.
+    The two halves' rates say whether the window was flat (a tail still in its first
+    half costs more there)."""
+    sleep(settle_s)
+    samples = [take()]
+    for _ in range(2):
+        sleep(steady_s / 2)
+        samples.append(take())
+    return samples
 
 
 GUARDIAN_MODULES = (b"services.guardian", b"services.guardian.host")
@@ -217,6 +281,7 @@ def sample(daemon_pid: int, data_dir: Path) -> dict[str, Any]:
         # (pid, tid) -> CPU s of each simulated learner's thread in the guardians
         "sim_threads": {(p, tid): c for p in guardians for tid, c in sim_thread_cpu(p).items()},
         "load1": os.getloadavg()[0],
+        "at": time.monotonic(),
     }
 
 
@@ -336,6 +401,7 @@ def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, f
 def run(
     n: int,
     steady_s: float,
+    settle_s: float,
     per_host: int,
     phase_timeout_s: float,
     leader_ttl_s: int,
@@ -355,7 +421,7 @@ def run(
         [str(thread_names), *code_path, *([here] if here else [])]
     )
     try:
-        row = _run(n, steady_s, per_host, phase_timeout_s, leader_ttl_s)
+        row = _run(n, steady_s, settle_s, per_host, phase_timeout_s, leader_ttl_s)
     finally:
         if here is None:
             os.environ.pop("PYTHONPATH", None)
@@ -366,7 +432,12 @@ def run(
 
 
 def _run(
-    n: int, steady_s: float, per_host: int, phase_timeout_s: float, leader_ttl_s: int
+    n: int,
+    steady_s: float,
+    settle_s: float,
+    per_host: int,
+    phase_timeout_s: float,
+    leader_ttl_s: int,
 ) -> dict[str, Any]:
     print(
         f"N={n}, {per_host or 'no'} guardians per host, PYTHONPATH={os.environ.get('PYTHONPATH')}",
@@ -413,16 +484,23 @@ def _run(
                 entered(repo, j, states.PROCESSING) - repo.get(j).created_at for j in alive
             ]
             stages = stage_seconds(repo, alive)
-            # Steady state: N jobs alive, nothing changing.
-            print(  # for a profiler run by hand meanwhile (py-spy record --pid)
-                f"steady window of {steady_s:g} s: daemon pid {pid}, guardian pids "
-                f"{guardian_pids(platform.data_dir)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            s0 = sample(pid, platform.data_dir)
-            time.sleep(steady_s)
-            s1 = sample(pid, platform.data_dir)
+            # Steady state: N jobs alive, nothing changing, once the start's tail is over.
+            print(f"all PROCESSING; the steady window opens in {settle_s:g} s", file=sys.stderr)
+
+            def take() -> dict[str, Any]:
+                taken = sample(pid, platform.data_dir)
+                if "opened" not in window_note:
+                    window_note["opened"] = True
+                    print(  # for a profiler run by hand meanwhile (py-spy record --pid)
+                        f"steady window of {steady_s:g} s: daemon pid {pid}, guardian pids "
+                        f"{guardian_pids(platform.data_dir)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                return taken
+
+            window_note: dict[str, bool] = {}
+            s0, s_mid, s1 = steady_window(take, settle_s, steady_s)
             # as the platform's user (etcd requires authentication): its keys are all there
             etcd = EtcdClient.connect(platform.etcd.url)
             etcd_keys = len(etcd.get_prefix(f"{ROOT}/"))
@@ -457,9 +535,8 @@ def _run(
             # Guardians end with their jobs; any left are ours to stop.
             for gpid in guardian_pids(platform.data_dir):
                 os.kill(gpid, signal.SIGTERM)
-    steady_daemon = s1["daemon_cpu"] - s0["daemon_cpu"]
-    steady_sim = sim_cpu_between(s0, s1)
-    steady_guardians = s1["guardian_cpu"] - s0["guardian_cpu"] - steady_sim
+    steady = steady_rates(s0, s1, n)
+    halves = [steady_rates(s0, s_mid, n), steady_rates(s_mid, s1, n)]
     return {
         "mode": f"hosts of {per_host}" if per_host else "process per job",
         "n": n,
@@ -474,10 +551,15 @@ def _run(
         "guardians_alive": s1["guardians"],
         "guardian_rss_per_job_mib": s1["guardian_rss"] / n,
         "guardian_cpu_per_job_s": (s1["guardian_cpu"]) / n,
-        "steady_daemon_ms_per_job_s": steady_daemon / n / steady_s * 1000,
+        "settle_s": settle_s,
+        "steady_s": s1["at"] - s0["at"],
+        "steady_daemon_ms_per_job_s": steady["daemon"],
         # the guardian processes' own: their simulated learners' threads apart
-        "steady_guardian_ms_per_job_s": steady_guardians / n / steady_s * 1000,
-        "steady_sim_learners_ms_per_job_s": steady_sim / n / steady_s * 1000,
+        "steady_guardian_ms_per_job_s": steady["guardian"],
+        "steady_sim_learners_ms_per_job_s": steady["sim"],
+        # (first half, second half) of the window: about equal when it was flat
+        "steady_halves_daemon": [h["daemon"] for h in halves],
+        "steady_halves_guardian": [h["guardian"] for h in halves],
         "steady_load1": [s0["load1"], s1["load1"]],
         "etcd_keys_per_job": etcd_keys / n,
         "mongo_docs_per_job": mongo_docs / n,
@@ -514,6 +596,13 @@ def main() -> None:
         "(baseline, this tree, baseline, this tree, ...)",
     )
     parser.add_argument("--steady", type=float, default=10.0, help="steady window, seconds")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="seconds from the last job's PROCESSING to the steady window's start (the "
+        "start's tail is not the steady state)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--modes", default="process,hosts", help="process (a guardian process per job), hosts"
@@ -552,6 +641,8 @@ def main() -> None:
         parser.error(f"--baseline-tree {args.baseline_tree}: no services/ package there")
     if args.repeat < 1:
         parser.error("--repeat is at least 1")
+    if args.steady <= 0 or args.settle_s < 0:
+        parser.error("--steady is above 0 and --settle-s at least 0")
     trees = [args.baseline_tree.resolve(), None] if args.baseline_tree is not None else [None]
     rows = []
     with tempfile.TemporaryDirectory(prefix="rz-scale-threads-") as thread_names:
@@ -566,6 +657,7 @@ def main() -> None:
                                 run(
                                     n,
                                     args.steady,
+                                    args.settle_s,
                                     per_host,
                                     args.phase_timeout,
                                     args.leader_lease_ttl,
@@ -579,7 +671,12 @@ def main() -> None:
     print(
         "steady guardian ms/job/s: the guardian processes' own CPU, their simulated "
         "learners' threads (lease keep-alives, SIM_UNTIL_FILE poller) counted apart in "
-        "'steady sim learners ms/job/s'; guardian CPU s/job (whole run) includes them\n"
+        "'steady sim learners ms/job/s'; guardian CPU s/job (whole run) includes them; "
+        "a thread's CPU is the scheduler's count (/proc/<pid>/task/<tid>/schedstat)"
+    )
+    print(
+        f"steady window: {args.steady:g} s, opened {args.settle_s:g} s after the last job "
+        "was PROCESSING (--settle-s); 'halves': its first and second half\n"
     )
     cols = [
         ("code", "code", "{}"),
@@ -596,6 +693,8 @@ def main() -> None:
         ("steady daemon ms/job/s", "steady_daemon_ms_per_job_s", "{:.2f}"),
         ("steady guardian ms/job/s", "steady_guardian_ms_per_job_s", "{:.2f}"),
         ("steady sim learners ms/job/s", "steady_sim_learners_ms_per_job_s", "{:.2f}"),
+        ("guardian halves", "steady_halves_guardian", "{0[0]:.2f}/{0[1]:.2f}"),
+        ("daemon halves", "steady_halves_daemon", "{0[0]:.2f}/{0[1]:.2f}"),
         ("load1 steady", "steady_load1", "{0[0]:.1f}-{0[1]:.1f}"),
         ("etcd keys/job", "etcd_keys_per_job", "{:.1f}"),
         ("mongo docs/job", "mongo_docs_per_job", "{:.2f}"),
@@ -675,7 +774,9 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
                 f"{both['baseline']:.3f} -> {both['this tree']:.3f} "
                 f"(x{both['this tree'] / both['baseline'] if both['baseline'] else float('inf'):.3f}); "
                 f"sim learners apart {base['steady_sim_learners_ms_per_job_s']:.3f} -> "
-                f"{row['steady_sim_learners_ms_per_job_s']:.3f}; load1 "
+                f"{row['steady_sim_learners_ms_per_job_s']:.3f}; hosts' own by half "
+                f"{halves(base['steady_halves_guardian'])} -> "
+                f"{halves(row['steady_halves_guardian'])}; load1 "
                 f"{base['steady_load1'][0]:.1f}-{base['steady_load1'][1]:.1f} -> "
                 f"{row['steady_load1'][0]:.1f}-{row['steady_load1'][1]:.1f}; "
                 f"submit→PROCESSING p99 {base['submit_to_processing_p99_s']:.2f} -> "
@@ -709,6 +810,10 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def halves(pair: list[float]) -> str:
+    return f"{pair[0]:.3f}/{pair[1]:.3f}"
+
+
 def steady_both(row: dict[str, Any]) -> float:
     """Steady CPU per alive job per second of the daemon and the guardians' own."""
     return float(row["steady_daemon_ms_per_job_s"] + row["steady_guardian_ms_per_job_s"])
@@ -737,6 +842,14 @@ def report(rows: list[dict[str, Any]]) -> None:
         f"  memory per alive job: {mem_per_job:.2f} MiB -> 10,000 jobs need "
         f"{mem_per_job * 10_000 / 1024:.0f} GiB; this machine has {total_mib / 1024:.0f} GiB, "
         f"so it holds about {total_mib / mem_per_job:.0f} jobs alive (what breaks first)"
+    )
+    platform_ms = steady_both(large)
+    print(
+        f"  steady CPU per alive job at N={large['n']}: daemon "
+        f"{large['steady_daemon_ms_per_job_s']:.3f} + guardians' own "
+        f"{large['steady_guardian_ms_per_job_s']:.3f} ms/s -> {platform_ms * 10:.1f} cores "
+        f"for 10,000 jobs if it stays flat, before etcd and MongoDB (the simulated "
+        f"learners' {large['steady_sim_learners_ms_per_job_s']:.3f} apart)"
     )
     lost = sum(r["lost_status_changes"] for r in rows)
     print(f"  lost status changes: {lost}")

@@ -35,7 +35,7 @@ import random
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +45,7 @@ import grpc
 import pyetcd
 import pyetcd.events
 import pyetcd.exceptions
+import pyetcd.utils
 
 from contract.credentials import redact_uri
 
@@ -613,6 +614,27 @@ class EtcdClient:
         for value, meta in items:
             key = meta.key.decode()
             out[key] = Entry(key, decode(value), int(meta.mod_revision), int(meta.lease_id))
+        return out
+
+    def get_many(self, keys: Iterable[str] = (), prefixes: Iterable[str] = ()) -> dict[str, Entry]:
+        """Every entry of `keys` and under each of `prefixes`, in one call: a transaction of
+        range reads, one round trip (and one revision) for what a `get` per key and a
+        `get_prefix` per prefix read in one call each. By key; an absent key is left out."""
+        keys, prefixes = list(keys), list(prefixes)
+        tx = self.raw.transactions
+        reads = [tx.get(key) for key in keys] + [
+            tx.get(prefix, range_end=pyetcd.utils.prefix_range_end(prefix.encode()))
+            for prefix in prefixes
+        ]
+        _, answers = self._run(
+            f"get {' '.join([*keys, *(f'{p}*' for p in prefixes)])}",
+            lambda: self.raw.transaction(compare=[], success=reads, failure=[]),
+        )
+        out = {}
+        for items in answers:
+            for value, meta in items:
+                key = meta.key.decode()
+                out[key] = Entry(key, decode(value), int(meta.mod_revision), int(meta.lease_id))
         return out
 
     def revision(self) -> int:

@@ -1,0 +1,185 @@
+"""A settled hosted guardian's safety round reads etcd in one call (issue #18: its four
+reads a round were the host's own largest steady cost per alive job): the control key,
+the learners' statuses and the restart and preemption counts in one transaction
+(`EtcdClient.get_many`), fresh from etcd. So the round is still the net behind the
+watch: with the host's watch gone, a delete on the control key reaches the job through
+it alone. Real etcd and MongoDB-wire server, the local backend, the host in this
+process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+import pytest
+
+from contract import etcd_keys
+from contract.etcd import EtcdClient
+from contract.status import ExitCode
+from services.backends.local.backend import LocalBackend
+from services.guardian.guardian import GuardianConfig
+from services.guardian.host import GuardianHost, HostConfig, HostedGuardian
+from services.store import states
+from tests.services.guardian.helpers import job_report, submit, wait_for
+
+pytestmark = pytest.mark.integration
+
+POLL_S = 0.2
+SAFETY_POLL_S = 1.0
+READS = ("get", "get_prefix", "get_many")
+
+
+class _CountingEtcd:
+    """The host's etcd client as one guardian sees it, counting its reads."""
+
+    def __init__(self, etcd: EtcdClient, counts: Counter[str]) -> None:
+        self._etcd = etcd
+        self._counts = counts
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._etcd, name)
+        if name not in READS:
+            return attribute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._counts[name] += 1
+            return attribute(*args, **kwargs)
+
+        return counted
+
+
+class _Counted(HostedGuardian):
+    """Counts its steps and its etcd reads (from its first monitoring round on)."""
+
+    steps = 0
+    reads: Counter[str] = Counter()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.etcd = _CountingEtcd(self.etcd, _Counted.reads)  # type: ignore[assignment]
+
+    def step(self) -> int | None:
+        _Counted.steps += 1
+        return super().step()
+
+
+@contextmanager
+def running_host(
+    stores: dict[str, Any], tmp_path: Path
+) -> Iterator[tuple[GuardianHost, list[int]]]:
+    """A host whose settled guardians step every SAFETY_POLL_S without a change, running
+    its loop in a thread; the list gets its exit code. Every job it still guards is
+    deleted at the end (its safety round sees that without the watch)."""
+    lines: Queue[str | None] = Queue()
+
+    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
+        return GuardianConfig(
+            job_id, stores["etcd_url"], stores["mongo_url"], tmp_path, learner_grace_s=1.0
+        )
+
+    host = GuardianHost(
+        HostConfig("round-read", poll_s=POLL_S, safety_poll_s=SAFETY_POLL_S),
+        stores["etcd"],
+        stores["repo"],
+        LocalBackend(),
+        make_config,
+    ).start()
+    ended: list[int] = []
+    runs = threading.Thread(
+        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
+    )
+    runs.start()
+    try:
+        yield host, ended
+    finally:
+        for job_id in list(host.guardians):
+            stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
+        deadline = time.monotonic() + 30
+        while host.guardians and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lines.put(None)
+        runs.join(30)
+        host.close()
+
+
+def processing(stores: dict[str, Any], job_id: str) -> bool:
+    entry = stores["etcd"].get(etcd_keys.learner_status(job_id, 0))
+    return isinstance(entry and entry.value, dict) and entry.value.get("status") == "PROCESSING"
+
+
+def test_a_settled_guardian_s_safety_round_is_one_etcd_call_and_the_net_behind_the_watch(
+    stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("services.guardian.host.HostedGuardian", _Counted)
+    _Counted.steps = 0
+    _Counted.reads.clear()
+    job_id = submit(stores["repo"], tmp_path, "sleep 120").job_id
+
+    def report() -> str:
+        return job_report(stores["repo"], job_id, tmp_path)
+
+    with running_host(stores, tmp_path) as (host, ended):
+        assert host.adopt(job_id)
+        wait_for("learner 0 PROCESSING", lambda: processing(stores, job_id), explain=report)
+        hosted = host.guardians[job_id]
+        guardian = hosted.guardian
+        assert isinstance(guardian, _Counted)
+        wait_for(
+            "its guardian settled",
+            lambda: guardian.idle_s(host.config) == SAFETY_POLL_S and not hosted.running,
+        )
+        # The watch is lost: from here on only the safety round steps the guardian.
+        assert host._watch is not None
+        host._watch.stop()
+        time.sleep(3 * POLL_S)  # a step the watch started before it stopped has ended
+        wait_for("no step running", lambda: not hosted.running)
+        steps = _Counted.steps
+        _Counted.reads.clear()  # the counter the guardian holds
+        wait_for("two safety rounds", lambda: _Counted.steps >= steps + 2 and not hosted.running)
+        rounds = _Counted.steps - steps
+        # one transaction of reads a round; before: a get each of the control key and
+        # the two counts, and a get_prefix of the learners' statuses
+        assert dict(_Counted.reads) == {"get_many": rounds}, (rounds, _Counted.reads)
+        assert stores["repo"].get(job_id).status == states.PROCESSING
+
+        # A delete that no watch delivers: the next safety round reads it and ends the job.
+        stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
+        wait_for(
+            "the job DELETED by a safety round",
+            lambda: stores["repo"].get(job_id).status == states.DELETED,
+            explain=report,
+        )
+        wait_for("its guardian ended", lambda: not host.guardians)
+        assert host.ended == {job_id: 0}
+    assert ended == [ExitCode.OK], report()
+
+
+def test_get_many_reads_keys_and_prefixes_in_one_call_as_get_and_get_prefix_do(
+    stores: dict[str, Any],
+) -> None:
+    etcd: EtcdClient = stores["etcd"]
+    job = "job-get-many"
+    lease = etcd.grant(30)
+    try:
+        etcd.put(etcd_keys.control(job), {"action": "halt"})
+        etcd.put(etcd_keys.learner_status(job, 0), {"status": "PROCESSING"}, lease=lease)
+        etcd.put(etcd_keys.learner_status(job, 1), {"status": "STARTING"})
+        etcd.put(etcd_keys.deploy_step(job, "complete"), {"generation": 1})  # not asked for
+        absent = etcd_keys.deploy_step(job, "restarts")
+        prefix = etcd_keys.learner_prefix(job)
+        read = etcd.get_many(keys=(etcd_keys.control(job), absent), prefixes=(prefix,))
+        expected = {etcd_keys.control(job): etcd.get(etcd_keys.control(job))}
+        expected.update(etcd.get_prefix(prefix))
+        assert read == expected  # values, mod revisions and leases alike
+        assert read[etcd_keys.learner_status(job, 0)].lease == lease.id
+        assert absent not in read
+        assert etcd.get_many() == {}
+    finally:
+        lease.revoke()
+        etcd.delete_prefix(etcd_keys.job_prefix(job))
