@@ -63,6 +63,20 @@ def port_free(port: int) -> bool:
     return True
 
 
+class PortInUse(RuntimeError):
+    """A listener could not bind its address because another process holds the port."""
+
+
+def listen_failure(what: str, address: str) -> RuntimeError:
+    """The error for `what` that could not listen on `address` (host:port): `PortInUse` when
+    another process holds the port now, so that whoever picked it can pick another, else a
+    plain error (a bad host, a privileged port)."""
+    port = int(address.rpartition(":")[2] or 0)
+    if port and not port_free(port):
+        return PortInUse(f"{what} could not listen on {address}: the port is in use")
+    return RuntimeError(f"{what} could not listen on {address}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now, below the ephemeral range
     where there is room (see above), else any the kernel gives."""

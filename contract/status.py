@@ -99,6 +99,10 @@ class ExitCode(IntEnum):
     # A learner got a missing or malformed environment variable (sysexits' EX_CONFIG);
     # it printed one line naming the variable.
     CONFIG_ERROR = 78
+    # A port this server was told to listen on is held by another process (Linux's errno
+    # EADDRINUSE). Whoever picked the port may pick another and start it again
+    # (services/embedded/process.py); a port the user chose is theirs to change.
+    PORT_IN_USE = 98
     KILLED = 137  # 128 + SIGKILL: the command vanished without writing its exit code
     # 128 + SIGTERM: terminated on request, e.g. a learner that saved and left on a
     # preemption notice, so it is never mistaken for one that finished training.

@@ -27,6 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from contract.procs import PortInUse, listen_failure
 from contract.registry import Registry
 from contract.status import ExitCode
 from services.config import ALL_SERVICES, PlatformConfig, split_address
@@ -188,16 +189,24 @@ class Daemon:
             reflection.enable_server_reflection(
                 [*served, health.SERVICE_NAME, reflection.SERVICE_NAME], server
             )
-        self.port = self._bind_public()
+        try:
+            self.port = self._bind_public()
+        except RuntimeError:  # grpcio raises where older releases returned 0
+            self.port = 0
         if not self.port:
-            raise RuntimeError(f"cannot listen on {self.config.grpc_address} (port in use?)")
+            raise listen_failure("the API (--grpc-address)", self.config.grpc_address)
         self.internal_server.start()
         self.server.start()
         if self.config.metrics_address:
             from services.metrics import serve_metrics
 
             host, port = split_address(self.config.metrics_address)
-            self.metrics_server = serve_metrics(port, host)
+            try:
+                self.metrics_server = serve_metrics(port, host)
+            except OSError as exc:
+                raise listen_failure(
+                    "the metrics endpoint (--metrics-address)", self.config.metrics_address
+                ) from exc
         for hosted in self.hosted:
             if hosted.start:
                 hosted.start()
@@ -397,7 +406,7 @@ class Daemon:
             except RuntimeError:
                 bound = 0
         if not bound:
-            raise RuntimeError(f"cannot listen on {address} (--internal-address; port in use?)")
+            raise listen_failure("the internal port (--internal-address)", address)
         if port == 0 and not self.standby:
             # A standby leaves the active daemon's port remembered: it adopts it at takeover.
             with contextlib.suppress(OSError):
@@ -770,6 +779,10 @@ def main(
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         daemon.start()
+    except PortInUse as exc:  # its own code: whoever picked the port can pick another
+        click.echo(f"rhizomed: cannot start: {exc}", err=True)
+        daemon.stop()
+        sys.exit(ExitCode.PORT_IN_USE)
     except Exception as exc:  # a clear one-line reason, not a traceback
         log.debug("start failed", exc_info=True)
         click.echo(f"rhizomed: cannot start: {exc}", err=True)

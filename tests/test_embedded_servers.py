@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from contract.procs import pid_alive
-from services.embedded.process import DependencyError
+from contract.procs import free_port, pid_alive
+from services.embedded.platform import DaemonServer, grpc_serving
+from services.embedded.process import DependencyError, PortTaken
 from services.embedded.servers import EtcdServer, MongoServer
 
 
@@ -63,3 +67,67 @@ def test_a_dependency_that_cannot_start_is_named_with_its_log(tmp_path: Path) ->
 
     with pytest.raises(DependencyError, match=r"broken-etcd exited with code 3.*broken-etcd\.log"):
         Broken(tmp_path).start()
+
+
+@contextlib.contextmanager
+def listening_on(port: int) -> Iterator[None]:
+    """Another process's listener on `port` (this test's socket) for the block: what
+    takes a port between its pick and the server's bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield
+
+
+@pytest.mark.integration
+def test_a_server_whose_picked_port_was_taken_before_it_bound_starts_on_another(
+    tmp_path: Path,
+) -> None:
+    """etcd says nothing but 'address already in use' and exit code 1: the port held by
+    someone else now is what tells a taken port from any other failure."""
+    server = EtcdServer(tmp_path)
+    taken = server.port
+    with listening_on(taken):
+        info = server.start()
+    try:
+        assert info.port == server.port != taken
+        assert server.healthy()
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+def test_a_port_the_caller_gave_is_never_replaced_and_the_error_names_it(tmp_path: Path) -> None:
+    port = free_port()
+    server = EtcdServer(tmp_path, port=port)
+    with listening_on(port), pytest.raises(PortTaken, match=rf"port it was to listen on \({port}"):
+        server.start()
+    assert server.port == port
+    assert server.pid is not None and not pid_alive(server.pid)  # nothing left behind
+
+
+@pytest.mark.integration
+def test_a_daemon_whose_rest_port_was_taken_is_started_on_other_ports(
+    tmp_path: Path, mongo_server: MongoServer
+) -> None:
+    """The daemon exits with ExitCode.PORT_IN_USE; `rhizome up` and the test platforms set
+    `repick` where the ports are their own choice (services/embedded/platform.py)."""
+    daemon = DaemonServer(
+        tmp_path,
+        free_port(),
+        free_port(),
+        [f"--mongodb-uri={mongo_server.url}", "--services=api"],
+        metrics_port=free_port(),
+    )
+    daemon.repick = True
+    first = (daemon.port, daemon.rest_port, daemon.metrics_port)
+    with listening_on(daemon.rest_port):
+        daemon.start()
+    try:
+        assert daemon.rest_port != first[1] and daemon.port != first[0]
+        assert grpc_serving(daemon.url)
+        assert f"--rest-address=127.0.0.1:{daemon.rest_port}" in daemon.argv()
+        log = daemon.log_path.read_text()
+        assert f"could not listen on 127.0.0.1:{first[1]}: the port is in use" in log
+    finally:
+        daemon.stop()

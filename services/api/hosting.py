@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2_grpc, tds_pb2, tds_pb2_grpc
 
+from contract.procs import listen_failure
 from services.api import errors
 from services.api.core import AdmitFn, Lifecycle
 from services.config import split_address
@@ -339,7 +340,7 @@ def build(ctx: DaemonContext) -> Hosted:
         while not server.started and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
         if not server.started:
-            raise RuntimeError(f"the REST gateway could not listen on {ctx.config.rest_address}")
+            raise listen_failure("the REST gateway (--rest-address)", ctx.config.rest_address)
         gauges.start()
 
     def publish_job_gauges() -> None:

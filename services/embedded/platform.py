@@ -95,12 +95,24 @@ class DaemonServer(ManagedServer):
         args: list[str],
         tls: TlsChoice | None = None,
         environ: dict[str, str] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         super().__init__(data_dir, port)
         self.rest_port = rest_port
+        self.metrics_port = metrics_port  # None: as `args` say (off, or their own address)
         self.args = [*args, *(tls.daemon_args() if tls else [])]
         self.tls = tls
         self._environ = dict(environ or {})
+
+    def listen_ports(self) -> list[int]:
+        return [self.port, self.rest_port, *([self.metrics_port] if self.metrics_port else [])]
+
+    def repick_ports(self) -> None:
+        """Other free ports for the API, the REST gateway and the metrics endpoint: set
+        `repick` only where all of them are the caller's own choice."""
+        self.port, self.rest_port = free_port(), free_port()
+        if self.metrics_port:
+            self.metrics_port = free_port()
 
     def environ(self) -> dict[str, str]:
         return self._environ
@@ -113,6 +125,7 @@ class DaemonServer(ManagedServer):
             f"--grpc-address=127.0.0.1:{self.port}",
             f"--rest-address=127.0.0.1:{self.rest_port}",
             f"--data-dir={self.data_dir}",
+            *([f"--metrics-address=127.0.0.1:{self.metrics_port}"] if self.metrics_port else []),
             *self.args,
         ]
 
@@ -356,7 +369,10 @@ def up(
         _check_ports_of_running(previous, grpc_port, rest_port)
     started: list[ManagedServer] = []
 
-    def launch(key: str, server: ManagedServer, what: str) -> str:
+    def launch(key: str, server: ManagedServer, what: str, repick: bool = True) -> str:
+        """Start `server`; `repick`: its ports are ours (remembered, default or free), so
+        one taken before the server binds it is replaced by another free one."""
+        server.repick = repick
         progress(f"starting {what} on 127.0.0.1:{server.port} ...")
         try:
             info = server.start()
@@ -385,8 +401,8 @@ def up(
         etcd = EtcdServer(
             deps / "etcd", _pick(state.ports.get("etcd")), _pick(state.ports.get("etcd-peer"))
         )
-        state.ports["etcd-peer"] = etcd.peer_port
         state.urls["etcd"] = launch("etcd", etcd, "etcd")
+        state.ports["etcd-peer"] = etcd.peer_port
     etcd_auth: EtcdAuthFiles | None = None
     if not etcd_url:  # our own etcd (a URL of yours keeps its own users: docs/security.md)
         try:
@@ -422,7 +438,6 @@ def up(
         gport, rport = api_ports
         mport = _pick(state.ports.get("metrics"))
         args = [
-            f"--metrics-address=127.0.0.1:{mport}",
             f"--admin-token-file={data_dir / 'admin.token'}",  # 0600; the CLI and SDK read it
         ]
         # The store URIs (a URL of yours may hold a password) and the etcd credential
@@ -444,23 +459,24 @@ def up(
         if state.urls.get("docker"):
             args.append(f"--docker-host={state.urls['docker']}")
         args.extend(daemon_args)
-        daemon = DaemonServer(data_dir, gport, rport, args, serving, environ)
-        state.urls["api"] = launch("api", daemon, f"rhizomed ({services})")
-        state.ports["rest"] = rport
+        daemon = DaemonServer(data_dir, gport, rport, args, serving, environ, mport)
+        # A port given with --grpc-port/--rest-port is the user's: never replaced.
+        ours = not grpc_port and not rest_port
+        state.urls["api"] = launch("api", daemon, f"rhizomed ({services})", repick=ours)
+        state.ports["rest"] = rport = daemon.rest_port
         state.tls, state.tls_ca = serving.enabled, serving.ca
         state.urls["rest"] = f"{'https' if serving.enabled else 'http'}://127.0.0.1:{rport}"
-        state.ports["metrics"] = mport
+        state.ports["metrics"] = mport = daemon.metrics_port or mport
         state.urls["metrics"] = f"http://127.0.0.1:{mport}/metrics"
         if standby:
             from services.embedded.standby import StandbyDaemonServer
 
             # The same platform and flags; its own ports (metrics: any free one).
-            standby_args = [a for a in args if not a.startswith("--metrics-address=")]
             warm = StandbyDaemonServer(
                 data_dir,
                 _pick(state.ports.get("api-standby")),
                 _pick(state.ports.get("rest-standby")),
-                [*standby_args, "--metrics-address=127.0.0.1:0"],
+                [*args, "--metrics-address=127.0.0.1:0"],
                 serving,
                 environ,  # the same stores, from its environment as the active one's
             )

@@ -18,11 +18,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.procs import free_port, stop_process_group
+from contract.procs import free_port, port_free, stop_process_group
+from contract.status import ExitCode
+
+# How often a server whose port was taken while it started is started again on others.
+PORT_TRIES = 3
 
 
 class DependencyError(RuntimeError):
     """A dependency did not come up; the message names it and its log file."""
+
+
+class PortTaken(DependencyError):
+    """The server exited while starting because a port it was to listen on was taken."""
 
 
 @dataclass
@@ -45,6 +53,10 @@ class ManagedServer(abc.ABC):
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
+        # A port is picked free some time before the server binds it, and another process
+        # can take it in between (seen in `make test`). Ports picked here may be picked
+        # again (`repick_ports`); a caller that picked its own sets this when it may too.
+        self.repick = not port
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None
@@ -59,6 +71,14 @@ class ManagedServer(abc.ABC):
 
     @abc.abstractmethod
     def healthy(self) -> bool: ...
+
+    def listen_ports(self) -> list[int]:
+        """Every port the server binds (to tell whether one was taken)."""
+        return [self.port]
+
+    def repick_ports(self) -> None:
+        """Pick other free ports after one was taken (only called when `repick`)."""
+        self.port = free_port()
 
     def environ(self) -> dict[str, str]:
         """Variables the process gets on top of ours: where a setting is a secret (a store
@@ -76,6 +96,18 @@ class ManagedServer(abc.ABC):
         return self.data_dir / f"{self.name}.json"
 
     def start(self) -> ServerInfo:
+        """Start the server and wait until it is healthy; when it exits because a port was
+        taken and its ports may be picked again, start it on others (PORT_TRIES in all)."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                return self._start_once()
+            except PortTaken:
+                if not self.repick or attempt == PORT_TRIES:
+                    raise
+                self.repick_ports()
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _start_once(self) -> ServerInfo:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it after Popen
         try:
@@ -98,10 +130,7 @@ class ManagedServer(abc.ABC):
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise DependencyError(
-                    f"{self.name} exited with code {self.proc.returncode} while starting; "
-                    f"see its log: {self.log_path}"
-                )
+                raise self._start_failure(self.proc.returncode)
             if self.healthy():
                 info = self.info()
                 self.state_path.write_text(json.dumps(info.__dict__))
@@ -111,6 +140,24 @@ class ManagedServer(abc.ABC):
         raise DependencyError(
             f"{self.name} did not become healthy within {self.start_timeout_s:.0f}s "
             f"on 127.0.0.1:{self.port}; see its log: {self.log_path}"
+        )
+
+    def _start_failure(self, code: int) -> DependencyError:
+        """Why the server exited while starting: `PortTaken` when it says so (our daemon's
+        own exit code) or, for a server that does not, when one of its ports is held by
+        another process now."""
+        taken = [p for p in self.listen_ports() if not port_free(p)]
+        if code == ExitCode.PORT_IN_USE or taken:
+            # Its children, if any, go too: the next try must not find them on a port.
+            if self.pid is not None:
+                stop_process_group(self.pid, 5)
+            ports = ", ".join(str(p) for p in taken or self.listen_ports())
+            return PortTaken(
+                f"{self.name} exited with code {code} while starting: a port it was to "
+                f"listen on ({ports}) is in use; see its log: {self.log_path}"
+            )
+        return DependencyError(
+            f"{self.name} exited with code {code} while starting; see its log: {self.log_path}"
         )
 
     def info(self) -> ServerInfo:

@@ -74,7 +74,15 @@ class EtcdServer(ManagedServer):
 
     def __init__(self, data_dir: Path, port: int | None = None, peer_port: int | None = None):
         super().__init__(data_dir, port)
+        self.repick = self.repick and not peer_port
         self.peer_port = peer_port or free_port()
+
+    def listen_ports(self) -> list[int]:
+        return [self.port, self.peer_port]
+
+    def repick_ports(self) -> None:
+        super().repick_ports()
+        self.peer_port = free_port()
 
     def argv(self) -> list[str]:
         return etcd_argv(self.data_dir / "etcd-data", self.port, self.peer_port)

@@ -153,10 +153,6 @@ def learner_image(docker_client: docker.DockerClient) -> LearnerImage:
     pytest.fail(f"building the learner image failed: {problem}", pytrace=False)
 
 
-# How many port pairs a first start tries (DockerPlatform.start).
-PORT_TRIES = 3
-
-
 class DockerPlatform:
     """`rhizomed --backend docker` (api + lcm, and the TDS given an Elasticsearch URL) as
     `rhizome up` runs it, on the session's engine, etcd and MongoDB; restartable on the
@@ -184,18 +180,6 @@ class DockerPlatform:
         self.server: Any = None
         self.started = False  # once started, a restart keeps the ports
 
-    def _log_size(self) -> int:
-        path = self.server.log_path if self.server else None
-        return path.stat().st_size if path is not None and path.exists() else 0
-
-    def _port_taken(self, since: int) -> bool:
-        """Whether the daemon's start failed on an address someone else held: what its log
-        got from byte `since` on says so."""
-        with self.server.log_path.open("rb") as log:
-            log.seek(since)
-            text = log.read().decode(errors="replace")
-        return "could not listen on" in text or "address already in use" in text
-
     def learner_output(self, job_id: str, rank: int = 0, stream: str = "stdout") -> str:
         """What learner `rank` printed on `stream`, as the TDS holds it (shipped by the
         job's log collector from its containers' streams, before the job ended)."""
@@ -218,27 +202,17 @@ class DockerPlatform:
     def start(self, **env: str) -> None:
         import os
 
-        from contract.procs import free_port
         from services.embedded.platform import DaemonServer
 
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # the daemon and its guardians inherit them
         try:
-            for attempt in range(PORT_TRIES):
-                self.server = DaemonServer(self.data_dir, self.port, self.rest, self.args)
-                logged = self._log_size()
-                try:
-                    self.server.start()
-                    break
-                except DependencyError:
-                    # Ports picked free at construction can be taken before the daemon
-                    # binds them (a fresh clone's run lost its REST port so). A first start picks
-                    # others; a restart keeps its ports (its clients know them), and
-                    # anything else is the daemon's own failure.
-                    taken = self._port_taken(since=logged)
-                    if self.started or attempt + 1 == PORT_TRIES or not taken:
-                        raise
-                    self.port, self.rest = free_port(), free_port()
+            self.server = DaemonServer(self.data_dir, self.port, self.rest, self.args)
+            # A first start may replace ports taken before the daemon binds them
+            # (ManagedServer.start); a restart keeps its ports: its clients know them.
+            self.server.repick = not self.started
+            self.server.start()
+            self.port, self.rest = self.server.port, self.server.rest_port
             self.started = True
         finally:
             for key, value in saved.items():

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contract.procs import free_port
+from contract.status import ExitCode
 from services.embedded.platform import grpc_serving
 from services.embedded.process import ManagedServer
 
@@ -162,3 +166,47 @@ def test_learners_are_told_the_learner_tds_address_when_one_is_given(
         "rz-internal.rhizome.svc:50052"
     )
     assert tds_address() == "10.0.0.5:50052"  # default: where the TDS listens
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A port another process's listener holds (this test's socket) for the block."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("listener", ["--grpc-address", "--rest-address", "--metrics-address"])
+def test_a_port_in_use_exits_with_its_own_code_naming_the_listener(
+    tmp_path: Path, mongo_server: ManagedServer, listener: str
+) -> None:
+    """Whoever picked the ports (`rhizome up`, ManagedServer.start) tells a taken port from
+    any other failure by the exit code alone, and picks others."""
+    addresses = {
+        "--grpc-address": f"127.0.0.1:{free_port()}",
+        "--rest-address": f"127.0.0.1:{free_port()}",
+        "--metrics-address": f"127.0.0.1:{free_port()}",
+    }
+    with held_port() as port:
+        addresses[listener] = f"127.0.0.1:{port}"
+        proc = subprocess.run(
+            [
+                *DAEMON,
+                "--services",
+                "api",
+                "--data-dir",
+                str(tmp_path),
+                "--mongodb-uri",
+                mongo_server.url,
+                *(f"{flag}={address}" for flag, address in addresses.items()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == ExitCode.PORT_IN_USE, proc.stderr
+    assert f"could not listen on 127.0.0.1:{port}: the port is in use" in proc.stderr
+    assert f"({listener}) could not listen" in proc.stderr
+    assert "Traceback" not in proc.stderr
