@@ -166,6 +166,10 @@ class Daemon:
         self.internal_port = 0
         self.metrics_server: Any = None
         self.health_monitor: Any = None
+        # The daemon as a whole ("") serves once it leads and its late starts ran, in
+        # whichever order they come (see _serving_if_ready).
+        self._late_started = False
+        self._ready = threading.Lock()
 
     def start(self) -> None:
         # The internal port is bound first: services hand its address to their learners
@@ -221,6 +225,7 @@ class Daemon:
             # Nothing to contend for, or no etcd to contend in (a scheduler without etcd):
             # this daemon is the only one of its kind.
             self._lead()
+            self._start_late()
             return
         # Every service is built and serving-ready now (a hot standby is this far, warm);
         # the leader's work starts when this daemon holds the role (services/leader).
@@ -249,6 +254,30 @@ class Daemon:
             self.lead_done.wait(self.leadership.ttl_s + 1.0)
             if self.lead_failed is not None:
                 raise RuntimeError(f"taking the lead failed: {self.lead_failed}")
+        self._start_late()
+
+    def _start_late(self) -> None:
+        """What need not delay the gRPC services and the leader's work (`Hosted.start_late`:
+        the REST gateway), started after them: a daemon restarted after a crash serves its
+        API and leads that much sooner. A hot standby runs these while it waits warm."""
+        for hosted in self.hosted:
+            if hosted.start_late:
+                hosted.start_late()
+        self._late_started = True
+        self._serving_if_ready()
+
+    def _serving_if_ready(self) -> None:
+        """Once the daemon leads and its late starts ran, whichever comes last: the daemon
+        as a whole ("") turns SERVING, so `rhizome up` returns with every port listening,
+        and the store monitor (which sets "" too) starts."""
+        with self._ready:
+            ready = self.ctx.leading.is_set() and self._late_started
+            if not ready or self.health_monitor is not None:
+                return
+            self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+            from services.health import start_health_monitor  # NOT_SERVING while a store is down
+
+            self.health_monitor = start_health_monitor(self.ctx, self.health, self.served_names)
 
     def _lead(self) -> None:
         """Start the leader's work of every service, then serve everything."""
@@ -266,10 +295,7 @@ class Daemon:
         self.ctx.leading.set()
         for name in self.served_names:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        from services.health import start_health_monitor  # NOT_SERVING while a store is down
-
-        self.health_monitor = start_health_monitor(self.ctx, self.health, self.served_names)
+        self._serving_if_ready()
 
     def _migrate_inline_credentials(self) -> None:
         from services.store.job_secrets import JobSecrets

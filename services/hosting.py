@@ -67,6 +67,10 @@ class Hosted:
     # start, at takeover on a hot standby (`rhizomed --standby`, docs/high-availability.md).
     # It must re-read whatever the previous leader may have changed since `build`.
     lead: Callable[[], None] | None = None
+    # Started after `start` and after the daemon leads (a hot standby: while it waits
+    # warm): what serves no gRPC call, so that a restarted daemon's API and leader work
+    # do not wait for it. The REST gateway: FastAPI's import and app are ~0.8 s of CPU.
+    start_late: Callable[[], None] | None = None
 
 
 # The services whose background work only one daemon may do at a time: a daemon hosting

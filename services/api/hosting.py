@@ -293,9 +293,9 @@ def build(ctx: DaemonContext) -> Hosted:
     trainer_pb2_grpc.add_TrainerServicer_to_server(servicer, ctx.server)
     rest: dict[str, Any] = {}
 
-    def start() -> None:
-        # FastAPI and uvicorn are imported only now, after the gRPC server serves: a
-        # restarted daemon answers gRPC calls while the REST gateway is still loading.
+    def start_rest() -> None:
+        # FastAPI and uvicorn are imported only now (Hosted.start_late): a restarted
+        # daemon answers gRPC calls and leads while the REST gateway is still loading.
         import uvicorn
 
         from services.api.rest import build_app
@@ -371,7 +371,7 @@ def build(ctx: DaemonContext) -> Hosted:
     # the delivery cursors.
     return Hosted(
         [trainer_pb2.DESCRIPTOR.services_by_name["Trainer"].full_name],
-        start,
-        stop,
+        stop=stop,
         lead=dispatcher.start,
+        start_late=start_rest,
     )

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from services.events.api import (
     ANY_STATUS,
     DELIVERY_HEADER,
@@ -111,9 +109,7 @@ class Dispatcher:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.policy.workers, thread_name_prefix="webhook")
-        # No redirects: a receiver could otherwise bounce a delivery to an address the
-        # owner could not register (docs/api.md, "SSRF").
-        self._http = httpx.Client(timeout=self.policy.timeout_s, follow_redirects=False)
+        self._http: Any = None  # made on the first delivery (_client)
         self._thread = threading.Thread(target=self._run, name="event-dispatcher", daemon=True)
 
     def start(self) -> None:
@@ -124,7 +120,8 @@ class Dispatcher:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.policy.poll_s):
@@ -182,6 +179,19 @@ class Dispatcher:
             with self._lock:
                 self._busy.discard(key)
 
+    def _client(self) -> Any:
+        """The HTTP client, made on the first delivery: importing httpx is about 0.1 s of
+        CPU on a restarted daemon's way to serving, and most platforms register no
+        webhook."""
+        with self._lock:
+            if self._http is None:
+                import httpx
+
+                # No redirects: a receiver could otherwise bounce a delivery to an address
+                # the owner could not register (docs/api.md, "SSRF").
+                self._http = httpx.Client(timeout=self.policy.timeout_s, follow_redirects=False)
+            return self._http
+
     def deliver(
         self,
         endpoint: EndpointRecord,
@@ -191,6 +201,9 @@ class Dispatcher:
         index: int,
     ) -> bool:
         """POST one event, retrying; True once the receiver answered 2xx."""
+        import httpx
+
+        client = self._client()
         body = payload(endpoint, job, entry, previous)
         headers = {
             "Content-Type": "application/json",
@@ -203,7 +216,7 @@ class Dispatcher:
         why: Any = ""
         for attempt in range(1, self.policy.attempts + 1):
             try:
-                response = self._http.post(endpoint.url, content=body, headers=headers)
+                response = client.post(endpoint.url, content=body, headers=headers)
                 if 200 <= response.status_code < 300:
                     return True
                 why = f"HTTP {response.status_code}"

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from contract.procs import free_port
 from contract.status import ExitCode
+from services.daemon import Daemon
 from services.embedded.platform import grpc_serving
 from services.embedded.process import ManagedServer
 
@@ -210,3 +212,59 @@ def test_a_port_in_use_exits_with_its_own_code_naming_the_listener(
     assert f"could not listen on 127.0.0.1:{port}: the port is in use" in proc.stderr
     assert f"({listener}) could not listen" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_the_grpc_api_serves_while_the_rest_gateway_loads_and_the_daemon_is_healthy_after(
+    tmp_path: Path, mongo_server: ManagedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The REST gateway is a late start (Hosted.start_late): a restarted daemon answers
+    gRPC calls without waiting for FastAPI to load, while its overall health ("", what
+    `rhizome up` waits for) stays NOT_SERVING until the gateway listens too."""
+    from services.api import rest
+    from services.client.sdk import Client, ClientError
+    from services.store.mongo import connect
+    from services.store.tokens import TokensRepository
+    from tests.daemons import daemon_config
+
+    loading, go_on = threading.Event(), threading.Event()
+    real_build_app = rest.build_app
+
+    def slow_build_app(*args: Any, **kwargs: Any) -> Any:
+        loading.set()
+        assert go_on.wait(30), "the test never let the gateway load"
+        return real_build_app(*args, **kwargs)
+
+    monkeypatch.setattr(rest, "build_app", slow_build_app)
+    daemon = Daemon(daemon_config(tmp_path, mongo_server, services=("api",)))
+    starting = threading.Thread(target=daemon.start, daemon=True)
+    starting.start()
+    try:
+        assert loading.wait(30), "the REST gateway never started loading"
+        token = (
+            TokensRepository(connect(mongo_server.url))
+            .create("u", "user", created_by="tests")
+            .secret
+        )
+        with (
+            Client(daemon.config.grpc_address, token=token, tls=False) as client,
+            pytest.raises(ClientError) as raised,
+        ):
+            client.get_job("job-absent")
+        # Answered by the Trainer itself (a gated daemon says it does not serve yet).
+        assert raised.value.code == "NOT_FOUND", raised.value.message
+        assert not grpc_serving(daemon.config.grpc_address)  # "" not yet
+        go_on.set()
+        starting.join(30)
+        assert not starting.is_alive()
+        assert grpc_serving(daemon.config.grpc_address)
+        assert _rest_listens(daemon.config.rest_address)
+    finally:
+        go_on.set()
+        daemon.stop()
+
+
+def _rest_listens(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    with socket.socket() as sock:
+        return sock.connect_ex((host, int(port))) == 0
