@@ -421,9 +421,14 @@ class LocalBackend(Backend):
         jobs_dir.mkdir(parents=True, exist_ok=True)
         isolation.set_mode(data_dir, 0o711)
         isolation.set_mode(jobs_dir, 0o711)
+        # Open to others: the jobs (each closed to its uid), the object store (its
+        # archives closed, its results the jobs'), and the shim interpreter that learner
+        # uids run where the daemon's Python is private (isolation.reachable_python).
+        # Closing the shim made every later deploy by the same backend fail.
+        open_to_others = (jobs_dir.name, "objects", isolation.SHIM_DIR)
         with contextlib.suppress(OSError):
             for entry in os.scandir(data_dir):
-                if entry.name not in (jobs_dir.name, "objects"):
+                if entry.name not in open_to_others:
                     isolation.restrict(Path(entry.path), 0o700)
         results = Path(job.result_store).parent
         objects = results.parent

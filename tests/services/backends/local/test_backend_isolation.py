@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from services.backends.api import BackendError, JobSpec
+from services.backends.local import isolation
 from services.backends.local.backend import LocalBackend
-from services.backends.local.isolation import IsolationConfig
+from services.backends.local.isolation import IsolationConfig, LearnerUser
 from services.manifest import parse_manifest
 
 UIDS = IsolationConfig((47000, 47099), strict=True)
@@ -39,22 +40,22 @@ def reachable_python() -> str:
     pytest.fail("no Python interpreter in a directory other uids may enter")
 
 
-def job(data_dir: Path, **manifest: object) -> JobSpec:
+def job(data_dir: Path, job_id: str = "job-x", **manifest: object) -> JobSpec:
     parsed = parse_manifest(json.dumps({"name": "t", "framework": {"command": "true"}, **manifest}))
     models = data_dir / "objects" / "models"
     models.mkdir(parents=True, exist_ok=True)
-    (models / "job-x.zip").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip
-    (data_dir / "jobs" / "job-x").mkdir(parents=True, exist_ok=True)
+    (models / f"{job_id}.zip").write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip
+    (data_dir / "jobs" / job_id).mkdir(parents=True, exist_ok=True)
     return JobSpec(
         manifest=parsed,
-        job_id="job-x",
+        job_id=job_id,
         command="true",
         learners=1,
-        job_dir=str(data_dir / "jobs" / "job-x"),
-        checkpoint_dir=str(data_dir / "jobs" / "job-x" / "checkpoints"),
-        result_store=str(data_dir / "objects" / "results" / "job-x"),
+        job_dir=str(data_dir / "jobs" / job_id),
+        checkpoint_dir=str(data_dir / "jobs" / job_id / "checkpoints"),
+        result_store=str(data_dir / "objects" / "results" / job_id),
         etcd_url="http://127.0.0.1:1",
-        model_zip=str(models / "job-x.zip"),
+        model_zip=str(models / f"{job_id}.zip"),
     )
 
 
@@ -93,6 +94,26 @@ def test_the_job_directory_secrets_and_results_are_the_job_uids_alone(data_dir: 
     assert again.learner_user(spec).uid == uid
     backend.rollback(spec.job_id, spec.job_dir)
     assert not archive.exists() and not secrets.exists()
+
+
+def test_one_backend_deploys_job_after_job_under_their_uids_on_the_daemons_python(
+    data_dir: Path,
+) -> None:
+    """A guardian host's backend deploys many jobs. Where the daemon's Python is private
+    (pyenv under root's 0700 home, as here), the first deploy makes the shim interpreter
+    under the data directory (0755): the next deploy's lock-down of the data directory
+    must leave it open, or every job after the first failed (strict) or ran as root
+    (auto)."""
+    private = isolation.unreachable(Path(sys.executable).resolve().parent, LearnerUser(65534, 0))
+    backend = LocalBackend(python=sys.executable, isolation_config=UIDS)
+    for job_id in ("job-a", "job-b", "job-c"):
+        spec = job(data_dir, job_id)
+        backend.prepare_volume(spec)
+        assert backend.learner_user(spec).uid >= 47000, job_id
+    if private is not None:  # the shim is in use, and still open to the learners' uids
+        shim = data_dir / isolation.SHIM_DIR
+        assert backend.python == str(shim / "bin" / "python")
+        assert mode(shim) == 0o755 and mode(shim / "bin") == 0o755
 
 
 def test_a_data_store_the_job_uid_cannot_read_fails_the_deploy_naming_it(
