@@ -111,21 +111,26 @@ class BenchPlatform:
 RHIZOME_CLI = [sys.executable, "-m", "services.client.cli"]
 
 
-def rz(data_dir: Path, *args: str, timeout_s: float = 300) -> str:
+def rz(data_dir: Path, *args: str, timeout_s: float = 300, tree: Path | None = None) -> str:
     """`rhizome --data-dir DATA_DIR ARGS` as a user types it (the CLI finds the embedded
-    platform's admin token by itself); its stdout, or the run ends naming the command."""
+    platform's admin token by itself); its stdout, or the run ends naming the command.
+    `tree`: another checkout's `rhizome`, its code first on the path of every process the
+    platform starts (daemon, guardian host, controllers inherit the environment)."""
     env = {**os.environ, "COLUMNS": "200"}
+    if tree is not None:
+        env["PYTHONPATH"] = f"{tree}:{tree / 'gen'}"
     env.pop("RHIZOME_TOKEN", None)
     proc = subprocess.run(
         [*RHIZOME_CLI, "--data-dir", str(data_dir), *args],
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=ROOT if tree is None else tree,
         timeout=timeout_s,
     )
     if proc.returncode != 0:
-        sys.exit(f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        where = "" if tree is None else f" ({tree})"
+        sys.exit(f"rhizome {' '.join(args)}{where} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return proc.stdout
 
 

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -556,25 +557,8 @@ Cli = Callable[..., str]
 
 
 def tree_cli(tree: Path) -> Cli:
-    """`rhizome` run from another checkout: its code first on the path of every process
-    the platform starts (daemon, guardian host, controllers inherit the environment)."""
-
-    def run(data_dir: Path, *args: str, timeout_s: float = 300) -> str:
-        env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": f"{tree}:{tree / 'gen'}"}
-        env.pop("RHIZOME_TOKEN", None)
-        proc = subprocess.run(
-            [sys.executable, "-m", "services.client.cli", "--data-dir", str(data_dir), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tree,
-            timeout=timeout_s,
-        )
-        if proc.returncode != 0:
-            sys.exit(f"rhizome {' '.join(args)} ({tree}) exited {proc.returncode}: {proc.stderr}")
-        return proc.stdout
-
-    return run
+    """`rhizome` run from another checkout (`rz`'s `tree`)."""
+    return functools.partial(rz, tree=tree)
 
 
 def thread_lines(
