@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pytest
 
 from contract import procs
 from contract.env import Role
-from tests.integration.test_cli import rz
+from tests.integration.test_cli import embedded_up, rz
 from tests.learner.runtime.test_failover import assert_equals_reference
 from tests.learner.runtime.test_growth import assert_equals_grown_reference
 from tests.services.guardian.helpers import describe_job, wait_for
@@ -45,13 +46,9 @@ def manifest(stages: int, steps: int, name: str, more: str = "", args: str = "")
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    data_dir = Path(tmp_path_factory.mktemp("pipeline-jobs"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with embedded_up(Path(tmp_path_factory.mktemp("pipeline-jobs"))) as data_dir:
         yield data_dir
-    finally:
-        rz(data_dir, "down", check=False)
 
 
 def submit(

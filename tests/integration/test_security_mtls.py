@@ -31,19 +31,15 @@ from services.security.tls import (
     internal_channel_credentials,
 )
 from tests.daemons import start_daemon
-from tests.integration.test_cli import rz
+from tests.integration.test_cli import embedded_up
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    data_dir = Path(tmp_path_factory.mktemp("mtls-embedded"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+    with embedded_up(Path(tmp_path_factory.mktemp("mtls-embedded"))) as data_dir:
         yield data_dir
-    finally:
-        rz(data_dir, "down", check=False)
 
 
 def internal_address(data_dir: Path) -> str:
