@@ -22,7 +22,7 @@ import pytest
 from learner.runtime.cluster_state import ClusterState, EtcdClusterStateStore
 from learner.runtime.reconfigure import Refused, admit, issue_ticket
 from services.embedded.process import ManagedServer
-from tests.learner.runtime.test_failover import REPO, TOY, assert_equals_reference
+from tests.learner.runtime.test_failover import REPO, assert_equals_reference, launcher_argv
 
 pytestmark = pytest.mark.integration
 
@@ -158,37 +158,20 @@ def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survi
     etcd_server: ManagedServer, tmp_path: Path
 ) -> None:
     out, steps = tmp_path / "params", 12
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "learner.runtime.launch",
-            "--stages",
-            "3",
-            "--etcd",
-            etcd_server.url,
-            "--job-id",
-            f"t-{uuid.uuid4().hex[:10]}",
-            # the gates hold the first stage's batches while a replacement starts
-            "--detection-timeout",
-            "300",
-            "--out-dir",
-            str(out),
-            "--replace",
-            "--kill",
-            "1:2:forward:1,1:6:backward:0",
-            str(TOY),
-            "--steps",
-            str(steps),
-            # step 4 waits for the first replacement (generation 2), step 8 for the second
-            "--gate",
-            "4:2,8:4",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    # the gates hold the first stage's batches while a replacement starts: step 4 waits
+    # for the first replacement (generation 2), step 8 for the second
+    argv = launcher_argv(
+        etcd_server,
+        out,
+        3,
+        1,
+        steps,
+        "1:2:forward:1,1:6:backward:0",
+        detection_timeout_s=300,
+        launcher_args=["--replace"],
+        toy_args=["--gate", "4:2,8:4"],
     )
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     err = proc.stderr
     assert proc.returncode == 0, err[-4000:]
     # first loss: failover (the shadow, worker 0, owns blocks 0 and 1)
@@ -220,37 +203,18 @@ def test_reconfiguration_in_a_data_parallel_pipeline_restores_redundancy_twice(
     worker of both pipelines re-forms at the same step boundary; the parameters of all
     four workers equal the uninterrupted run's (the global batch spans both pipelines)."""
     out, steps = tmp_path / "params", 12
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "learner.runtime.launch",
-            "--stages",
-            "2",
-            "--pipelines",
-            "2",
-            "--etcd",
-            etcd_server.url,
-            "--job-id",
-            f"t-{uuid.uuid4().hex[:10]}",
-            "--detection-timeout",
-            "300",
-            "--out-dir",
-            str(out),
-            "--replace",
-            "--kill",
-            "3:2:forward:1,3:6:backward:0",
-            str(TOY),
-            "--steps",
-            str(steps),
-            "--gate",
-            "4:2,8:4",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    argv = launcher_argv(
+        etcd_server,
+        out,
+        2,
+        2,
+        steps,
+        "3:2:forward:1,3:6:backward:0",
+        detection_timeout_s=300,
+        launcher_args=["--replace"],
+        toy_args=["--gate", "4:2,8:4"],
     )
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     err = proc.stderr
     assert proc.returncode == 0, err[-4000:]
     # the loss is pipeline 1's: its shadow merges block 1, pipeline 0 only re-runs the
