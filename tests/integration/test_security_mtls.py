@@ -32,6 +32,7 @@ from services.security.tls import (
 )
 from tests.daemons import start_daemon
 from tests.integration.test_cli import embedded_up
+from tests.integration.test_internal_port import tds_api_and_stranger
 
 pytestmark = pytest.mark.integration
 
@@ -156,14 +157,8 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
             **extra,
         )
 
-    tds = daemon("tds", ("tds",), tmp_path / "ca")
-    started = [tds]
-    try:
-        peer = {"tds": tds.config.internal_address}
-        api = daemon("api", ("api",), tmp_path / "ca", peers=peer)
-        started.append(api)
-        stranger = daemon("stranger", ("api",), tmp_path / "other-ca", peers=peer)
-        started.append(stranger)
+    ours, theirs = tmp_path / "ca", tmp_path / "other-ca"
+    with tds_api_and_stranger(daemon, ours, theirs) as (tds, api, stranger):
         with token_client(api, "mtls-admin", role="admin") as rz:
             job_id = rz.create_job("name: peer\nframework: {command: 'true'}\n").job_id
             line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="hi")
@@ -180,9 +175,6 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
             with pytest.raises(ClientError) as info:
                 list(rz.logs(request))
             assert info.value.code == "UNAVAILABLE"
-    finally:
-        for d in reversed(started):
-            d.stop()
 
 
 def test_the_collector_process_takes_its_certificate_from_its_environment(
