@@ -143,26 +143,34 @@ def test_a_standby_queues_while_nothing_is_lost_and_takes_the_next_lost_slot(
         store.close()
 
 
-def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survived(
-    etcd_server: ManagedServer, tmp_path: Path
-) -> None:
-    out, steps = tmp_path / "params", 12
-    # the gates hold the first stage's batches while a replacement starts: step 4 waits
-    # for the first replacement (generation 2), step 8 for the second
+REPLACED_STEPS = 12
+
+
+def _run_replacing(etcd: ManagedServer, out: Path, stages: int, pipelines: int, kill: str) -> str:
+    """The toy job for REPLACED_STEPS steps with `--replace`, ``kill``ing twice; the gates
+    hold the first stage's batches while a replacement starts: step 4 waits for the first
+    replacement (generation 2), step 8 for the second. Its stderr, once it succeeded."""
     argv = launcher_argv(
-        etcd_server,
+        etcd,
         out,
-        3,
-        1,
-        steps,
-        "1:2:forward:1,1:6:backward:0",
+        stages,
+        pipelines,
+        REPLACED_STEPS,
+        kill,
         detection_timeout_s=300,
         launcher_args=["--replace"],
         toy_args=["--gate", "4:2,8:4"],
     )
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
-    err = proc.stderr
-    assert proc.returncode == 0, err[-4000:]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr
+
+
+def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survived(
+    etcd_server: ManagedServer, tmp_path: Path
+) -> None:
+    out, steps = tmp_path / "params", REPLACED_STEPS
+    err = _run_replacing(etcd_server, out, 3, 1, "1:2:forward:1,1:6:backward:0")
     # first loss: failover (the shadow, worker 0, owns blocks 0 and 1)
     assert "[worker 0] joined generation 1" in err and "owns blocks [0, 1]" in err, err[-4000:]
     # the replacement joins: block 1 back to its slot, every block has a replica again
@@ -191,21 +199,8 @@ def test_reconfiguration_in_a_data_parallel_pipeline_restores_redundancy_twice(
     replacement is handed block 1 and the replica of block 0 by worker 2 and joins; every
     worker of both pipelines re-forms at the same step boundary; the parameters of all
     four workers equal the uninterrupted run's (the global batch spans both pipelines)."""
-    out, steps = tmp_path / "params", 12
-    argv = launcher_argv(
-        etcd_server,
-        out,
-        2,
-        2,
-        steps,
-        "3:2:forward:1,3:6:backward:0",
-        detection_timeout_s=300,
-        launcher_args=["--replace"],
-        toy_args=["--gate", "4:2,8:4"],
-    )
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
-    err = proc.stderr
-    assert proc.returncode == 0, err[-4000:]
+    out, steps = tmp_path / "params", REPLACED_STEPS
+    err = _run_replacing(etcd_server, out, 2, 2, "3:2:forward:1,3:6:backward:0")
     # the loss is pipeline 1's: its shadow merges block 1, pipeline 0 only re-runs the
     # all-reduce
     assert re.search(r"\[worker 2\] joined generation 1 .*owns blocks \[0, 1\]", err), err[-4000:]
