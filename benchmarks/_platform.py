@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,9 +21,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "gen")]
 
 from contract.env import ETCD_CREDENTIALS_FILE  # noqa: E402
 from contract.procs import free_port  # noqa: E402
+from services.client.sdk import Client, zip_directory  # noqa: E402
 from services.embedded.platform import DaemonServer  # noqa: E402
 from services.embedded.servers import EtcdServer, MongoServer  # noqa: E402
 from services.security.etcd_auth import EtcdAuthFiles, ensure_etcd_auth  # noqa: E402
+from services.store.jobs import JobRecord, JobsRepository  # noqa: E402
+from services.store.mongo import connect  # noqa: E402
 
 
 class BenchPlatform:
@@ -107,21 +111,26 @@ class BenchPlatform:
 RHIZOME_CLI = [sys.executable, "-m", "services.client.cli"]
 
 
-def rz(data_dir: Path, *args: str, timeout_s: float = 300) -> str:
+def rz(data_dir: Path, *args: str, timeout_s: float = 300, tree: Path | None = None) -> str:
     """`rhizome --data-dir DATA_DIR ARGS` as a user types it (the CLI finds the embedded
-    platform's admin token by itself); its stdout, or the run ends naming the command."""
+    platform's admin token by itself); its stdout, or the run ends naming the command.
+    `tree`: another checkout's `rhizome`, its code first on the path of every process the
+    platform starts (daemon, guardian host, controllers inherit the environment)."""
     env = {**os.environ, "COLUMNS": "200"}
+    if tree is not None:
+        env["PYTHONPATH"] = f"{tree}:{tree / 'gen'}"
     env.pop("RHIZOME_TOKEN", None)
     proc = subprocess.run(
         [*RHIZOME_CLI, "--data-dir", str(data_dir), *args],
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=ROOT if tree is None else tree,
         timeout=timeout_s,
     )
     if proc.returncode != 0:
-        sys.exit(f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        where = "" if tree is None else f" ({tree})"
+        sys.exit(f"rhizome {' '.join(args)}{where} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return proc.stdout
 
 
@@ -185,3 +194,58 @@ def start_injector(
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def until_or_exit(probe: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll `probe` until it is true; past `timeout_s` the run ends naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def run_under_trace(
+    platform: BenchPlatform,
+    manifest: str,
+    code: Path,
+    progress: Path,
+    *,
+    trace: str,
+    time_scale: float,
+    notice: float,
+    seed: int,
+    injector_args: Sequence[str],
+    start_timeout_s: float,
+    end_timeout_s: float,
+) -> tuple[JobRecord, str]:
+    """Submit the job, wait for its first line in `progress` (the learner writes it), then
+    replay `trace` against the job with the fault injector (`start_injector`, more flags
+    in `injector_args`) until the job ends: its final record and the injector's stdout."""
+    client = Client(platform.api, token=platform.token, timeout_s=10)
+    repo = JobsRepository(connect(platform.mongo.url))
+    job_id = client.create_job(manifest, code_zip=zip_directory(code)).job_id
+    print(f"job {job_id} submitted; waiting for its first progress line", file=sys.stderr)
+    until_or_exit(
+        lambda: progress.exists() and progress.read_text().strip(),
+        start_timeout_s,
+        "the job's first progress line",
+    )
+    injector = start_injector(
+        platform.etcd.url,
+        job_id,
+        trace,
+        time_scale=time_scale,
+        notice=notice,
+        seed=seed,
+        extra=injector_args,
+    )
+    print("the injector replays the trace; the job trains", file=sys.stderr)
+    until_or_exit(
+        lambda: repo.get(job_id).status in ("COMPLETED", "FAILED"), end_timeout_s, "the job's end"
+    )
+    record = repo.get(job_id)
+    out, _ = injector.communicate(timeout=300)
+    client.close()
+    return record, out

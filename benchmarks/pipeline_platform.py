@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -90,10 +91,10 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from _platform import rz
 
@@ -135,6 +136,30 @@ def kind_of(argv: str) -> str:
     return next((k for pattern, k in KINDS if pattern in argv), argv.split(" ")[0][-30:])
 
 
+class Proc(NamedTuple):
+    pid: int
+    ppid: int
+    start: int  # start time in ticks since boot: with pid, names the process
+    argv: str  # the command line, space-separated ("" once it exited, not yet reaped)
+    cpu_s: float  # user + system so far
+
+
+def processes() -> Iterator[Proc]:
+    """Every process /proc lists now (one gone while it is read is left out)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) * TICK_S
+        yield Proc(pid, int(fields[1]), int(fields[19]), argv, cpu_s)
+
+
 class CpuProfile:
     """CPU seconds (user + system) per kind of process while a run goes on: a process
     counts if its command line or working directory holds `marker` (the platform's data
@@ -165,19 +190,9 @@ class CpuProfile:
     def _sample(self, first: bool = False) -> None:
         parents: dict[int, int] = {}
         seen: dict[int, tuple[int, str, float]] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            parents[pid] = int(fields[1])
-            cpu = (int(fields[11]) + int(fields[12])) * TICK_S
-            seen[pid] = (int(fields[19]), argv, cpu)
+        for proc in processes():
+            parents[proc.pid] = proc.ppid
+            seen[proc.pid] = (proc.start, proc.argv, proc.cpu_s)
         for pid, (start, argv, cpu) in seen.items():
             mine = bool(self.marker) and (self.marker in argv or self.marker in cwd_of(pid))
             up, hops = pid, 0
@@ -387,20 +402,9 @@ def platform_cpu(marker: str) -> dict[ProcKey, tuple[str, float]]:
     """Kind and CPU seconds so far of every process whose command line or working
     directory holds `marker` (the platform's data directory), as CpuProfile counts them."""
     out: dict[ProcKey, tuple[str, float]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker not in argv and marker not in cwd_of(pid):
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) * TICK_S
-        out[(pid, int(fields[19]))] = (kind_of(argv), cpu)
+    for proc in processes():
+        if marker in proc.argv or marker in cwd_of(proc.pid):
+            out[(proc.pid, proc.start)] = (kind_of(proc.argv), proc.cpu_s)
     return out
 
 
@@ -556,25 +560,8 @@ Cli = Callable[..., str]
 
 
 def tree_cli(tree: Path) -> Cli:
-    """`rhizome` run from another checkout: its code first on the path of every process
-    the platform starts (daemon, guardian host, controllers inherit the environment)."""
-
-    def run(data_dir: Path, *args: str, timeout_s: float = 300) -> str:
-        env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": f"{tree}:{tree / 'gen'}"}
-        env.pop("RHIZOME_TOKEN", None)
-        proc = subprocess.run(
-            [sys.executable, "-m", "services.client.cli", "--data-dir", str(data_dir), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tree,
-            timeout=timeout_s,
-        )
-        if proc.returncode != 0:
-            sys.exit(f"rhizome {' '.join(args)} ({tree}) exited {proc.returncode}: {proc.stderr}")
-        return proc.stdout
-
-    return run
+    """`rhizome` run from another checkout (`rz`'s `tree`)."""
+    return functools.partial(rz, tree=tree)
 
 
 def thread_lines(

@@ -42,20 +42,16 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
-from _platform import ROOT, BenchPlatform, start_injector
+from _platform import ROOT, BenchPlatform, run_under_trace
 
-from services.client.sdk import Client, zip_directory
 from services.injector.injector import trace_schedule
 from services.sim.engine import Sim
 from services.sim.model import JobSpec, PreemptionModel, Prices
 from services.sim.strategies import RedundancyParams, Redundant
 from services.sim.traces import Trace, TraceEvent
-from services.store.jobs import JobsRepository
-from services.store.mongo import connect
 
 # The training script: the toy through the runtime, a sleep per step (stage 0's batch of
 # microbatch 0), and every `step ...` line the last stage prints stamped with wall time.
@@ -98,15 +94,6 @@ TRAIN = textwrap.dedent(
 )
 
 
-def _until(probe: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if probe():
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
-
-
 def platform_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     code = work / "code"
     code.mkdir()
@@ -130,27 +117,19 @@ def platform_run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     )
     cluster = ROOT / "deploy" / "cluster-local.yaml"
     with BenchPlatform("api,scheduler,lcm", [f"--cluster-config={cluster}"]) as platform:
-        client = Client(platform.api, token=platform.token, timeout_s=10)
-        repo = JobsRepository(connect(platform.mongo.url))
-        job_id = client.create_job(manifest, code_zip=zip_directory(code)).job_id
-        print(f"job {job_id} submitted; waiting for its first step", file=sys.stderr)
-        _until(lambda: progress.exists() and progress.read_text().strip(), 180, "the first step")
-        injector = start_injector(
-            platform.etcd.url,
-            job_id,
-            a.trace,
+        record, out = run_under_trace(
+            platform,
+            manifest,
+            code,
+            progress,
+            trace=a.trace,
             time_scale=a.time_scale,
             notice=a.notice,
             seed=a.seed,
-            extra=["--start", str(a.start)],
+            injector_args=["--start", str(a.start)],
+            start_timeout_s=180,
+            end_timeout_s=a.timeout,
         )
-        print("the injector replays the trace slice; the job trains", file=sys.stderr)
-        _until(
-            lambda: repo.get(job_id).status in ("COMPLETED", "FAILED"), a.timeout, "the job's end"
-        )
-        record = repo.get(job_id)
-        out, _ = injector.communicate(timeout=300)
-        client.close()
     if record.status != "COMPLETED":
         lines = "\n".join(record.last_log_lines or [])
         story = "\n".join(f"{h.status}: {h.message}" for h in record.history)

@@ -27,21 +27,16 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
-from _platform import ROOT, BenchPlatform, start_injector
+from _platform import ROOT, BenchPlatform, run_under_trace
 
-from contract.etcd import EtcdClient
-from services.client.sdk import Client, zip_directory
 from services.injector.injector import trace_schedule
 from services.sim.engine import Sim
 from services.sim.model import JobSpec, PreemptionModel, Prices
 from services.sim.strategies import Adaptive, platform_mttp_s
 from services.sim.traces import Trace, TraceEvent
-from services.store.jobs import JobsRepository
-from services.store.mongo import connect
 
 # The learner: a step is a sleep, a checkpoint is {"step": n} (SAVE_S more of sleep).
 TRAIN = textwrap.dedent(
@@ -103,43 +98,26 @@ def platform_run(args: argparse.Namespace, mttp_s: float, work: Path) -> dict[st
         """
     )
     with BenchPlatform() as platform:
-        client = Client(platform.api, token=platform.token, timeout_s=10)
-        repo = JobsRepository(connect(platform.mongo.url))
-        etcd = EtcdClient.connect(platform.etcd.url)
-        job_id = client.create_job(manifest, code_zip=zip_directory(code)).job_id
-        print(f"job {job_id} submitted; waiting for its learner to run", file=sys.stderr)
-        _until(lambda: progress.exists() and progress.read_text().strip(), 120, "the job to start")
-        injector = start_injector(
-            platform.etcd.url,
-            job_id,
-            args.trace,
+        record, out = run_under_trace(
+            platform,
+            manifest,
+            code,
+            progress,
+            trace=args.trace,
             time_scale=args.time_scale,
             notice=args.notice,
             seed=args.seed,
             # A trace's time is when the node goes; the simulator announces it `notice`
             # earlier, the injector sends SIGTERM at the scheduled time: shift by it.
-            extra=["--delay", str(-args.notice)],
+            injector_args=["--delay", str(-args.notice)],
+            start_timeout_s=120,
+            end_timeout_s=900,
         )
-        print("injector replaying the trace; the job trains", file=sys.stderr)
-        _until(lambda: repo.get(job_id).status in ("COMPLETED", "FAILED"), 900, "the job to end")
-        status = repo.get(job_id).status
-        out, _ = injector.communicate(timeout=300)
-        client.close()
-        etcd.close()
-    if status != "COMPLETED":
-        raise SystemExit(f"the job ended {status}; see {work}")
+    if record.status != "COMPLETED":
+        raise SystemExit(f"the job ended {record.status}; see {work}")
     injections = json.loads(out)
     rows = [json.loads(line) for line in progress.read_text().splitlines()]
     return {"rows": rows, "injections": injections}
-
-
-def _until(probe: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if probe():
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def summarise(run: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:

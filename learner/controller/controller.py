@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from contract import etcd_keys, procs
 from contract.env import PIPELINE_STAGES, LearnerEnv, Role, RuntimeEnv, labels
@@ -240,33 +240,25 @@ class Controller:
             self.spec.command,
             str(self.exit_path),
         ]
-        if self.spec.passthrough:
-            # Straight to the container's streams: the engine keeps each line with its
-            # time, and the platform's collector ships them (no file, no copy by us).
-            out_fd, err_fd = self.command_fds or (1, 2)
+        with contextlib.ExitStack() as files:
+            out: IO[bytes] | int
+            err: IO[bytes] | int
+            if self.spec.passthrough:
+                # Straight to the container's streams: the engine keeps each line with its
+                # time, and the platform's collector ships them (no file, no copy by us).
+                out, err = self.command_fds or (1, 2)
+            else:
+                out = files.enter_context(open(learner_dir / "stdout.log", "ab"))
+                err = files.enter_context(open(learner_dir / "stderr.log", "ab"))
             proc = subprocess.Popen(
                 argv,
-                stdout=out_fd,
-                stderr=err_fd,
+                stdout=out,
+                stderr=err,
                 stdin=subprocess.DEVNULL,
                 cwd=self.spec.code_dir,
                 env=env,
                 start_new_session=True,
             )
-        else:
-            with (
-                open(learner_dir / "stdout.log", "ab") as out,
-                open(learner_dir / "stderr.log", "ab") as err,
-            ):
-                proc = subprocess.Popen(
-                    argv,
-                    stdout=out,
-                    stderr=err,
-                    stdin=subprocess.DEVNULL,
-                    cwd=self.spec.code_dir,
-                    env=env,
-                    start_new_session=True,
-                )
         ref = procs.ProcRef.of(proc.pid) or procs.ProcRef(proc.pid, -1)
         self.state.update(cmd_pid=ref.pid, cmd_start=ref.start)
         self.save_state()

@@ -20,11 +20,12 @@ torch.distributed.elastic's rendezvous handlers.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -301,14 +302,8 @@ class Transport:
                 self._mail[tag_] = tensor.detach().clone()
                 self._mail_cv.notify_all()
             return None
-        try:
+        with self._on_link(peer):
             return self.links[peer].send([tensor.contiguous()], self._peer_rank(peer), tag_)
-        except KeyError:
-            raise LinkError(
-                peer, f"no link to worker {peer} in generation {self.generation}"
-            ) from None
-        except RuntimeError as exc:
-            raise LinkError(peer, first_sentence(exc)) from exc
 
     def recv(self, peer: int, tag_: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         if peer == self.me:
@@ -319,15 +314,21 @@ class Transport:
                     self._mail_cv.wait(0.1)
                 return self._mail.pop(tag_)
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        try:
+        with self._on_link(peer):
             self.links[peer].recv([buf], self._peer_rank(peer), tag_).wait()
+        return buf
+
+    @contextlib.contextmanager
+    def _on_link(self, peer: int) -> Iterator[None]:
+        """A call on the link to ``peer``: no such link, or gloo's error, is a LinkError."""
+        try:
+            yield
         except KeyError:
             raise LinkError(
                 peer, f"no link to worker {peer} in generation {self.generation}"
             ) from None
         except RuntimeError as exc:
             raise LinkError(peer, first_sentence(exc)) from exc
-        return buf
 
     def close(self) -> None:
         with self._mail_cv:

@@ -80,24 +80,27 @@ class MemoryStore(TrainingDataStore):
         self._check()
 
     def write_logs(self, lines: Sequence[tds_pb2.LogLine]) -> int:
-        self._check()
-        with self._lock:
-            for line in lines:
-                doc_id = log_doc_id(line.job_id, line.learner, line.stream, line.seq)
-                copy = tds_pb2.LogLine()
-                copy.CopyFrom(line)
-                self._logs.setdefault(line.job_id, {})[doc_id] = copy
-        return len(lines)
+        return self._write(
+            self._logs, lines, lambda r: log_doc_id(r.job_id, r.learner, r.stream, r.seq)
+        )
 
     def write_metrics(self, samples: Sequence[tds_pb2.MetricSample]) -> int:
+        return self._write(
+            self._metrics, samples, lambda r: metric_doc_id(r.job_id, r.learner, r.source, r.seq)
+        )
+
+    def _write(
+        self, docs: dict[str, dict[str, T]], records: Sequence[T], doc_id: Callable[[T], str]
+    ) -> int:
+        """Copies of ``records`` by job and document id: a record written again replaces
+        its earlier copy, as an indexed document with the same id does."""
         self._check()
         with self._lock:
-            for s in samples:
-                doc_id = metric_doc_id(s.job_id, s.learner, s.source, s.seq)
-                copy = tds_pb2.MetricSample()
-                copy.CopyFrom(s)
-                self._metrics.setdefault(s.job_id, {})[doc_id] = copy
-        return len(samples)
+            for record in records:
+                copy = type(record)()
+                copy.CopyFrom(record)
+                docs.setdefault(record.job_id, {})[doc_id(record)] = copy
+        return len(records)
 
     def query_logs(self, query: Query) -> Iterator[tds_pb2.LogLine]:
         self._check()
@@ -129,18 +132,10 @@ class MemoryStore(TrainingDataStore):
         )
 
     def log_high_water(self, query: Query) -> dict[SeqKey, int]:
-        plain = Query(query.job_id, query.learner, query.search, query.name, query.since_us)
-        out: dict[SeqKey, int] = {}
-        for r in self.query_logs(plain):
-            out[(r.learner, r.stream)] = max(r.seq, out.get((r.learner, r.stream), -1))
-        return out
+        return _high_water(self.query_logs(_unpaged(query)), lambda r: (r.learner, r.stream))
 
     def metric_high_water(self, query: Query) -> dict[SeqKey, int]:
-        plain = Query(query.job_id, query.learner, query.search, query.name, query.since_us)
-        out: dict[SeqKey, int] = {}
-        for r in self.query_metrics(plain):
-            out[(r.learner, r.source)] = max(r.seq, out.get((r.learner, r.source), -1))
-        return out
+        return _high_water(self.query_metrics(_unpaged(query)), lambda r: (r.learner, r.source))
 
     def count_stored(
         self, kind: str, job_id: str, learner: int, key: str, from_seq: int, to_seq: int
@@ -183,6 +178,20 @@ class MemoryStore(TrainingDataStore):
     def clear_deletion(self, job_id: str) -> None:
         with self._lock:
             self._deletions.pop(job_id, None)
+
+
+def _unpaged(query: Query) -> Query:
+    """``query``'s filters without its paging and `after` (every matching record)."""
+    return Query(query.job_id, query.learner, query.search, query.name, query.since_us)
+
+
+def _high_water(records: Iterator[T], key_of: Callable[[T], SeqKey]) -> dict[SeqKey, int]:
+    """The highest seq of each key among ``records``."""
+    out: dict[SeqKey, int] = {}
+    for r in records:
+        key = key_of(r)
+        out[key] = max(r.seq, out.get(key, -1))
+    return out
 
 
 register_store("memory", MemoryStore)

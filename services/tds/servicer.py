@@ -201,16 +201,9 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
                 problem = f"learner ({ln.learner}) and seq ({ln.seq}) must be >= 0"
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lines[{i}]: {problem}")
-        self._confine(context, {ln.job_id for ln in lines}, "write the logs of")
-        key = (lines[0].job_id, lines[0].learner) if lines else ("", 0)
-        with self.write_gate.slot(key):
-            n = self._write(context, self.store.write_logs, lines)
-        metrics.TDS_DOCUMENTS.labels("log").inc(n)
-        for job_id, recs in _by_job(lines).items():
-            self.log_broker.publish(job_id, recs)
-        if self.on_logs is not None:
-            self.on_logs(lines)
-        return tds_pb2.AddResponse(accepted=n)
+        return self._accept(
+            context, lines, "log", self.store.write_logs, self.log_broker, self.on_logs
+        )
 
     def AddMetrics(
         self, request: tds_pb2.AddMetricsRequest, context: grpc.ServicerContext
@@ -228,15 +221,36 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
                 problem = f"learner ({s.learner}) and seq ({s.seq}) must be >= 0"
             if problem:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"samples[{i}]: {problem}")
-        self._confine(context, {s.job_id for s in samples}, "write the metrics of")
-        key = (samples[0].job_id, samples[0].learner) if samples else ("", 0)
+        return self._accept(
+            context,
+            samples,
+            "metric",
+            self.store.write_metrics,
+            self.metric_broker,
+            self.on_metrics,
+        )
+
+    def _accept(
+        self,
+        context: grpc.ServicerContext,
+        records: Sequence[R],
+        kind: str,
+        write: Callable[[Any], int],
+        broker: Broker,
+        on_accepted: Callable[[Sequence[R]], object] | None,
+    ) -> tds_pb2.AddResponse:
+        """A validated batch of log lines or metric samples (`kind` "log" or "metric"): the
+        caller's own job only, written under its learner's fair-share slot, counted, live to
+        the job's followers, then seen by `on_logs`/`on_metrics`."""
+        self._confine(context, {r.job_id for r in records}, f"write the {kind}s of")
+        key = (records[0].job_id, records[0].learner) if records else ("", 0)
         with self.write_gate.slot(key):
-            n = self._write(context, self.store.write_metrics, samples)
-        metrics.TDS_DOCUMENTS.labels("metric").inc(n)
-        for job_id, recs in _by_job(samples).items():
-            self.metric_broker.publish(job_id, recs)
-        if self.on_metrics is not None:
-            self.on_metrics(samples)
+            n = self._write(context, write, records)
+        metrics.TDS_DOCUMENTS.labels(kind).inc(n)
+        for job_id, recs in _by_job(records).items():
+            broker.publish(job_id, recs)
+        if on_accepted is not None:
+            on_accepted(records)
         return tds_pb2.AddResponse(accepted=n)
 
     @staticmethod

@@ -62,15 +62,22 @@ def platform(
     es_server: ManagedServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Platform]:
-    data_dir = Path(tmp_path_factory.mktemp("dashboard"))
-    # A database of its own: other modules' queued jobs must not compete for this cluster.
-    uri = mongo_server.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?")
+    data_dir, uri = module_data(mongo_server, tmp_path_factory, "dashboard")
     from services.store.mongo import connect
 
     with running_daemon(data_dir, uri, etcd=etcd_server, es=es_server) as daemon:
         yield Platform(
             f"http://{daemon.config.rest_address}", daemon, TokensRepository(connect(uri))
         )
+
+
+def module_data(
+    mongo_server: ManagedServer, tmp_path_factory: pytest.TempPathFactory, name: str
+) -> tuple[Path, str]:
+    """A module's data directory and the URI of a database of its own, named after it:
+    other modules' queued jobs must not compete for its cluster."""
+    data_dir = Path(tmp_path_factory.mktemp(name))
+    return data_dir, mongo_server.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?")
 
 
 @pytest.fixture(scope="module")

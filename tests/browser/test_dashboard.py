@@ -6,14 +6,17 @@ errors."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 from rhizome.v1 import job_pb2
 
+from services.client.sdk import Client
 from tests.browser.conftest import Platform, Tab, sign_in, user_name, wait_until
 
 pytestmark = pytest.mark.integration
@@ -23,6 +26,18 @@ GPU_SLEEPER = (
     "name: {name}\nlearners: 2\ngpus: 2\ngpu_type: FAKE\ncpus: 1\nmemory: 128MiB\n"
     "framework:\n  command: python -c 'import time; time.sleep(600)'\n"
 )
+
+
+@contextlib.contextmanager
+def _users_job(platform: Platform, manifest: str) -> Iterator[tuple[str, Client, str]]:
+    """A new user, their client and a job of `manifest` they submitted, deleted at the end."""
+    user = user_name()
+    with platform.client(user) as rz:
+        job_id = rz.create_job(manifest).job_id
+        try:
+            yield user, rz, job_id
+        finally:
+            rz.delete_job(job_id)
 
 
 def page_overflow(page: Any) -> int:
@@ -89,42 +104,37 @@ def test_a_queued_job_shows_why_it_waits_on_its_page_and_in_the_list(
 
 
 def test_halt_and_resume_from_the_job_page_after_confirming(tab: Tab, platform: Platform) -> None:
-    user = user_name()
-    with platform.client(user) as rz:
-        job_id = rz.create_job(SLEEPER.format(name="halt-me")).job_id
-        try:
-            sign_in(tab, platform, platform.token(user), f"/jobs/{job_id}")
-            page = tab.page
-            expect(page.locator("#status")).to_have_text("PROCESSING", timeout=60_000)
-            page.click("#btn-halt")
-            dialog = page.locator("#confirm")
-            expect(dialog).to_be_visible()
-            # Cancelling does nothing.
-            page.click("#confirm-cancel")
-            expect(dialog).to_be_hidden()
-            assert rz.get_job(job_id).status == job_pb2.PROCESSING
-            page.click("#btn-halt")
-            page.click("#confirm-ok")
-            expect(page.locator("#outcome")).to_contain_text("halt done", timeout=60_000)
-            expect(page.locator("#status")).to_have_text("HALTED")
-            expect(page.locator("#btn-resume")).to_be_enabled()
-            assert rz.get_job(job_id).status == job_pb2.HALTED
-            tab.screenshot("halted")
-            page.click("#btn-resume")
-            page.click("#confirm-ok")
-            expect(page.locator("#outcome")).to_contain_text("resume done")
-            expect(page.locator("#status")).not_to_have_text("HALTED")
-            expect(page.locator("#history")).to_contain_text("resume from the dashboard")
-            assert rz.get_job(job_id).status != job_pb2.HALTED
-            tab.screenshot("resumed")
-            # A refused action shows the API's message: a second resume of a running job.
-            page.evaluate("document.getElementById('btn-resume').disabled = false")
-            page.click("#btn-resume")
-            page.click("#confirm-ok")
-            expect(page.locator("#outcome")).to_contain_text("only a HALTED job can be resumed")
-            tab.assert_no_console_errors(lambda e: "409" in e)
-        finally:
-            rz.delete_job(job_id)
+    with _users_job(platform, SLEEPER.format(name="halt-me")) as (user, rz, job_id):
+        sign_in(tab, platform, platform.token(user), f"/jobs/{job_id}")
+        page = tab.page
+        expect(page.locator("#status")).to_have_text("PROCESSING", timeout=60_000)
+        page.click("#btn-halt")
+        dialog = page.locator("#confirm")
+        expect(dialog).to_be_visible()
+        # Cancelling does nothing.
+        page.click("#confirm-cancel")
+        expect(dialog).to_be_hidden()
+        assert rz.get_job(job_id).status == job_pb2.PROCESSING
+        page.click("#btn-halt")
+        page.click("#confirm-ok")
+        expect(page.locator("#outcome")).to_contain_text("halt done", timeout=60_000)
+        expect(page.locator("#status")).to_have_text("HALTED")
+        expect(page.locator("#btn-resume")).to_be_enabled()
+        assert rz.get_job(job_id).status == job_pb2.HALTED
+        tab.screenshot("halted")
+        page.click("#btn-resume")
+        page.click("#confirm-ok")
+        expect(page.locator("#outcome")).to_contain_text("resume done")
+        expect(page.locator("#status")).not_to_have_text("HALTED")
+        expect(page.locator("#history")).to_contain_text("resume from the dashboard")
+        assert rz.get_job(job_id).status != job_pb2.HALTED
+        tab.screenshot("resumed")
+        # A refused action shows the API's message: a second resume of a running job.
+        page.evaluate("document.getElementById('btn-resume').disabled = false")
+        page.click("#btn-resume")
+        page.click("#confirm-ok")
+        expect(page.locator("#outcome")).to_contain_text("only a HALTED job can be resumed")
+        tab.assert_no_console_errors(lambda e: "409" in e)
 
 
 def test_an_unknown_job_is_a_404_page_and_an_action_without_the_csrf_token_is_refused(
@@ -154,35 +164,30 @@ def test_an_unknown_job_is_a_404_page_and_an_action_without_the_csrf_token_is_re
 def test_the_jobs_page_is_keyboard_navigable_and_fits_a_narrow_window(
     tab: Tab, platform: Platform
 ) -> None:
-    user = user_name()
-    with platform.client(user) as rz:
-        job_id = rz.create_job(SLEEPER.format(name="narrow")).job_id
-        try:
-            sign_in(tab, platform, platform.token(user))
-            page = tab.page
-            expect(page.locator(f"tr[data-job='{job_id}']")).to_be_visible()
-            assert page_overflow(page) <= 0, "the jobs page is wider than a 1280x800 window"
-            # Tab from the top reaches the job's link; Enter opens it.
-            for _ in range(20):
-                page.keyboard.press("Tab")
-                if page.evaluate("document.activeElement.textContent") == job_id:
-                    break
-            page.keyboard.press("Enter")
-            page.wait_for_url(f"**/jobs/{job_id}")
-            page.set_viewport_size({"width": 390, "height": 800})
-            expect(page.locator("#status")).to_have_text("PROCESSING", timeout=60_000)
-            tab.screenshot("narrow-job")
-            assert page_overflow(page) <= 0, "the job page is wider than a 390px window"
-            page.go_back()
-            tab.screenshot("narrow")
-            assert page_overflow(page) <= 0, "the jobs page is wider than a 390px window"
-            page.goto(platform.url + "/cluster")  # nodes, quotas and queue tables
-            expect(page.locator("h1")).to_have_text("Cluster")
-            tab.screenshot("narrow-cluster")
-            assert page_overflow(page) <= 0, "the cluster page is wider than a 390px window"
-            tab.assert_no_console_errors()
-        finally:
-            rz.delete_job(job_id)
+    with _users_job(platform, SLEEPER.format(name="narrow")) as (user, _rz, job_id):
+        sign_in(tab, platform, platform.token(user))
+        page = tab.page
+        expect(page.locator(f"tr[data-job='{job_id}']")).to_be_visible()
+        assert page_overflow(page) <= 0, "the jobs page is wider than a 1280x800 window"
+        # Tab from the top reaches the job's link; Enter opens it.
+        for _ in range(20):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.textContent") == job_id:
+                break
+        page.keyboard.press("Enter")
+        page.wait_for_url(f"**/jobs/{job_id}")
+        page.set_viewport_size({"width": 390, "height": 800})
+        expect(page.locator("#status")).to_have_text("PROCESSING", timeout=60_000)
+        tab.screenshot("narrow-job")
+        assert page_overflow(page) <= 0, "the job page is wider than a 390px window"
+        page.go_back()
+        tab.screenshot("narrow")
+        assert page_overflow(page) <= 0, "the jobs page is wider than a 390px window"
+        page.goto(platform.url + "/cluster")  # nodes, quotas and queue tables
+        expect(page.locator("h1")).to_have_text("Cluster")
+        tab.screenshot("narrow-cluster")
+        assert page_overflow(page) <= 0, "the cluster page is wider than a 390px window"
+        tab.assert_no_console_errors()
 
 
 def test_submit_the_mnist_example_and_watch_it_complete_with_logs_and_a_plotted_metric(
@@ -340,38 +345,33 @@ ELASTIC_SLEEPER = (
 def test_a_dropped_log_stream_and_status_poll_reconnect_by_themselves_and_say_so(
     tab: Tab, platform: Platform
 ) -> None:
-    user = user_name()
-    with platform.client(user) as rz:
-        job_id = rz.create_job(TICKER.format(name="ticker")).job_id
-        try:
-            sign_in(tab, platform, platform.token(user))
-            page = tab.page
-            # The network between the page and the server drops: every live request of
-            # this job's page fails at the network level, as on a lost connection.
-            dropped = {"on": True}
+    with _users_job(platform, TICKER.format(name="ticker")) as (user, _rz, job_id):
+        sign_in(tab, platform, platform.token(user))
+        page = tab.page
+        # The network between the page and the server drops: every live request of
+        # this job's page fails at the network level, as on a lost connection.
+        dropped = {"on": True}
 
-            def drop(route: Any) -> None:
-                if dropped["on"]:
-                    route.abort("connectionreset")
-                else:
-                    route.continue_()
+        def drop(route: Any) -> None:
+            if dropped["on"]:
+                route.abort("connectionreset")
+            else:
+                route.continue_()
 
-            page.route(re.compile(rf".*/ui/jobs/{job_id}(/logs.*)?$"), drop)
-            page.goto(f"{platform.url}/jobs/{job_id}")
-            expect(page.locator("#log-state")).to_contain_text("dropped; reconnecting")
-            expect(page.locator("#outcome")).to_contain_text("Lost contact with the server")
-            tab.screenshot("dropped")
-            dropped["on"] = False
-            # Nobody reloads: the page reconnects by itself and says so.
-            expect(page.locator("#outcome")).to_have_text("Reconnected.", timeout=30_000)
-            expect(page.locator("#log-state")).to_contain_text("Reconnected", timeout=60_000)
-            expect(page.locator("#logs")).to_contain_text("tick", timeout=60_000)
-            # The placement table names each learner's zone (deploy/cluster-local.yaml).
-            expect(page.locator("#placement tbody")).to_contain_text("local-", timeout=60_000)
-            tab.screenshot("reconnected")
-            tab.assert_no_console_errors(lambda e: "ERR_CONNECTION_RESET" in e)
-        finally:
-            rz.delete_job(job_id)
+        page.route(re.compile(rf".*/ui/jobs/{job_id}(/logs.*)?$"), drop)
+        page.goto(f"{platform.url}/jobs/{job_id}")
+        expect(page.locator("#log-state")).to_contain_text("dropped; reconnecting")
+        expect(page.locator("#outcome")).to_contain_text("Lost contact with the server")
+        tab.screenshot("dropped")
+        dropped["on"] = False
+        # Nobody reloads: the page reconnects by itself and says so.
+        expect(page.locator("#outcome")).to_have_text("Reconnected.", timeout=30_000)
+        expect(page.locator("#log-state")).to_contain_text("Reconnected", timeout=60_000)
+        expect(page.locator("#logs")).to_contain_text("tick", timeout=60_000)
+        # The placement table names each learner's zone (deploy/cluster-local.yaml).
+        expect(page.locator("#placement tbody")).to_contain_text("local-", timeout=60_000)
+        tab.screenshot("reconnected")
+        tab.assert_no_console_errors(lambda e: "ERR_CONNECTION_RESET" in e)
 
 
 def test_an_elastic_job_is_scaled_from_its_page_and_a_refused_scale_says_why(

@@ -6,7 +6,6 @@ Elasticsearch-API servers) with a quota configuration, restarted in the middle o
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -18,7 +17,7 @@ from services.daemon import Daemon
 from services.embedded.process import ManagedServer
 from services.store.mongo import connect
 from services.store.tokens import TokensRepository
-from tests.browser.conftest import Platform, Tab, sign_in, user_name, wait_until
+from tests.browser.conftest import Platform, Tab, module_data, sign_in, user_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +39,8 @@ def platform(
     es_server: ManagedServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Platform]:
-    data_dir = Path(tmp_path_factory.mktemp("dashboard-restart"))
+    data_dir, uri = module_data(mongo_server, tmp_path_factory, "dashboard-restart")
     (data_dir / "quotas.yaml").write_text(QUOTAS)
-    uri = mongo_server.url.replace("/?", f"/{data_dir.name.replace('.', '_')}?")
     config = PlatformConfig(
         data_dir=data_dir,
         mongodb_uri=uri,

@@ -9,12 +9,13 @@ cannot run containers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,14 +245,33 @@ def docker_platform(
     learner_image: LearnerImage,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[DockerPlatform]:
-    platform = DockerPlatform(
+    with started_platform(
         Path(tmp_path_factory.mktemp("dockerplatform")),
-        etcd_server.url,
-        mongo_server.url,
-        docker_engine.url,
-        es_server.url,
+        etcd_server,
+        mongo_server,
+        es_server,
+        docker_engine,
+    ) as platform:
+        yield platform
+
+
+@contextlib.contextmanager
+def started_platform(
+    data_dir: Path,
+    etcd_server: Any,
+    mongo_server: Any,
+    es_server: Any,
+    docker_engine: DockerEngine,
+    args: Sequence[str] = (),
+    **env: str,
+) -> Iterator[DockerPlatform]:
+    """A DockerPlatform with the TDS on the session's servers, more daemon flags in `args`,
+    started with a 3 s learner grace, 2 deploy attempts and `env`; stopped at the end."""
+    platform = DockerPlatform(
+        data_dir, etcd_server.url, mongo_server.url, docker_engine.url, es_server.url
     )
-    platform.start(RHIZOME_LEARNER_GRACE_S="3", RHIZOME_DEPLOY_ATTEMPTS="2")
+    platform.args += args
+    platform.start(RHIZOME_LEARNER_GRACE_S="3", RHIZOME_DEPLOY_ATTEMPTS="2", **env)
     try:
         yield platform
     finally:

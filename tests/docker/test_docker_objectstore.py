@@ -23,7 +23,7 @@ from contract.learner_spec import LearnerSpec
 from services.client.sdk import Client
 from services.objectstore.s3 import role_name
 from services.store import states
-from tests.docker.conftest import DockerEngine, DockerPlatform, LearnerImage
+from tests.docker.conftest import DockerEngine, DockerPlatform, LearnerImage, started_platform
 from tests.docker.test_docker_backend import TERMINAL, containers, manifest, wait_status
 from tests.services.guardian.helpers import code_zip, wait_for
 from tests.services.objectstore.server import MotoS3
@@ -78,22 +78,19 @@ def s3_platform(
     es_server: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[DockerPlatform]:
-    platform = DockerPlatform(
+    with started_platform(
         Path(tmp_path_factory.mktemp("s3platform")),
-        etcd_server.url,
-        mongo_server.url,
-        docker_engine.url,
-        es_server.url,
-    )
-    platform.args += [
-        f"--object-store=s3://{moto_s3.bucket}/{PREFIX}",
-        f"--object-store-endpoint={moto_s3.url}",
-    ]
-    platform.start(RHIZOME_LEARNER_GRACE_S="3", RHIZOME_DEPLOY_ATTEMPTS="2", **moto_s3.platform_env)
-    try:
+        etcd_server,
+        mongo_server,
+        es_server,
+        docker_engine,
+        [
+            f"--object-store=s3://{moto_s3.bucket}/{PREFIX}",
+            f"--object-store-endpoint={moto_s3.url}",
+        ],
+        **moto_s3.platform_env,
+    ) as platform:
         yield platform
-    finally:
-        platform.stop()
 
 
 def keys(moto_s3: MotoS3, prefix: str) -> list[str]:

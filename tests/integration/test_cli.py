@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,14 +44,20 @@ def rz(
     return proc
 
 
-@pytest.fixture(scope="module")
-def embedded(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    data_dir = Path(tmp_path_factory.mktemp("embedded"))
+@contextlib.contextmanager
+def embedded_up(data_dir: Path) -> Iterator[Path]:
+    """`rhizome up --embedded` on free ports in `data_dir`; `rhizome down` at the end."""
     rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
     try:
         yield data_dir
     finally:
         rz(data_dir, "down", check=False)
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with embedded_up(Path(tmp_path_factory.mktemp("embedded"))) as data_dir:
+        yield data_dir
 
 
 def write_manifest(tmp_path: Path, body: str) -> Path:
@@ -136,9 +144,7 @@ def test_an_unreachable_api_is_named(tmp_path: Path) -> None:
 def test_down_stops_everything_by_pid_and_data_survives_up(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    data_dir = Path(tmp_path_factory.mktemp("restart"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+    with embedded_up(Path(tmp_path_factory.mktemp("restart"))) as data_dir:
         manifest = write_manifest(
             data_dir / "job", "name: survives\nframework:\n  command: python train.py\n"
         )
@@ -153,8 +159,6 @@ def test_down_stops_everything_by_pid_and_data_survives_up(
         rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
         shown = json.loads(rz(data_dir, "show", job_id, "--json").stdout)
         assert shown["name"] == "survives"
-    finally:
-        rz(data_dir, "down", check=False)
 
 
 def test_up_with_external_servers_uses_them(
@@ -189,9 +193,7 @@ def test_up_with_external_servers_uses_them(
 def test_a_daemon_crash_restarts_only_the_daemon(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    data_dir = Path(tmp_path_factory.mktemp("crash"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+    with embedded_up(Path(tmp_path_factory.mktemp("crash"))) as data_dir:
         manifest = write_manifest(data_dir / "job", "name: crash\nframework:\n  command: 'true'\n")
         job_id = json.loads(rz(data_dir, "train", str(manifest), "--json").stdout)["job_id"]
         before = json.loads(rz(data_dir, "status", "--json").stdout)["components"]
@@ -210,8 +212,6 @@ def test_a_daemon_crash_restarts_only_the_daemon(
             assert after[dep]["pid"] == before[dep]["pid"], f"{dep} was restarted"
         assert after["api"]["pid"] != before["api"]["pid"]
         assert json.loads(rz(data_dir, "show", job_id, "--json").stdout)["job_id"] == job_id
-    finally:
-        rz(data_dir, "down", check=False)
 
 
 def test_train_validates_the_manifest_before_packaging_anything(

@@ -9,10 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import queue
-import subprocess
-import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -22,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_cli import embedded_up, rz
+
 pytestmark = pytest.mark.integration
 
-RHIZOME = [sys.executable, "-m", "services.client.cli"]
 # Waits until the test registered its webhook and opened the gate (a fixed 5 s before:
 # longer than needed on an idle machine, maybe too short on a loaded one; at most 2 min).
 TRAIN = """\
@@ -39,29 +37,10 @@ print("done")
 """
 
 
-def rz(data_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("RHIZOME_TOKEN", None)  # the CLI finds the embedded platform's admin token
-    proc = subprocess.run(
-        [*RHIZOME, "--data-dir", str(data_dir), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"rhizome {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
-    return proc
-
-
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    data_dir = Path(tmp_path_factory.mktemp("ffdl-embedded"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+    with embedded_up(Path(tmp_path_factory.mktemp("ffdl-embedded"))) as data_dir:
         yield data_dir
-    finally:
-        rz(data_dir, "down", check=False)
 
 
 @pytest.fixture

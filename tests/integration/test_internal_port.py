@@ -6,9 +6,10 @@ is UNAUTHENTICATED; a job token appends to and reads its own job only."""
 
 from __future__ import annotations
 
+import contextlib
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -230,6 +231,25 @@ def test_a_learner_ships_its_logs_with_its_own_job_token_which_is_never_logged(
         assert secret not in log_file.read_text(errors="replace"), log_file
 
 
+@contextlib.contextmanager
+def tds_api_and_stranger(
+    start: Callable[..., Daemon], ours: Path, theirs: Path
+) -> Iterator[tuple[Daemon, Daemon, Daemon]]:
+    """Three daemons, each `start(name, services, shared, **extra)`: the TDS alone, an API
+    reading logs from it that shares `ours` with it (a secret or a CA directory), and a
+    stranger API pointed at the same TDS with `theirs`; stopped newest first."""
+    tds = start("tds", ("tds",), ours)
+    started = [tds]
+    try:
+        peer = {"tds": tds.config.internal_address}
+        started.append(start("api", ("api",), ours, peers=peer))
+        started.append(start("stranger", ("api",), theirs, peers=peer))
+        yield tds, started[1], started[2]
+    finally:
+        for d in reversed(started):
+            d.stop()
+
+
 def test_daemons_reach_each_others_internal_port_with_the_shared_secret_only(
     mongo_server: ManagedServer, es_server: ManagedServer, tmp_path: Path
 ) -> None:
@@ -241,6 +261,7 @@ def test_daemons_reach_each_others_internal_port_with_the_shared_secret_only(
     uri = mongo_server.url.replace("/?", "/internal_peers?")
 
     def daemon(name: str, services: tuple[str, ...], secret: Path, **extra: object) -> Daemon:
+        (tmp_path / name).mkdir()
         return start_daemon(
             tmp_path / name,
             uri,
@@ -250,18 +271,8 @@ def test_daemons_reach_each_others_internal_port_with_the_shared_secret_only(
             **extra,
         )
 
-    (tmp_path / "tds").mkdir()
-    (tmp_path / "api").mkdir()
-    (tmp_path / "stranger").mkdir()
-    shared = tmp_path / "shared.secret"
-    tds = daemon("tds", ("tds",), shared)
-    started = [tds]
-    try:
-        peer = {"tds": tds.config.internal_address}
-        api = daemon("api", ("api",), shared, peers=peer)
-        started.append(api)
-        stranger = daemon("stranger", ("api",), tmp_path / "other.secret", peers=peer)
-        started.append(stranger)
+    shared, other = tmp_path / "shared.secret", tmp_path / "other.secret"
+    with tds_api_and_stranger(daemon, shared, other) as (tds, api, stranger):
         with token_client(api, "peer-admin", role="admin") as rz:
             job_id = rz.create_job("name: peer\nframework: {command: 'true'}\n").job_id
             line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="hi")
@@ -278,9 +289,6 @@ def test_daemons_reach_each_others_internal_port_with_the_shared_secret_only(
             # The user's token is fine; the platform is misconfigured, and says so.
             assert info.value.code == "UNAVAILABLE"
             assert "wrong service credential" in info.value.message
-    finally:
-        for d in reversed(started):
-            d.stop()
 
 
 def test_a_restarted_daemon_answers_on_the_same_internal_port(

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pytest
 
 from contract import procs
 from contract.env import Role
-from tests.integration.test_cli import rz
+from tests.integration.test_cli import embedded_up, rz
 from tests.learner.runtime.test_failover import assert_equals_reference
 from tests.learner.runtime.test_growth import assert_equals_grown_reference
 from tests.services.guardian.helpers import describe_job, wait_for
@@ -34,30 +35,34 @@ pytestmark = pytest.mark.integration
 SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
 
 
-def manifest(stages: int, steps: int, name: str, more: str = "") -> str:
-    """A toy pipeline job; `more`: more fields of its `pipeline:` section ("k: v, ...")."""
+def manifest(stages: int, steps: int, name: str, more: str = "", args: str = "") -> str:
+    """A toy pipeline job; `more`: more fields of its `pipeline:` section ("k: v, ..."),
+    `args`: more options of the toy (``--gate ...``)."""
     return (
         f"name: {name}\nmemory: 512MiB\nmax_learner_restarts: 2\n"
-        f"framework:\n  command: python train.py --steps {steps}\n"
+        f"framework:\n  command: python train.py --steps {steps}{' ' + args if args else ''}\n"
         f"pipeline: {{stages: {stages}, pipelines: 1{', ' + more if more else ''}}}\n"
     )
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    data_dir = Path(tmp_path_factory.mktemp("pipeline-jobs"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with embedded_up(Path(tmp_path_factory.mktemp("pipeline-jobs"))) as data_dir:
         yield data_dir
-    finally:
-        rz(data_dir, "down", check=False)
 
 
-def submit(platform: Path, tmp: Path, stages: int, steps: int, name: str, more: str = "") -> str:
+def submit(
+    platform: Path, tmp: Path, stages: int, steps: int, name: str, more: str = "", args: str = ""
+) -> str:
+    """`manifest(...)`'s toy job through `rhizome train`: its id."""
+    return submit_manifest(platform, tmp, manifest(stages, steps, name, more, args))
+
+
+def submit_manifest(platform: Path, tmp: Path, text: str) -> str:
     code = tmp / "code"
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
-    (code / "manifest.yml").write_text(manifest(stages, steps, name, more))
+    (code / "manifest.yml").write_text(text)
     out = rz(platform, "train", str(code / "manifest.yml"), "--json").stdout
     return str(json.loads(out)["job_id"])
 
@@ -273,16 +278,13 @@ def test_lost_learners_are_replaced_redundancy_returns_and_a_second_loss_is_surv
     uninterrupted run of the same seed. The toy's gates hold steps 30 and 60 until each
     replacement has joined (a learner needs seconds to start)."""
     steps = 80
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(SCRIPT)
-    (code / "manifest.yml").write_text(
-        manifest(2, steps, "pipe-reconf").replace(
-            f"--steps {steps}", f"--steps {steps} --die 1:2 --die-replacement 1:40 --gate 30:2,60:4"
-        )
-    )
-    job_id = str(
-        json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
+    job_id = submit(
+        platform,
+        tmp_path,
+        2,
+        steps,
+        "pipe-reconf",
+        args="--die 1:2 --die-replacement 1:40 --gate 30:2,60:4",
     )
     job = wait_end(platform, job_id, timeout_s=600)
     assert job["status"] == "COMPLETED", job
@@ -323,17 +325,9 @@ def test_a_standby_takes_a_lost_slot_without_a_cold_start_and_a_new_standby_is_s
     as the next standby; the job ends, that unused standby is refused and retires (no
     preemption), the job is COMPLETED with the parameters of the uninterrupted run."""
     steps = 60
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(SCRIPT)
-    (code / "manifest.yml").write_text(
-        manifest(2, steps, "pipe-standby")
-        .replace("pipelines: 1}", "pipelines: 1, standbys: 1}")
-        # step 40's batches wait until the standby joined (generation 2)
-        .replace(f"--steps {steps}", f"--steps {steps} --gate 40:2")
-    )
-    job_id = str(
-        json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
+    # step 40's batches wait until the standby joined (generation 2)
+    job_id = submit(
+        platform, tmp_path, 2, steps, "pipe-standby", more="standbys: 1", args="--gate 40:2"
     )
 
     def explain() -> str:
@@ -411,17 +405,15 @@ def test_two_standbys_grow_the_job_by_a_whole_pipeline(platform: Path, tmp_path:
     pipeline's parameters equal, and equal to the reference that adds the second
     pipeline's microbatches from the growth step on."""
     steps = 16
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(SCRIPT)
-    (code / "manifest.yml").write_text(
-        manifest(2, steps, "pipe-grow")
-        .replace("pipelines: 1}", "pipelines: 1, standbys: 2, max_pipelines: 2}")
-        # step 6's batches wait until the job grew (generation 1): standbys need seconds
-        .replace(f"--steps {steps}", f"--steps {steps} --gate 6:1")
-    )
-    job_id = str(
-        json.loads(rz(platform, "train", str(code / "manifest.yml"), "--json").stdout)["job_id"]
+    # step 6's batches wait until the job grew (generation 1): standbys need seconds
+    job_id = submit(
+        platform,
+        tmp_path,
+        2,
+        steps,
+        "pipe-grow",
+        more="standbys: 2, max_pipelines: 2",
+        args="--gate 6:1",
     )
     job = wait_end(platform, job_id, timeout_s=300)
     assert job["status"] == "COMPLETED", report(platform, job_id)
@@ -445,15 +437,6 @@ def test_two_standbys_grow_the_job_by_a_whole_pipeline(platform: Path, tmp_path:
         f"{w}/worker{w}.pt" for w in range(4)
     ]
     assert_equals_grown_reference(tmp_path / "params", steps, grew)
-
-
-def submit_manifest(platform: Path, tmp: Path, text: str) -> str:
-    code = tmp / "code"
-    code.mkdir()
-    (code / "train.py").write_text(SCRIPT)
-    (code / "manifest.yml").write_text(text)
-    out = rz(platform, "train", str(code / "manifest.yml"), "--json").stdout
-    return str(json.loads(out)["job_id"])
 
 
 def wait_step(platform: Path, job_id: str, rank: int, step: int, timeout_s: float = 90) -> None:

@@ -31,19 +31,16 @@ from services.security.tls import (
     internal_channel_credentials,
 )
 from tests.daemons import start_daemon
-from tests.integration.test_cli import rz
+from tests.integration.test_cli import embedded_up
+from tests.integration.test_internal_port import tds_api_and_stranger
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    data_dir = Path(tmp_path_factory.mktemp("mtls-embedded"))
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
-    try:
+    with embedded_up(Path(tmp_path_factory.mktemp("mtls-embedded"))) as data_dir:
         yield data_dir
-    finally:
-        rz(data_dir, "down", check=False)
 
 
 def internal_address(data_dir: Path) -> str:
@@ -160,14 +157,8 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
             **extra,
         )
 
-    tds = daemon("tds", ("tds",), tmp_path / "ca")
-    started = [tds]
-    try:
-        peer = {"tds": tds.config.internal_address}
-        api = daemon("api", ("api",), tmp_path / "ca", peers=peer)
-        started.append(api)
-        stranger = daemon("stranger", ("api",), tmp_path / "other-ca", peers=peer)
-        started.append(stranger)
+    ours, theirs = tmp_path / "ca", tmp_path / "other-ca"
+    with tds_api_and_stranger(daemon, ours, theirs) as (tds, api, stranger):
         with token_client(api, "mtls-admin", role="admin") as rz:
             job_id = rz.create_job("name: peer\nframework: {command: 'true'}\n").job_id
             line = tds_pb2.LogLine(job_id=job_id, learner=0, stream="stdout", seq=0, line="hi")
@@ -184,9 +175,6 @@ def test_daemons_reach_each_others_internal_port_over_mutual_tls(
             with pytest.raises(ClientError) as info:
                 list(rz.logs(request))
             assert info.value.code == "UNAVAILABLE"
-    finally:
-        for d in reversed(started):
-            d.stop()
 
 
 def test_the_collector_process_takes_its_certificate_from_its_environment(

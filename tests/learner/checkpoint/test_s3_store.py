@@ -31,10 +31,10 @@ from learner.checkpoint.storage import (
     LocalDirectoryStore,
     open_store,
 )
+from tests.learner.checkpoint.helpers import kill_writer_when_ready
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -190,21 +190,8 @@ def test_writer_killed_mid_upload_is_never_picked(
     bucket: str, s3env: dict[str, str], tmp_path: Path
 ) -> None:
     ready = tmp_path / "ready"
-    script = tmp_path / "writer.py"
-    script.write_text(_WRITER.format(repo=str(REPO)))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), bucket, str(tmp_path), str(ready)],
-        env={**os.environ, **s3env},
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None, "writer exited before reaching the upload"
-            assert time.monotonic() < deadline, "writer never reached the upload"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
+    args = [bucket, str(tmp_path), str(ready)]
+    kill_writer_when_ready(_WRITER, args, ready, "the upload", env={**os.environ, **s3env})
     store = S3Store(bucket, "k", clean_partial=False)
     partial = [k for k in _all_keys(store) if "-insurance-s2/" in k]
     assert len(partial) == 2, f"expected two uploaded shards and no marker, got {partial}"

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from learner.checkpoint.api import CheckpointKind, StorageError
 from learner.checkpoint.storage import COMMITTED_MARKER, LocalDirectoryStore, open_store
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.learner.checkpoint.helpers import kill_writer_when_ready
 
 
 def _payload(tmp_path: Path, name: str, text: str) -> Path:
@@ -117,20 +111,8 @@ store.commit(src, step=2, kind=CheckpointKind.INSURANCE)
 @pytest.mark.parametrize("stage", ["copy", "rename"])
 def test_checkpoint_killed_mid_write_is_never_picked(tmp_path: Path, stage: str) -> None:
     root, ready = tmp_path / "store", tmp_path / "ready"
-    script = tmp_path / "writer.py"
-    script.write_text(_WRITER.format(repo=str(REPO)))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(root), str(tmp_path / "model.pt"), str(ready), stage]
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None, "writer exited before reaching the write"
-            assert time.monotonic() < deadline, "writer never reached the write"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
+    args = [str(root), str(tmp_path / "model.pt"), str(ready), stage]
+    kill_writer_when_ready(_WRITER, args, ready, "the write")
     leftovers = [p.name for p in root.iterdir() if p.name.startswith((".tmp-", "ckpt-"))]
     assert len(leftovers) == 2, f"expected the good checkpoint and one partial, got {leftovers}"
     store = LocalDirectoryStore(root, clean_partial=False)

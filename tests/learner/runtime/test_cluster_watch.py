@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -72,64 +73,66 @@ class Recorder:
             return sum(1 for _, f in self.batches if f)
 
 
+@dataclass
+class Watched:
+    prefix: str  # a fresh one
+    direct: EtcdClient  # writes straight to etcd
+    got: Recorder  # what the watch delivered
+    watch: PrefixWatch  # of `prefix`, through the relay
+
+
+@pytest.fixture
+def watched(etcd_server: ManagedServer, relay: Relay) -> Iterator[Watched]:
+    direct = EtcdClient(etcd_server.url)
+    client = EtcdClient(f"http://127.0.0.1:{relay.port}", timeout_s=3)
+    prefix, got = f"/t-{uuid.uuid4().hex[:8]}/", Recorder()
+    watch = PrefixWatch(client, prefix, got, retry_s=0.05).start()
+    try:
+        yield Watched(prefix, direct, got, watch)
+    finally:
+        watch.stop()
+        client.close()
+        direct.close()
+
+
 def test_watch_resumes_after_a_forced_disconnect_and_sees_the_change_made_meanwhile(
-    etcd_server: ManagedServer, relay: Relay
+    relay: Relay, watched: Watched
 ) -> None:
-    prefix = f"/t-{uuid.uuid4().hex[:8]}/"
-    direct = EtcdClient(etcd_server.url)
-    watched = EtcdClient(f"http://127.0.0.1:{relay.port}", timeout_s=3)
-    got = Recorder()
-    watch = PrefixWatch(watched, prefix, got, retry_s=0.05).start()
-    try:
-        direct.put(prefix + "members/0", 0)
-        wait_for(lambda: prefix + "members/0" in got.keys(full=False), "first change seen")
-        relay.cut()
-        direct.put(prefix + "members/1", 1)  # while the watcher is cut off
-        direct.delete(prefix + "members/0")
-        time.sleep(0.3)  # the change really happens while the stream is down
-        relay.restore()
-        wait_for(lambda: prefix + "members/1" in got.keys(full=False), "change made meanwhile")
-        wait_for(lambda: got.keys(full=False).count(prefix + "members/0") == 2, "the deletion")
-        assert watch.reconnects >= 1
-        assert got.fulls() == 1, "a resumed watch needs no full re-read"
-        assert got.keys(full=False).count(prefix + "members/1") == 1, "delivered once"
-    finally:
-        watch.stop()
-        watched.close()
-        direct.close()
+    prefix, direct, got, watch = watched.prefix, watched.direct, watched.got, watched.watch
+    direct.put(prefix + "members/0", 0)
+    wait_for(lambda: prefix + "members/0" in got.keys(full=False), "first change seen")
+    relay.cut()
+    direct.put(prefix + "members/1", 1)  # while the watcher is cut off
+    direct.delete(prefix + "members/0")
+    time.sleep(0.3)  # the change really happens while the stream is down
+    relay.restore()
+    wait_for(lambda: prefix + "members/1" in got.keys(full=False), "change made meanwhile")
+    wait_for(lambda: got.keys(full=False).count(prefix + "members/0") == 2, "the deletion")
+    assert watch.reconnects >= 1
+    assert got.fulls() == 1, "a resumed watch needs no full re-read"
+    assert got.keys(full=False).count(prefix + "members/1") == 1, "delivered once"
 
 
-def test_a_compacted_revision_gives_one_full_re_read(
-    etcd_server: ManagedServer, relay: Relay
-) -> None:
-    prefix = f"/t-{uuid.uuid4().hex[:8]}/"
-    direct = EtcdClient(etcd_server.url)
-    watched = EtcdClient(f"http://127.0.0.1:{relay.port}", timeout_s=3)
-    got = Recorder()
-    watch = PrefixWatch(watched, prefix, got, retry_s=0.05).start()
-    try:
-        direct.put(prefix + "state", {"generation": 0})
-        wait_for(lambda: prefix + "state" in got.keys(full=False), "first change seen")
-        relay.cut()
-        direct.put(prefix + "members/7", 7)
-        for i in range(3):  # history the compaction removes
-            direct.put(prefix + "state", {"generation": i + 1})
-        direct.raw.compact(direct.revision())
-        relay.restore()
-        wait_for(lambda: got.fulls() == 2, "a full re-read")
-        full = [c for cs, f in got.batches if f for c in cs][-2:]
-        assert {c.key: c.value for c in full} == {
-            prefix + "state": {"generation": 3},
-            prefix + "members/7": 7,
-        }
-        # and it watches again from there
-        direct.put(prefix + "members/8", 8)
-        wait_for(lambda: prefix + "members/8" in got.keys(full=False), "a change after it")
-        assert got.fulls() == 2
-    finally:
-        watch.stop()
-        watched.close()
-        direct.close()
+def test_a_compacted_revision_gives_one_full_re_read(relay: Relay, watched: Watched) -> None:
+    prefix, direct, got = watched.prefix, watched.direct, watched.got
+    direct.put(prefix + "state", {"generation": 0})
+    wait_for(lambda: prefix + "state" in got.keys(full=False), "first change seen")
+    relay.cut()
+    direct.put(prefix + "members/7", 7)
+    for i in range(3):  # history the compaction removes
+        direct.put(prefix + "state", {"generation": i + 1})
+    direct.raw.compact(direct.revision())
+    relay.restore()
+    wait_for(lambda: got.fulls() == 2, "a full re-read")
+    full = [c for cs, f in got.batches if f for c in cs][-2:]
+    assert {c.key: c.value for c in full} == {
+        prefix + "state": {"generation": 3},
+        prefix + "members/7": 7,
+    }
+    # and it watches again from there
+    direct.put(prefix + "members/8", 8)
+    wait_for(lambda: prefix + "members/8" in got.keys(full=False), "a change after it")
+    assert got.fulls() == 2
 
 
 def test_changes_of_another_jobs_prefix_are_not_delivered(etcd_server: ManagedServer) -> None:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,20 @@ TOY = REPO / "learner" / "runtime" / "toy.py"
 
 
 def launcher_argv(
-    etcd: ManagedServer, out: Path, stages: int, pipelines: int, steps: int, kill: str = ""
+    etcd: ManagedServer,
+    out: Path,
+    stages: int,
+    pipelines: int,
+    steps: int,
+    kill: str = "",
+    *,
+    detection_timeout_s: int = 10,
+    launcher_args: Sequence[str] = (),
+    toy_args: Sequence[str] = (),
 ) -> list[str]:
+    """The launcher running the toy job for ``steps`` steps as a fresh job; the launcher's
+    own further options (``launcher_args``) go before the script, the toy's (``toy_args``,
+    e.g. ``--gate``) after it."""
     return [
         sys.executable,
         "-m",
@@ -47,13 +60,15 @@ def launcher_argv(
         "--job-id",
         f"t-{uuid.uuid4().hex[:10]}",
         "--detection-timeout",
-        "10",
+        str(detection_timeout_s),
         "--out-dir",
         str(out),
         *(["--kill", kill] if kill else []),
+        *launcher_args,
         str(TOY),
         "--steps",
         str(steps),
+        *toy_args,
     ]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import queue
 import re
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -37,40 +36,27 @@ from learner.runtime.reconfigure import (
 from learner.runtime.reference import reference_train
 from learner.runtime.toy import toy_job
 from services.embedded.process import ManagedServer
-from tests.learner.runtime.test_failover import REPO, TOY, saved_params
+from tests.learner.runtime.helpers import lose
+from tests.learner.runtime.test_failover import REPO, launcher_argv, saved_params
 
 pytestmark = pytest.mark.integration
 
 
-def grow_argv(etcd: ManagedServer, out: Path, steps: int, extra: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "learner.runtime.launch",
-        "--stages",
-        "2",
-        "--pipelines",
-        "1",
-        "--standbys",
-        "2",
-        "--max-pipelines",
-        "2",
-        "--etcd",
-        etcd.url,
-        "--job-id",
-        f"t-{uuid.uuid4().hex[:10]}",
-        # the gate holds step 4 until the growth (standbys need seconds to start)
-        "--detection-timeout",
-        "300",
-        "--out-dir",
-        str(out),
-        *extra,
-        str(TOY),
-        "--steps",
-        str(steps),
-        "--gate",
-        "4:1",
-    ]
+def grow_argv(
+    etcd: ManagedServer, out: Path, steps: int, extra: list[str], gate: str = "4:1"
+) -> list[str]:
+    """P=2 × D=1 with two standbys that may grow it to D=2; ``extra`` are launcher options.
+    The gate holds step 4 until the growth (standbys need seconds to start)."""
+    return launcher_argv(
+        etcd,
+        out,
+        2,
+        1,
+        steps,
+        detection_timeout_s=300,
+        launcher_args=["--standbys", "2", "--max-pipelines", "2", *extra],
+        toy_args=["--gate", gate],
+    )
 
 
 def growth_step(err: str) -> int:
@@ -137,8 +123,10 @@ def test_a_loss_in_the_grown_pipeline_fails_over_and_a_replacement_takes_the_slo
     and the replica of block 0 back from worker 2; the job completes equal to the
     reference."""
     out, steps = tmp_path / "params", 12
-    argv = grow_argv(etcd_server, out, steps, ["--replace", "--kill", "3:6:forward:1"])
-    argv[-1] = "4:1,9:3"  # step 9 waits for the replacement as well
+    # step 9 waits for the replacement as well
+    argv = grow_argv(
+        etcd_server, out, steps, ["--replace", "--kill", "3:6:forward:1"], gate="4:1,9:3"
+    )
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     err = proc.stderr
     assert proc.returncode == 0, err[-4000:]
@@ -284,11 +272,11 @@ def test_a_lost_slot_is_filled_before_the_job_grows_and_tickets_stay_single_use(
             admit(store, state.grown[1], "wrong", ttl_s=5, log=lambda _m: None)
         # a slot of the new pipeline is lost; a standby takes it; the replacement issued
         # for that first loss arrives only after the slot is lost again: stale
-        _lose(store, 3)
+        lose(store, 3)
         old = issue_ticket(store, 3, "first-loss")
         issue_ticket(store, 9, "t9")
         assert _result(_admit_in_thread(etcd_server, job, 9, "t9")) == 3
-        _lose(store, 3)
+        lose(store, 3)
         store.put("tickets/3", old.to_dict())
         with pytest.raises(Refused, match="stale generation"):
             admit(store, 3, "first-loss", ttl_s=5, log=lambda _m: None)
@@ -298,14 +286,3 @@ def test_a_lost_slot_is_filled_before_the_job_grows_and_tickets_stay_single_use(
         VIEWS.clear()
         store.delete_all()
         store.close()
-
-
-def _lose(store: EtcdClusterStateStore, worker: int) -> None:
-    """Declare ``worker`` dead the way a survivor does (compare-and-set, lost_at)."""
-    state, token = store.get_state()
-    assert state is not None
-    new = state.bump(
-        dead=tuple(sorted({*state.dead, worker})),
-        lost_at={**state.lost_at, str(worker): state.generation + 1},
-    )
-    assert store.set_state(new, token)

@@ -10,8 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,9 +20,9 @@ from learner.runtime import block_checkpoint
 from services.embedded.process import ManagedServer
 from tests.learner.runtime.test_failover import (
     REPO,
-    TOY,
     assert_equals_reference,
     follow_worker_pids,
+    launcher_argv,
 )
 
 pytestmark = pytest.mark.integration
@@ -40,31 +38,16 @@ def _argv(
     every: int = 5,
     pipelines: int = 1,
 ) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "learner.runtime.launch",
-        "--stages",
-        str(stages),
-        "--pipelines",
-        str(pipelines),
-        "--etcd",
-        etcd.url,
-        "--job-id",
-        f"t-{uuid.uuid4().hex[:10]}",
-        "--detection-timeout",
-        "10",
-        "--out-dir",
-        str(tmp / "params"),
-        "--checkpoint-dir",
-        str(tmp / "ckpt"),
-        "--checkpoint-every",
-        str(every),
-        str(TOY),
-        "--steps",
-        str(STEPS),
-        *extra,
-    ]
+    """The toy job checkpointing every ``every`` steps; ``extra`` are the toy's options."""
+    return launcher_argv(
+        etcd,
+        tmp / "params",
+        stages,
+        pipelines,
+        STEPS,
+        launcher_args=["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", str(every)],
+        toy_args=extra,
+    )
 
 
 def _run_and_signal(

@@ -22,25 +22,14 @@ import pytest
 from learner.runtime.cluster_state import ClusterState, EtcdClusterStateStore
 from learner.runtime.reconfigure import Refused, admit, issue_ticket
 from services.embedded.process import ManagedServer
-from tests.learner.runtime.test_failover import REPO, TOY, assert_equals_reference
+from tests.learner.runtime.helpers import lose
+from tests.learner.runtime.test_failover import REPO, assert_equals_reference, launcher_argv
 
 pytestmark = pytest.mark.integration
 
 
 def _store(etcd: ManagedServer) -> EtcdClusterStateStore:
     return EtcdClusterStateStore(etcd.url, f"t-{uuid.uuid4().hex[:10]}")
-
-
-def _lose(store: EtcdClusterStateStore, worker: int) -> ClusterState:
-    """Declare ``worker`` dead the way a survivor does (compare-and-set, lost_at)."""
-    state, token = store.get_state()
-    assert state is not None
-    new = state.bump(
-        dead=tuple(sorted({*state.dead, worker})),
-        lost_at={**state.lost_at, str(worker): state.generation + 1},
-    )
-    assert store.set_state(new, token)
-    return new
 
 
 def _fresh(etcd: ManagedServer, stages: int = 3) -> EtcdClusterStateStore:
@@ -51,7 +40,7 @@ def _fresh(etcd: ManagedServer, stages: int = 3) -> EtcdClusterStateStore:
 
 def test_a_replacement_with_a_valid_ticket_takes_its_lost_slot(etcd_server: ManagedServer) -> None:
     store = _fresh(etcd_server)
-    _lose(store, 1)
+    lose(store, 1)
     ticket = issue_ticket(store, 1, "tok-a")
     joiner = EtcdClusterStateStore(etcd_server.url, store.prefix.rstrip("/").split("/")[-2])
     try:
@@ -70,12 +59,12 @@ def test_a_replacement_with_a_valid_ticket_takes_its_lost_slot(etcd_server: Mana
 def test_unknown_or_reused_tokens_are_refused(etcd_server: ManagedServer) -> None:
     store = _fresh(etcd_server)
     try:
-        _lose(store, 2)
+        lose(store, 2)
         issue_ticket(store, 2, "right")
         with pytest.raises(Refused, match="stale or unknown"):
             admit(store, 2, "wrong", ttl_s=2, log=lambda _m: None)
         assert admit(store, 2, "right", ttl_s=2, log=lambda _m: None) == 2
-        _lose(store, 2)
+        lose(store, 2)
         with pytest.raises(Refused, match="joins once"):
             admit(store, 2, "right", ttl_s=2, log=lambda _m: None)
     finally:
@@ -86,11 +75,11 @@ def test_unknown_or_reused_tokens_are_refused(etcd_server: ManagedServer) -> Non
 def test_a_ticket_of_an_earlier_loss_is_refused_as_stale(etcd_server: ManagedServer) -> None:
     store = _fresh(etcd_server)
     try:
-        _lose(store, 1)
+        lose(store, 1)
         old = issue_ticket(store, 1, "first-loss")  # never used: a standby took the slot
         issue_ticket(store, 7, "standby")
         assert admit(store, 7, "standby", ttl_s=2, log=lambda _m: None) == 1
-        _lose(store, 1)  # the slot is lost again, after the standby joined
+        lose(store, 1)  # the slot is lost again, after the standby joined
         # the replacement started for the first loss arrives only now
         store.put("tickets/1", {"token": old.token, "generation": old.generation})
         with pytest.raises(Refused, match="stale generation"):
@@ -136,7 +125,7 @@ def test_a_standby_queues_while_nothing_is_lost_and_takes_the_next_lost_slot(
         line = proc.stdout.readline()
         assert "queued" in line, line
         assert store.get_prefix("standbys/"), "a queued standby is visible under standbys/"
-        _lose(store, 2)
+        lose(store, 2)
         out, _ = proc.communicate(timeout=60)
         assert "slot 2" in out, out
         state, _ = store.get_state()
@@ -154,43 +143,34 @@ def test_a_standby_queues_while_nothing_is_lost_and_takes_the_next_lost_slot(
         store.close()
 
 
+REPLACED_STEPS = 12
+
+
+def _run_replacing(etcd: ManagedServer, out: Path, stages: int, pipelines: int, kill: str) -> str:
+    """The toy job for REPLACED_STEPS steps with `--replace`, ``kill``ing twice; the gates
+    hold the first stage's batches while a replacement starts: step 4 waits for the first
+    replacement (generation 2), step 8 for the second. Its stderr, once it succeeded."""
+    argv = launcher_argv(
+        etcd,
+        out,
+        stages,
+        pipelines,
+        REPLACED_STEPS,
+        kill,
+        detection_timeout_s=300,
+        launcher_args=["--replace"],
+        toy_args=["--gate", "4:2,8:4"],
+    )
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr
+
+
 def test_replacements_restore_redundancy_and_a_second_loss_of_the_block_is_survived(
     etcd_server: ManagedServer, tmp_path: Path
 ) -> None:
-    out, steps = tmp_path / "params", 12
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "learner.runtime.launch",
-            "--stages",
-            "3",
-            "--etcd",
-            etcd_server.url,
-            "--job-id",
-            f"t-{uuid.uuid4().hex[:10]}",
-            # the gates hold the first stage's batches while a replacement starts
-            "--detection-timeout",
-            "300",
-            "--out-dir",
-            str(out),
-            "--replace",
-            "--kill",
-            "1:2:forward:1,1:6:backward:0",
-            str(TOY),
-            "--steps",
-            str(steps),
-            # step 4 waits for the first replacement (generation 2), step 8 for the second
-            "--gate",
-            "4:2,8:4",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    err = proc.stderr
-    assert proc.returncode == 0, err[-4000:]
+    out, steps = tmp_path / "params", REPLACED_STEPS
+    err = _run_replacing(etcd_server, out, 3, 1, "1:2:forward:1,1:6:backward:0")
     # first loss: failover (the shadow, worker 0, owns blocks 0 and 1)
     assert "[worker 0] joined generation 1" in err and "owns blocks [0, 1]" in err, err[-4000:]
     # the replacement joins: block 1 back to its slot, every block has a replica again
@@ -219,40 +199,8 @@ def test_reconfiguration_in_a_data_parallel_pipeline_restores_redundancy_twice(
     replacement is handed block 1 and the replica of block 0 by worker 2 and joins; every
     worker of both pipelines re-forms at the same step boundary; the parameters of all
     four workers equal the uninterrupted run's (the global batch spans both pipelines)."""
-    out, steps = tmp_path / "params", 12
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "learner.runtime.launch",
-            "--stages",
-            "2",
-            "--pipelines",
-            "2",
-            "--etcd",
-            etcd_server.url,
-            "--job-id",
-            f"t-{uuid.uuid4().hex[:10]}",
-            "--detection-timeout",
-            "300",
-            "--out-dir",
-            str(out),
-            "--replace",
-            "--kill",
-            "3:2:forward:1,3:6:backward:0",
-            str(TOY),
-            "--steps",
-            str(steps),
-            "--gate",
-            "4:2,8:4",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    err = proc.stderr
-    assert proc.returncode == 0, err[-4000:]
+    out, steps = tmp_path / "params", REPLACED_STEPS
+    err = _run_replacing(etcd_server, out, 2, 2, "3:2:forward:1,3:6:backward:0")
     # the loss is pipeline 1's: its shadow merges block 1, pipeline 0 only re-runs the
     # all-reduce
     assert re.search(r"\[worker 2\] joined generation 1 .*owns blocks \[0, 1\]", err), err[-4000:]
@@ -311,7 +259,7 @@ def test_a_standby_started_before_generation_0_waits_for_it_instead_of_being_ref
         assert result.empty(), result.get()  # neither refused nor admitted yet
         # the workers start: generation 0, then slot 1 is lost
         assert store.set_state(ClusterState(generation=0, stages=2, pipelines=1), 0)
-        _lose(store, 1)
+        lose(store, 1)
         got = result.get(timeout=60)
         if isinstance(got, BaseException):
             raise got

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from services.scheduler.cluster import Node
 from services.scheduler.sim.cli import main
@@ -53,24 +52,27 @@ def test_queueing_delay_counts_from_submit_to_start() -> None:
     assert res.makespan_s == 1100.0
 
 
-def test_cli_replay_prints_json_for_each_policy(tmp_path: Path) -> None:
+def _trace_file(tmp_path: Path, *jobs: TraceJob) -> Path:
+    """``jobs`` (by default one 2-learner CPU job) as a JSON trace file."""
     trace = tmp_path / "trace.json"
-    save_trace([TraceJob("a", 0.0, 60.0, 2, 0, "")], trace)
-    result = CliRunner().invoke(
-        main,
-        [
-            "replay",
-            "--trace",
-            str(trace),
-            "--cluster",
-            str(REPO / "deploy" / "cluster-local.yaml"),
-            "--policy",
-            "pack",
-            "--policy",
-            "spread",
-            "--json",
-        ],
+    save_trace(list(jobs) or [TraceJob("a", 0.0, 60.0, 2, 0, "")], trace)
+    return trace
+
+
+def _replay(
+    trace: Path,
+    *options: str,
+    cluster: Path = REPO / "deploy" / "cluster-local.yaml",
+    env: dict[str, str] | None = None,
+) -> Result:
+    """``replay --trace TRACE --cluster CLUSTER OPTIONS`` through the CLI."""
+    return CliRunner(env=env).invoke(
+        main, ["replay", "--trace", str(trace), "--cluster", str(cluster), *options]
     )
+
+
+def test_cli_replay_prints_json_for_each_policy(tmp_path: Path) -> None:
+    result = _replay(_trace_file(tmp_path), "--policy", "pack", "--policy", "spread", "--json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)["results"]
     assert [r["policy"] for r in rows] == ["pack", "spread"] and all(
@@ -79,20 +81,7 @@ def test_cli_replay_prints_json_for_each_policy(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_an_unknown_policy_by_name(tmp_path: Path) -> None:
-    trace = tmp_path / "trace.json"
-    save_trace([TraceJob("a", 0.0, 60.0, 1, 0, "")], trace)
-    result = CliRunner().invoke(
-        main,
-        [
-            "replay",
-            "--trace",
-            str(trace),
-            "--cluster",
-            str(REPO / "deploy" / "cluster-local.yaml"),
-            "--policy",
-            "pak",
-        ],
-    )
+    result = _replay(_trace_file(tmp_path, TraceJob("a", 0.0, 60.0, 1, 0, "")), "--policy", "pak")
     assert result.exit_code != 0 and "unknown policy 'pak'" in result.output
 
 
@@ -168,15 +157,11 @@ def test_ffdl_gang_takes_the_cluster_and_job_shapes() -> None:
     assert bad.exit_code == 2 and "'2by1' is not a job shape" in bad.output
 
 
-def _replay(tmp_path: Path, *extra: str) -> Any:
-    trace = tmp_path / "trace.json"
-    save_trace([TraceJob("a", 0.0, 60.0, 2, 0, ""), TraceJob("b", 5.0, 120.0, 1, 0, "")], trace)
-    cluster = str(REPO / "deploy" / "cluster-local.yaml")
-    return CliRunner().invoke(main, ["replay", "--trace", str(trace), "--cluster", cluster, *extra])
-
-
 def test_replay_runs_several_seeds_and_averages(tmp_path: Path) -> None:
-    result = _replay(tmp_path, "--policy", "pack", "--policy", PER_POD, "--runs", "3", "--json")
+    trace = _trace_file(
+        tmp_path, TraceJob("a", 0.0, 60.0, 2, 0, ""), TraceJob("b", 5.0, 120.0, 1, 0, "")
+    )
+    result = _replay(trace, "--policy", "pack", "--policy", PER_POD, "--runs", "3", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert [len(doc["runs"][p]) for p in ("pack", PER_POD)] == [3, 3]
@@ -186,19 +171,8 @@ def test_replay_runs_several_seeds_and_averages(tmp_path: Path) -> None:
 
 
 def test_replay_table_shows_every_metric_name_whole_at_80_columns(tmp_path: Path) -> None:
-    result = CliRunner(env={"COLUMNS": "80"}).invoke(
-        main,
-        [
-            "replay",
-            "--trace",
-            str(_trace_file(tmp_path)),
-            "--cluster",
-            str(REPO / "deploy" / "cluster-local.yaml"),
-            "--policy",
-            "pack",
-            "--policy",
-            "spread",
-        ],
+    result = _replay(
+        _trace_file(tmp_path), "--policy", "pack", "--policy", "spread", env={"COLUMNS": "80"}
     )
     assert result.exit_code == 0, result.output
     for metric in simulate(
@@ -207,12 +181,6 @@ def test_replay_table_shows_every_metric_name_whole_at_80_columns(tmp_path: Path
         if metric != "policy":
             assert metric in result.output, metric
     assert max(len(line) for line in result.output.splitlines()) <= 80
-
-
-def _trace_file(tmp_path: Path) -> Path:
-    trace = tmp_path / "trace.json"
-    save_trace([TraceJob("a", 0.0, 60.0, 2, 0, "")], trace)
-    return trace
 
 
 @pytest.mark.parametrize(
@@ -235,10 +203,7 @@ def test_bad_job_traces_are_one_line_naming_the_row(
     with pytest.raises(TraceError) as err:
         load_trace(trace)
     assert message in str(err.value) and "\n" not in str(err.value)
-    result = CliRunner().invoke(
-        main,
-        ["replay", "--trace", str(trace), "--cluster", str(REPO / "deploy" / "cluster-local.yaml")],
-    )
+    result = _replay(trace)
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output
 
@@ -261,9 +226,7 @@ def test_out_of_range_experiment_options_are_refused_by_name(args: list[str], op
 def test_replay_refuses_a_bad_cluster_config_in_one_line(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("nodes:\n  - name: a\n    cpus: 2\n    memory_mb: 1024\n    gpuz: 2\n")
-    result = CliRunner().invoke(
-        main, ["replay", "--trace", str(_trace_file(tmp_path)), "--cluster", str(cluster)]
-    )
+    result = _replay(_trace_file(tmp_path), cluster=cluster)
     assert result.exit_code == 2 and "--cluster" in result.output and "gpuz" in result.output
     assert "Traceback" not in result.output
 
