@@ -275,6 +275,13 @@ class Client:
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.max_receive_message_length", MAX_MESSAGE),
+            # A daemon its supervisor restarts serves again in about half a second, but
+            # gRPC's first reconnect backoff (1 s, +-20 %) kept a long-lived client away
+            # for that long (benchmarks/recovery.py timed the client, not the daemon).
+            # Not grpc.min_reconnect_backoff_ms: that one is each attempt's connect
+            # timeout (contract/etcd.py says how it failed calls there).
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 5000),
         ]
         if self.tls:
             credentials = grpc.ssl_channel_credentials(root_certificates=self._ca)
