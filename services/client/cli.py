@@ -269,7 +269,7 @@ def up(
     except DependencyError as exc:
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(1)
-    print_up_summary(err, state)
+    print_up_summary(err, state, backend)
     if foreground:
         err.print("Press Ctrl-C to stop.")
         try:

@@ -12,10 +12,16 @@ if TYPE_CHECKING:  # the CLI starts without importing the platform's modules
     from services.embedded.platform import PlatformState
 
 
-def print_up_summary(err: Console, state: PlatformState) -> None:
+def print_up_summary(err: Console, state: PlatformState, backend: str = "local") -> None:
     err.print(
         f"[green]Rhizome is up[/green]: API {state.api_address}, REST {state.rest_url}, data {state.data_dir}"
     )
+    if backend == "local":
+        from services.backends.local.isolation import data_dir_fallback
+
+        fallback = data_dir_fallback(Path(state.data_dir))
+        if fallback:
+            err.print(f"[yellow]warning:[/yellow] {fallback}", soft_wrap=True)
     if state.tls:
         trust = f"its CA is {state.tls_ca}" if state.tls_ca else "trusting the system's CAs"
         err.print(f"TLS on the API and REST ({trust}); this CLI and the SDK trust it here")

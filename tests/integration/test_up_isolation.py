@@ -24,7 +24,7 @@ RHIZOME = [sys.executable, "-m", "services.client.cli"]
 PROBE = 'import json, os\nprint("WHOAMI " + json.dumps({"uid": os.getuid()}), flush=True)\n'
 
 
-def rz(data_dir: Path, *args: str) -> str:
+def run(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         k: v for k, v in os.environ.items() if k not in ("RHIZOME_LEARNER_UIDS", "RHIZOME_TOKEN")
     }
@@ -36,7 +36,11 @@ def rz(data_dir: Path, *args: str) -> str:
         timeout=120,
     )
     assert proc.returncode == 0, f"rhizome {' '.join(args)}: {proc.stderr}"
-    return proc.stdout
+    return proc
+
+
+def rz(data_dir: Path, *args: str) -> str:
+    return run(data_dir, *args).stdout
 
 
 def test_jobs_after_the_first_run_under_their_own_uid_and_complete(
@@ -48,7 +52,8 @@ def test_jobs_after_the_first_run_under_their_own_uid_and_complete(
     code.mkdir()
     (code / "probe.py").write_text(PROBE)
     (code / "manifest.yml").write_text("name: whoami\nframework:\n  command: python probe.py\n")
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    up = run(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+    assert "not isolated" not in up.stderr  # the uids can reach this data directory
     try:
         uids = []
         for _ in range(3):

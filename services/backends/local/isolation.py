@@ -381,6 +381,30 @@ def unreachable(path: Path, user: LearnerUser) -> Path | None:
     return None
 
 
+def data_dir_fallback(data_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why `auto` will run this data directory's learners as the daemon's own user (a
+    directory on the way to it that learner uids cannot enter), with the fix; None when
+    it will not. `rhizome up` says it: the backend's own warning reaches only a guardian
+    host's log, while the learners run as root."""
+    try:
+        config = IsolationConfig.from_env(environ)
+    except IsolationError:
+        return None  # every deploy fails saying so
+    if config.uid_range is None or config.strict:
+        return None  # no uids to switch to, or an explicit range: a deploy fails instead
+    learner = LearnerUser(config.uid_range[0], config.uid_range[0])
+    # The data directory itself is opened to traversal at each deploy (0711).
+    blocked = unreachable(Path(data_dir).resolve().parent, learner)
+    if blocked is None:
+        return None
+    return (
+        f"learners will run as root, not isolated from each other: uid {learner.uid} cannot "
+        f"enter {blocked} on the way to the data directory {data_dir}; chmod o+x {blocked}, "
+        f"or use a data directory others may traverse (e.g. --data-dir /var/lib/rhizome), "
+        f"or set {UIDS_VARIABLE}=off to make running them as root your choice"
+    )
+
+
 def readable(path: Path, user: LearnerUser) -> bool:
     try:
         st = os.stat(path)
@@ -566,6 +590,7 @@ __all__ = [
     "claim_uid",
     "claimed_uid",
     "claims",
+    "data_dir_fallback",
     "directory",
     "learner_user",
     "open_append",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,31 @@ def test_tail_reads_only_the_end(tmp_path: Path) -> None:
     (tmp_path / "l").mkdir()
     (tmp_path / "l" / "out.log").write_bytes(b"x" * 1000 + b"end\n")
     assert isolation.read_tail(tmp_path, ["l"], "out.log", 4) == b"end\n"
+
+
+def test_up_is_told_when_auto_would_run_the_learners_as_root() -> None:
+    """`auto` falls back to the daemon's user where learner uids cannot reach the data
+    directory; as root that means learners run as root, which `rhizome up` must say (the
+    backend's warning reaches only a guardian host's log)."""
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root: only root's `auto` switches learners to uids")
+    base = Path(tempfile.mkdtemp(prefix="rhizome-fallback-"))  # pytest's own are 0700
+    try:
+        base.chmod(0o711)
+        closed = base / "home"
+        closed.mkdir(mode=0o700)
+        data_dir = closed / "rhizome"
+        said = isolation.data_dir_fallback(data_dir, {})
+        assert said is not None
+        assert f"cannot enter {closed} on the way to the data directory {data_dir}" in said
+        assert f"chmod o+x {closed}" in said and "--data-dir /var/lib/rhizome" in said
+        closed.chmod(0o711)  # the uids can pass now
+        assert isolation.data_dir_fallback(data_dir, {}) is None
+        # Off, or a range asked for (a deploy then fails instead of falling back).
+        closed.chmod(0o700)
+        off = {isolation.UIDS_VARIABLE: "off"}
+        assert isolation.data_dir_fallback(data_dir, off) is None
+        ranged = {isolation.UIDS_VARIABLE: "20000-20099"}
+        assert isolation.data_dir_fallback(data_dir, ranged) is None
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
