@@ -231,7 +231,11 @@ def main() -> int:
     )
     args = ap.parse_args()
     burst1 = 2000 if args.quick else args.lines
-    burst8 = max(burst1 // 8, 250)
+    # Each of the 8 learners prints as much as the single one: several collector batches
+    # (5,000 lines) each, so that how the TDS shares the search server among them shows in
+    # the fairness column. With a batch each (burst1 // 8, before), learners were served
+    # one batch after another and the column read 0.3 whatever the order.
+    burst8 = burst1
     paced_lines = 1000 if args.quick else 5000
     with tempfile.TemporaryDirectory(prefix="rhizome-bench-") as tmp:
         work = Path(tmp)
