@@ -64,6 +64,13 @@ TDS_DOCUMENTS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+TDS_WRITES_ABANDONED = Counter(
+    "rhizome_tds_writes_abandoned_total",
+    "Batches not written because their caller gave up while waiting for the search server "
+    "(it sends them again): a sign the store cannot keep up.",
+    ["kind"],
+    registry=REGISTRY,
+)
 TDS_FOLLOWERS = Gauge(
     "rhizome_tds_follow_streams", "Open follow streams.", ["kind"], registry=REGISTRY
 )

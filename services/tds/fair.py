@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+
+# How often a waiting writer looks whether its caller is still there.
+GAVE_UP_POLL_S = 0.25
+
+
+class CallerGone(Exception):
+    """The writer's caller gave up (its deadline passed, or it went away) before its turn."""
 
 
 class FairGate:
@@ -35,12 +42,23 @@ class FairGate:
         return None
 
     @contextmanager
-    def slot(self, key: Hashable) -> Iterator[None]:
+    def slot(self, key: Hashable, gone: Callable[[], bool] | None = None) -> Iterator[None]:
+        """Hold one of the slots for the block, after the writers ahead in the round-robin.
+        `gone()` says the caller gave up: then the writer leaves the line at once, or does
+        not start once admitted (CallerGone). Under a backlog a collector's call can wait
+        past its deadline; it sends the batch again, and writing the first copy too would
+        double the search server's work just when it is the bottleneck."""
         ticket = object()
         with self._cond:
             self._waiting.setdefault(key, collections.deque()).append(ticket)
             while not (self._free > 0 and self._next() is ticket):
-                self._cond.wait()
+                self._cond.wait(GAVE_UP_POLL_S if gone is not None else None)
+                if gone is not None and gone():
+                    self._leave(key, ticket)
+                    raise CallerGone()
+            if gone is not None and gone():
+                self._leave(key, ticket)
+                raise CallerGone()
             queue = self._waiting.pop(key)
             queue.popleft()
             if queue:
@@ -53,3 +71,11 @@ class FairGate:
             with self._cond:
                 self._free += 1
                 self._cond.notify_all()
+
+    def _leave(self, key: Hashable, ticket: object) -> None:
+        """Take `ticket` out of the line (under the lock); the next one may go now."""
+        queue = self._waiting[key]
+        queue.remove(ticket)
+        if not queue:
+            del self._waiting[key]
+        self._cond.notify_all()

@@ -39,7 +39,7 @@ from services.tds.api import (
     TrainingDataStore,
     time_us,
 )
-from services.tds.fair import FairGate
+from services.tds.fair import CallerGone, FairGate
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", tds_pb2.LogLine, tds_pb2.MetricSample)
@@ -244,8 +244,13 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         the job's followers, then seen by `on_logs`/`on_metrics`."""
         self._confine(context, {r.job_id for r in records}, f"write the {kind}s of")
         key = (records[0].job_id, records[0].learner) if records else ("", 0)
-        with self.write_gate.slot(key):
-            n = self._write(context, write, records)
+        try:
+            with self.write_gate.slot(key, gone=lambda: not context.is_active()):
+                n = self._write(context, write, records)
+        except CallerGone:
+            # Nobody waits for this answer; the collector sends the batch again.
+            metrics.TDS_WRITES_ABANDONED.labels(kind).inc()
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller gave up before its turn")
         metrics.TDS_DOCUMENTS.labels(kind).inc(n)
         for job_id, recs in _by_job(records).items():
             broker.publish(job_id, recs)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from services.tds.fair import FairGate
+from services.tds.fair import CallerGone, FairGate
 
 
 def _wait(cond: object, timeout: float = 10.0) -> None:
@@ -80,3 +80,47 @@ def test_no_more_than_the_slots_write_at_once() -> None:
 def test_zero_slots_is_refused_saying_why() -> None:
     with pytest.raises(ValueError, match="slots is 0"):
         FairGate(0)
+
+
+def test_a_writer_whose_caller_gave_up_leaves_the_line_and_the_others_go_on() -> None:
+    gate = FairGate(1)
+    release, holding = threading.Event(), threading.Event()
+    gave_up = threading.Event()
+    outcome: dict[str, str] = {}
+
+    def holder() -> None:
+        with gate.slot("a"):
+            holding.set()
+            release.wait(10)
+
+    def write(key: str, name: str, gone: object = None) -> None:
+        try:
+            with gate.slot(key, gone=gone):  # type: ignore[arg-type]
+                outcome[name] = "written"
+        except CallerGone:
+            outcome[name] = "left"
+
+    first = threading.Thread(target=holder)
+    first.start()
+    holding.wait(10)
+    quitter = threading.Thread(target=write, args=("b", "b0", gave_up.is_set))
+    quitter.start()
+    _wait(lambda: gate.waiting() == 1)
+    patient = threading.Thread(target=write, args=("c", "c0"))
+    patient.start()
+    _wait(lambda: gate.waiting() == 2)
+    gave_up.set()  # b's caller goes away while a holds the only slot
+    quitter.join(10)
+    assert outcome == {"b0": "left"} and gate.waiting() == 1
+    release.set()
+    first.join(10)
+    patient.join(10)
+    assert outcome == {"b0": "left", "c0": "written"} and gate.waiting() == 0
+
+
+def test_a_writer_admitted_after_its_caller_gave_up_does_not_write() -> None:
+    gate = FairGate(1)
+    with pytest.raises(CallerGone), gate.slot("a", gone=lambda: True):
+        raise AssertionError("the write ran for a caller that had gone")
+    with gate.slot("a"):  # the slot is free again
+        pass

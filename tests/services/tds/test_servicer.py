@@ -297,3 +297,32 @@ def test_follow_with_search_delivers_only_matching_new_lines(tds: Tds, finished:
     assert list(stream) == []
     assert got == [4, 6, 8]
     channel.close()
+
+
+def test_a_batch_whose_caller_gave_up_waiting_is_not_written(tds: Tds, store: MemoryStore) -> None:
+    """Under a backlog a collector's call can wait for a write slot past its deadline; it
+    then sends the batch again, so the first copy must not be written too (it doubled the
+    search server's work when that server was the bottleneck)."""
+    from contextlib import ExitStack
+
+    from services.metrics import TDS_WRITES_ABANDONED
+
+    addr, servicer = tds
+    abandoned = TDS_WRITES_ABANDONED.labels("log")._value.get()
+    channel, s = stub(addr)
+    with ExitStack() as slots:  # every slot busy, as under a backlog
+        for k in range(4):
+            slots.enter_context(servicer.write_gate.slot(("other", k)))
+        with pytest.raises(grpc.RpcError) as raised:
+            s.AddLogLines(
+                tds_pb2.AddLogLinesRequest(lines=_lines("late", 0, "stdout", 3)), timeout=0.5
+            )
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 10  # the handler sees its caller gone and leaves
+        while servicer.write_gate.waiting() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert servicer.write_gate.waiting() == 0
+    time.sleep(0.3)  # a handler still waiting would write now that the slots are free
+    assert list(s.GetLogs(tds_pb2.LogsRequest(job_id="late", learner=-1))) == []
+    assert TDS_WRITES_ABANDONED.labels("log")._value.get() == abandoned + 1
+    channel.close()
