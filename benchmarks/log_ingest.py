@@ -95,7 +95,11 @@ def run_case(
     lines: int,
     rate: float,
     in_flight: int = 3,
+    poll_s: float = 0.25,
 ) -> dict[str, float]:
+    """`learners` collectors ship `lines` printed lines each (`rate` a second each, 0: at
+    once) through the TDS; the search server is asked every `poll_s` how far each learner's
+    lines are searchable (that query loads it too: the raw baseline does not pay it)."""
     job = f"bench-{uuid.uuid4().hex[:8]}"
     job_dir = work / job
     collectors, printers = [], []
@@ -152,7 +156,7 @@ def run_case(
             stamps = seen_at[rank]
             stamps.extend([now] * (top + 1 - len(stamps)))
         visible = sum(len(v) for v in seen_at.values())
-        time.sleep(0.25)
+        time.sleep(poll_s)
     for p in printers:
         p.wait(60)
     for c in collectors:
