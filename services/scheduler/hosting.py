@@ -173,7 +173,6 @@ class SchedulingLoop:
         with self.lock:
             result = self.scheduler.schedule()
             placements = self.scheduler.placements()
-            queued = self.scheduler.queued()
         placed: list[scheduler_pb2.JobPlacement] = []
         for placement in placements:
             if placement.job_id in self._bound:
@@ -206,7 +205,9 @@ class SchedulingLoop:
             self._resize(job_id, learners, reason)
         if now - self._explained_at >= EXPLAIN_INTERVAL_S:
             self._explained_at = now
-            self._explain(queued[:EXPLAIN_AT_MOST])
+            with self.lock:  # the head only: a pass must not cost a walk of the queue
+                head = [e.job.job_id for e in self.scheduler.queue.head(EXPLAIN_AT_MOST)]
+            self._explain(head)
         if now - self._released_at >= RELEASE_INTERVAL_S:
             self._released_at = now
             self._release_finished([p.job_id for p in placements])
