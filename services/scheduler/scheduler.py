@@ -446,23 +446,14 @@ class GangScheduler:
         victims: list[str] = []
         if assignment is None:
             # elastic jobs shrink (a scaling policy) before anyone is preempted
-            waits, asked = self.elasticity.shrink_for(job, walk.pending[job.pool], now)
-            walk.resize.update(asked)
-            if waits:
-                rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
-                walk.blocked.setdefault(job.pool, job.job_id)
-                rec.blocked_by = None
+            shrinks = self.elasticity.shrink_for(job, walk.pending[job.pool], now)
+            if self._waits_for_shrinks(rec, shrinks, walk):
                 return
         rec.waiting_for_shrink = ()
         if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
             # borrowing elastic jobs shrink first; whole gangs are preempted only if
             # that cannot make room
-            waits, asked = self.elasticity.shrink_borrowers(job, now)
-            walk.resize.update(asked)
-            if waits:
-                rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
-                walk.blocked.setdefault(job.pool, job.job_id)
-                rec.blocked_by = None
+            if self._waits_for_shrinks(rec, self.elasticity.shrink_borrowers(job, now), walk):
                 return
             assignment, victims = self._place_by_preemption(job, now)
             if victims:
@@ -480,6 +471,19 @@ class GangScheduler:
             walk.preempted.append(victim)
             walk.preempted_for[victim] = job
         walk.placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
+
+    def _waits_for_shrinks(
+        self, rec: JobRecord, shrinks: tuple[bool, dict[str, tuple[int, str]]], walk: _Pass
+    ) -> bool:
+        """Take the shrinks an elastic driver asked for to make room for ``rec``'s job; when
+        the job waits for them (True), it holds its pool until they are done."""
+        waits, asked = shrinks
+        walk.resize.update(asked)
+        if waits:
+            rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(rec.job.pool))
+            walk.blocked.setdefault(rec.job.pool, rec.job.job_id)
+            rec.blocked_by = None
+        return waits
 
     def _commit(
         self, rec: JobRecord, assignment: Assignment, borrowing: bool, now: float
