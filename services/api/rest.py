@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,52 @@ class TokenBody(BaseModel):
     role: str = "user"
     expires_in_seconds: int = 0  # 0: never
     description: str = ""
+
+
+class StreamQuery:
+    """The query parameters of a log or metric stream beside its own filter (`search`,
+    `name`): a dependency of both routes."""
+
+    def __init__(
+        self,
+        follow: bool = False,
+        learner: int = Query(-1, ge=-1, le=INT32_MAX),
+        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
+        pagesize: int = Query(0, ge=0, le=INT32_MAX),
+        since_time: str = Query("", max_length=32),
+    ) -> None:
+        self.follow, self.learner, self.pos, self.pagesize = follow, learner, pos, pagesize
+        self.since_time = since_time
+
+    def fill(self, req: Any) -> Any:
+        """`req` (a LogsRequest or MetricsRequest) with these parameters. FfDL's
+        `since_time`: milliseconds since the epoch, or a negative number of lines counted
+        back from the end (as `pos`); empty: from the start."""
+        req.follow, req.learner, req.pos, req.page_size = (
+            self.follow,
+            self.learner,
+            self.pos,
+            self.pagesize,
+        )
+        text = self.since_time.strip()
+        if not text:
+            return req
+        try:
+            value = int(text)
+        except ValueError:
+            raise errors.BadRequest(
+                f"since_time: {self.since_time[:40]!r} is not an integer (milliseconds since "
+                "the epoch, or a negative number of lines from the end)"
+            ) from None
+        if value < 0:
+            req.pos = value
+        else:
+            req.since.CopyFrom(timestamp(value / 1000))
+        return req
+
+
+# A log or metric stream's route function (`stream_routes` registers it at two paths).
+StreamRoute = Callable[..., NdjsonResponse]
 
 
 def _message_json(msg: Any) -> dict[str, Any]:
@@ -458,85 +504,36 @@ def build_app(
         200: {"description": "one JSON object a line", "content": {NDJSON: {}}}
     }
 
-    def _since(req: Any, since_time: str) -> Any:
-        """FfDL's `since_time`: milliseconds since the epoch, or a negative number of
-        lines counted back from the end (as `pos`); empty: from the start."""
-        text = since_time.strip()
-        if not text:
-            return req
-        try:
-            value = int(text)
-        except ValueError:
-            raise errors.BadRequest(
-                f"since_time: {since_time[:40]!r} is not an integer (milliseconds since the "
-                "epoch, or a negative number of lines from the end)"
-            ) from None
-        if value < 0:
-            req.pos = value
-        else:
-            req.since.CopyFrom(timestamp(value / 1000))
-        return req
+    def stream_routes(path: str, ffdl_path: str) -> Callable[[StreamRoute], StreamRoute]:
+        """A stream's route, and FfDL's path of the same stream (`/v1/logs/{id}/loglines`,
+        `/v1/logs/{id}/emetrics`): the same function answers both."""
 
-    # `/v1/logs/{id}/loglines` and `/v1/logs/{id}/emetrics` are FfDL's paths of the same
-    # streams: the same functions answer both.
-    @app.get(
-        "/v1/models/{model_id}/logs",
-        tags=["models"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
-    @app.get(
-        "/v1/logs/{model_id}/loglines",
-        tags=["ffdl aliases"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
+        def register(route: StreamRoute) -> StreamRoute:
+            for at, tag in ((ffdl_path, "ffdl aliases"), (path, "models")):
+                app.get(at, tags=[tag], response_class=NdjsonResponse, responses=ndjson)(route)
+            return route
+
+        return register
+
+    @stream_routes("/v1/models/{model_id}/logs", "/v1/logs/{model_id}/loglines")
     def get_logs(
         model_id: str,
-        follow: bool = False,
-        learner: int = Query(-1, ge=-1, le=INT32_MAX),
         search: str = Query("", max_length=MAX_LOG_SEARCH),
-        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
-        pagesize: int = Query(0, ge=0, le=INT32_MAX),
-        since_time: str = Query("", max_length=32),
+        query: StreamQuery = Depends(),
         who: Principal = Depends(caller),
     ) -> NdjsonResponse:
-        req = tds_pb2.LogsRequest(
-            job_id=model_id,
-            follow=follow,
-            learner=learner,
-            search=search,
-            pos=pos,
-            page_size=pagesize,
-        )
-        return _stream(model_id, who, "GetLogs", _since(req, since_time), follow)
+        req = query.fill(tds_pb2.LogsRequest(job_id=model_id, search=search))
+        return _stream(model_id, who, "GetLogs", req, query.follow)
 
-    @app.get(
-        "/v1/models/{model_id}/metrics",
-        tags=["models"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
-    @app.get(
-        "/v1/logs/{model_id}/emetrics",
-        tags=["ffdl aliases"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
+    @stream_routes("/v1/models/{model_id}/metrics", "/v1/logs/{model_id}/emetrics")
     def get_metrics(
         model_id: str,
-        follow: bool = False,
-        learner: int = Query(-1, ge=-1, le=INT32_MAX),
         name: str = Query("", max_length=MAX_METRIC_NAME),
-        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
-        pagesize: int = Query(0, ge=0, le=INT32_MAX),
-        since_time: str = Query("", max_length=32),
+        query: StreamQuery = Depends(),
         who: Principal = Depends(caller),
     ) -> NdjsonResponse:
-        req = tds_pb2.MetricsRequest(
-            job_id=model_id, follow=follow, learner=learner, name=name, pos=pos, page_size=pagesize
-        )
-        return _stream(model_id, who, "GetMetrics", _since(req, since_time), follow)
+        req = query.fill(tds_pb2.MetricsRequest(job_id=model_id, name=name))
+        return _stream(model_id, who, "GetMetrics", req, query.follow)
 
     # -- downloads (FfDL) -------------------------------------------------------------------
     zip_response: dict[int | str, dict[str, Any]] = {
