@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
-from services.api.convert import endpoint_to_proto, job_to_proto, timestamp, token_to_proto
+from services.api.convert import endpoint_to_proto, job_json, timestamp, token_to_proto
 from services.api.core import (
     MAX_LOG_SEARCH,
     MAX_METRIC_NAME,
@@ -162,9 +162,7 @@ def _message_json(msg: Any) -> dict[str, Any]:
 
 
 def _job_json(job: JobRecord) -> dict[str, Any]:
-    body: dict[str, Any] = json_format.MessageToDict(
-        job_to_proto(job), preserving_proto_field_name=True
-    )
+    body = job_json(job)  # the proto's JSON, built without the proto (convert.py)
     body["model_id"] = job.job_id  # FfDL's name for it
     return body
 
