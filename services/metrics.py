@@ -94,7 +94,9 @@ class _MethodMetrics:
         self.latency = GRPC_LATENCY.labels(self.service, self.method)
         self.requests: dict[str, Any] = {}  # status code -> its counter
 
-    def record(self, context: grpc.ServicerContext, start: float, exc: BaseException | None) -> None:
+    def record(
+        self, context: grpc.ServicerContext, start: float, exc: BaseException | None
+    ) -> None:
         code = _code_of(context, exc)
         counter = self.requests.get(code)
         if counter is None:

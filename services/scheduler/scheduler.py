@@ -14,8 +14,8 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -128,7 +128,9 @@ class _Pass:
 
     now: float
     pending: dict[str, int] = field(default_factory=dict)  # pool -> jobs queued
-    blocked: dict[str, str] = field(default_factory=dict)  # pool -> the job at its head that could not fit
+    blocked: dict[str, str] = field(
+        default_factory=dict
+    )  # pool -> the job at its head that could not fit
     # pool -> the first borrower that could not fit: it holds back later borrowers
     # only. A job within its owner's quota goes on past it (and may preempt borrowers
     # to fit): a borrower at the head must not keep the quota's owner from its GPUs.

@@ -137,7 +137,7 @@ def test_a_job_that_ran_is_the_same_json() -> None:
                 "time": 1795859392.0,
                 "learner": "0",
                 "name": "ckpt-100",
-            },  # fmt: skip
+            },
             {"kind": "", "step": 0, "size_bytes": 0, "time": 0.0, "learner": "", "name": ""},
         ],
     )
