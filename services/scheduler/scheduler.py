@@ -128,9 +128,8 @@ class _Pass:
 
     now: float
     pending: dict[str, int] = field(default_factory=dict)  # pool -> jobs queued
-    blocked: dict[str, str] = field(
-        default_factory=dict
-    )  # pool -> the job at its head that could not fit
+    # pool -> the job at its head that could not fit
+    blocked: dict[str, str] = field(default_factory=dict)
     # pool -> the first borrower that could not fit: it holds back later borrowers
     # only. A job within its owner's quota goes on past it (and may preempt borrowers
     # to fit): a borrower at the head must not keep the quota's owner from its GPUs.
