@@ -15,8 +15,9 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
    to their records (`rhizome show` prints them);
 5. the placements of jobs that no longer hold resources are released: every half second
    from the records written since the last look (`JobsRepository.written_since`, a range
-   read on the `updated_at` index), every 30 s and at the first pass from every placed
-   job's record (the safety net behind the look-back);
+   read on the sparse `touched_at` index, which a record enters at its first write after
+   its creation), every 30 s and at the first pass from every placed job's record (the
+   safety net behind the look-back);
 6. with a scaling policy (the cluster config's `scheduler.scaling`, e.g. Elastic-Tiresias;
    services/scheduler/elasticity), the resizes it proposes become scale requests to the
    jobs' guardians (through the LCM, as `rhizome scale`): a shrink frees its resources
