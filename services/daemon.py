@@ -816,9 +816,9 @@ def main(
     )
     # What start-up built (modules, servers, the services' objects) lives as long as the
     # daemon: frozen out of the cyclic collector's sight, its full collections no longer
-    # walk it (they were 3-5 % of the daemon's CPU on the submit path, issue #18). After
-    # the state file: whoever waits for this daemon to serve does not wait for this.
-    gc.collect()
+    # walk it (they were 3-5 % of the daemon's CPU on the submit path, issue #18). No
+    # collection first: a full one here holds the GIL for tens of ms just as a restarted
+    # daemon answers its first calls; the little garbage start-up left stays.
     gc.freeze()
     stop.wait()
     log.info("shutting down")
