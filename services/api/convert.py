@@ -181,8 +181,15 @@ def _struct_json(mapping: dict[Any, Any]) -> dict[str, Any]:
 
 def _some(out: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """`out` with the fields not at their default (proto3 JSON leaves those out)."""
-    out.update((k, v) for k, v in fields.items() if v)
+    out.update((k, v) for k, v in fields.items() if not _default(v))
     return out
+
+
+def _default(value: Any) -> bool:
+    """A field's default: 0, "", empty; a double -0.0 is not (its bits are not zero's)."""
+    if isinstance(value, float):
+        return value == 0.0 and math.copysign(1.0, value) > 0
+    return not value
 
 
 def job_json(job: JobRecord) -> dict[str, Any]:

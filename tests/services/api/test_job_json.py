@@ -127,6 +127,7 @@ def test_a_job_that_ran_is_the_same_json() -> None:
         last_metrics=[
             {"name": "loss", "value": 0.25, "step": 10, "time": 1795859391.5, "learner": 1},
             {"name": "acc", "value": 0.0, "step": 0, "time": 0.0, "learner": 0},
+            {"name": "neg", "value": -0.0, "step": -1, "time": 0.5, "learner": 0},  # kept
             {"name": "big", "value": -1e300, "step": 2**62, "time": 1.0, "learner": 0},
         ],
         checkpoints=[
