@@ -6,6 +6,10 @@ import math
 
 import grpc
 
+# What a client sees of an error: its gRPC status, its HTTP status and the `code` of the
+# REST error body.
+Status = tuple[grpc.StatusCode, int, str]
+
 
 class ApiError(Exception):
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
@@ -14,6 +18,12 @@ class ApiError(Exception):
     # Set when retrying later may succeed: sent as HTTP Retry-After and as gRPC trailing
     # metadata `retry-after-ms`, so clients back off by what the server said.
     retry_after_s: float | None = None
+
+    def __init_subclass__(cls, *, status: Status | None = None) -> None:
+        """Each kind of error names its `status` where it is declared."""
+        super().__init_subclass__()
+        if status is not None:
+            cls.grpc_code, cls.http_status, cls.code = status
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -30,60 +40,42 @@ class ApiError(Exception):
         return (("retry-after-ms", str(int(self.retry_after_s * 1000))),)
 
 
-class BadRequest(ApiError):
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
-    http_status = 400
-    code = "bad_request"
+class BadRequest(ApiError, status=(grpc.StatusCode.INVALID_ARGUMENT, 400, "bad_request")):
+    """The request itself is wrong (a bad manifest, a field out of bounds)."""
 
 
-class Unauthenticated(ApiError):
-    grpc_code = grpc.StatusCode.UNAUTHENTICATED
-    http_status = 401
-    code = "unauthenticated"
+class Unauthenticated(ApiError, status=(grpc.StatusCode.UNAUTHENTICATED, 401, "unauthenticated")):
+    """No credential, or one nobody issued."""
 
 
-class PermissionDenied(ApiError):
-    grpc_code = grpc.StatusCode.PERMISSION_DENIED
-    http_status = 403
-    code = "permission_denied"
+class PermissionDenied(
+    ApiError, status=(grpc.StatusCode.PERMISSION_DENIED, 403, "permission_denied")
+):
+    """A known caller asking for what is not theirs."""
 
 
-class NotFound(ApiError):
-    grpc_code = grpc.StatusCode.NOT_FOUND
-    http_status = 404
-    code = "not_found"
+class NotFound(ApiError, status=(grpc.StatusCode.NOT_FOUND, 404, "not_found")):
+    """What the request names does not exist (or is not the caller's)."""
 
 
-class Conflict(ApiError):
-    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
-    http_status = 409
-    code = "conflict"
+class Conflict(ApiError, status=(grpc.StatusCode.FAILED_PRECONDITION, 409, "conflict")):
+    """Not in this state (halting a job that ended), or an idempotency key reused."""
 
 
-class Unimplemented(ApiError):
-    grpc_code = grpc.StatusCode.UNIMPLEMENTED
-    http_status = 501
-    code = "unimplemented"
+class Unimplemented(ApiError, status=(grpc.StatusCode.UNIMPLEMENTED, 501, "unimplemented")):
+    """What this daemon does not offer."""
 
 
-class TooLarge(ApiError):
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    http_status = 413
-    code = "too_large"
+class TooLarge(ApiError, status=(grpc.StatusCode.RESOURCE_EXHAUSTED, 413, "too_large")):
+    """A manifest, code archive or request over its limit."""
 
 
-class Unavailable(ApiError):
-    grpc_code = grpc.StatusCode.UNAVAILABLE
-    http_status = 503
-    code = "unavailable"
+class Unavailable(ApiError, status=(grpc.StatusCode.UNAVAILABLE, 503, "unavailable")):
+    """A store or service the request needs does not answer."""
 
 
-class Overloaded(ApiError):
+class Overloaded(ApiError, status=(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "overloaded")):
     """Shed before anything was stored; the caller may retry after ``retry_after_s``."""
-
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    http_status = 429
-    code = "overloaded"
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)

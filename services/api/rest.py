@@ -8,30 +8,29 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 from fastapi import Depends, FastAPI, File, Form, Header, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 from google.protobuf import json_format
 from pydantic import BaseModel
 from rhizome.v1 import tds_pb2, tds_pb2_grpc
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData, Headers
+from starlette.datastructures import Headers
 from starlette.datastructures import UploadFile as FormFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services import __version__
 from services.api import errors
 from services.api.auth import Authenticator, Principal
-from services.api.convert import endpoint_to_proto, job_to_proto, timestamp, token_to_proto
+from services.api.convert import endpoint_to_proto, job_json, timestamp, token_to_proto
 from services.api.core import (
     MAX_LOG_SEARCH,
     MAX_METRIC_NAME,
@@ -41,6 +40,7 @@ from services.api.core import (
     TrainerCore,
     chunks,
 )
+from services.api.fast_submit import FastSubmit, FastSubmitCounts, api_error_response
 from services.dashboard.app import is_dashboard_path
 from services.dashboard.app import mount as mount_dashboard
 from services.manifest import MAX_MANIFEST_BYTES, schema
@@ -110,15 +110,59 @@ class TokenBody(BaseModel):
     description: str = ""
 
 
+class StreamQuery:
+    """The query parameters of a log or metric stream beside its own filter (`search`,
+    `name`): a dependency of both routes."""
+
+    def __init__(
+        self,
+        follow: bool = False,
+        learner: int = Query(-1, ge=-1, le=INT32_MAX),
+        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
+        pagesize: int = Query(0, ge=0, le=INT32_MAX),
+        since_time: str = Query("", max_length=32),
+    ) -> None:
+        self.follow, self.learner, self.pos, self.pagesize = follow, learner, pos, pagesize
+        self.since_time = since_time
+
+    def fill(self, req: Any) -> Any:
+        """`req` (a LogsRequest or MetricsRequest) with these parameters. FfDL's
+        `since_time`: milliseconds since the epoch, or a negative number of lines counted
+        back from the end (as `pos`); empty: from the start."""
+        req.follow, req.learner, req.pos, req.page_size = (
+            self.follow,
+            self.learner,
+            self.pos,
+            self.pagesize,
+        )
+        text = self.since_time.strip()
+        if not text:
+            return req
+        try:
+            value = int(text)
+        except ValueError:
+            raise errors.BadRequest(
+                f"since_time: {self.since_time[:40]!r} is not an integer (milliseconds since "
+                "the epoch, or a negative number of lines from the end)"
+            ) from None
+        if value < 0:
+            req.pos = value
+        else:
+            req.since.CopyFrom(timestamp(value / 1000))
+        return req
+
+
+# A log or metric stream's route function (`stream_routes` registers it at two paths).
+StreamRoute = Callable[..., NdjsonResponse]
+
+
 def _message_json(msg: Any) -> dict[str, Any]:
     body: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
     return body
 
 
 def _job_json(job: JobRecord) -> dict[str, Any]:
-    body: dict[str, Any] = json_format.MessageToDict(
-        job_to_proto(job), preserving_proto_field_name=True
-    )
+    body = job_json(job)  # the proto's JSON, built without the proto (convert.py)
     body["model_id"] = job.job_id  # FfDL's name for it
     return body
 
@@ -197,130 +241,6 @@ class RequestGate:
                 return
             scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
-
-
-def api_error_response(exc: errors.ApiError) -> JSONResponse:
-    """An ApiError as the gateway answers it: `{code, message}`, its status and headers."""
-    return JSONResponse(
-        {"code": exc.code, "message": exc.message},
-        status_code=exc.http_status,
-        headers=exc.http_headers(),
-    )
-
-
-# A submit whose body is at most this large may take FastSubmit's path (its form is held
-# in memory while it is read); a larger one, a code archive spooled to disk, goes to
-# FastAPI's route, where the upload costs far more than the route does.
-FAST_SUBMIT_BYTES = 1024 * 1024
-SUBMIT_PATH = "/v1/models"
-# POST /v1/models's form fields (create_model's parameters).
-_MANIFEST, _MODEL, _KEY = "manifest", "model_definition", "idempotency_key"
-
-# What FastSubmit hands a submit to: the principal, the manifest part, the code part (or
-# None) and the idempotency key.
-SubmitFn = Callable[[Principal, FormFile, FormFile | None, str], Awaitable[Response]]
-
-
-@dataclass
-class FastSubmitCounts:
-    """Submits FastSubmit answered itself, and those it read and handed to FastAPI's route."""
-
-    answered: int = 0
-    handed_on: int = 0
-
-
-class FastSubmit:
-    """POST /v1/models without FastAPI's per-request machinery (issue #18).
-
-    For every request FastAPI solves the route's dependencies and validates its form
-    fields with pydantic: about 0.2 ms of the gateway's one event loop per submit, a
-    sixth of a REST submit's daemon CPU. A submit of the documented form (one
-    `manifest` file part, at most one `model_definition` file part, at most one
-    `idempotency_key` field) whose body is at most FAST_SUBMIT_BYTES is read here with
-    Starlette's form parser (the one FastAPI's route uses, with the same limits) and
-    handed to the route's own `submit`; its errors are answered as the app's ApiError
-    handler answers them. Anything else (a larger or chunked upload, a body that is not
-    such a form, a form the parser refuses) goes on to FastAPI's route with the messages
-    read so far replayed, so its answer, error or not, is the route's own.
-    """
-
-    def __init__(self, app: ASGIApp, *, submit: SubmitFn, counts: FastSubmitCounts) -> None:
-        self.app = app
-        self.submit = submit
-        self.counts = counts
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        principal = scope.get("state", {}).get("principal") if scope["type"] == "http" else None
-        if (
-            principal is None  # only RequestGate's authenticated requests; the rest as ever
-            or scope["path"] != SUBMIT_PATH
-            or scope["method"] != "POST"
-            or not _small_body(Headers(scope=scope))
-        ):
-            await self.app(scope, receive, send)
-            return
-        received: list[Message] = []
-
-        async def recording() -> Message:
-            message = await receive()
-            received.append(message)
-            return message
-
-        request = Request(scope, recording)
-        try:
-            form = await request.form()
-        except Exception:  # the route reads it again and answers as it does
-            form = None
-        fields = _submit_fields(form) if form is not None else None
-        if form is None or fields is None:
-            if form is not None:
-                await form.close()
-            self.counts.handed_on += 1
-            await self.app(scope, _replay(received, receive), send)
-            return
-        manifest, model, key = fields
-        try:
-            response = await self.submit(
-                principal, manifest, model, key or request.headers.get("idempotency-key") or ""
-            )
-        except errors.ApiError as exc:
-            response = api_error_response(exc)
-        finally:
-            await form.close()
-        self.counts.answered += 1
-        await response(scope, receive, send)
-
-
-def _small_body(headers: Headers) -> bool:
-    """A body of a declared length up to FAST_SUBMIT_BYTES (a chunked one has none)."""
-    length = headers.get("content-length")
-    return bool(length and length.isdigit() and int(length) <= FAST_SUBMIT_BYTES)
-
-
-def _submit_fields(form: FormData) -> tuple[FormFile, FormFile | None, str] | None:
-    """The submit's (manifest, code, idempotency key) when the form has the documented
-    shape, where FastAPI's validation would pass it as it is; None otherwise."""
-    manifests, models, keys = (form.getlist(f) for f in (_MANIFEST, _MODEL, _KEY))
-    if len(manifests) != 1 or not isinstance(manifests[0], FormFile):
-        return None
-    if len(models) > 1 or (models and not isinstance(models[0], FormFile)):
-        return None
-    if len(keys) > 1 or (keys and not isinstance(keys[0], str)):
-        return None
-    model = models[0] if models else None
-    return manifests[0], model, keys[0] if keys else ""  # type: ignore[return-value]
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """`receive` that first gives back `messages` (what a reader took already)."""
-    pending = list(messages)
-
-    async def replay() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replay
 
 
 def build_app(
@@ -582,85 +502,36 @@ def build_app(
         200: {"description": "one JSON object a line", "content": {NDJSON: {}}}
     }
 
-    def _since(req: Any, since_time: str) -> Any:
-        """FfDL's `since_time`: milliseconds since the epoch, or a negative number of
-        lines counted back from the end (as `pos`); empty: from the start."""
-        text = since_time.strip()
-        if not text:
-            return req
-        try:
-            value = int(text)
-        except ValueError:
-            raise errors.BadRequest(
-                f"since_time: {since_time[:40]!r} is not an integer (milliseconds since the "
-                "epoch, or a negative number of lines from the end)"
-            ) from None
-        if value < 0:
-            req.pos = value
-        else:
-            req.since.CopyFrom(timestamp(value / 1000))
-        return req
+    def stream_routes(path: str, ffdl_path: str) -> Callable[[StreamRoute], StreamRoute]:
+        """A stream's route, and FfDL's path of the same stream (`/v1/logs/{id}/loglines`,
+        `/v1/logs/{id}/emetrics`): the same function answers both."""
 
-    # `/v1/logs/{id}/loglines` and `/v1/logs/{id}/emetrics` are FfDL's paths of the same
-    # streams: the same functions answer both.
-    @app.get(
-        "/v1/models/{model_id}/logs",
-        tags=["models"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
-    @app.get(
-        "/v1/logs/{model_id}/loglines",
-        tags=["ffdl aliases"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
+        def register(route: StreamRoute) -> StreamRoute:
+            for at, tag in ((ffdl_path, "ffdl aliases"), (path, "models")):
+                app.get(at, tags=[tag], response_class=NdjsonResponse, responses=ndjson)(route)
+            return route
+
+        return register
+
+    @stream_routes("/v1/models/{model_id}/logs", "/v1/logs/{model_id}/loglines")
     def get_logs(
         model_id: str,
-        follow: bool = False,
-        learner: int = Query(-1, ge=-1, le=INT32_MAX),
         search: str = Query("", max_length=MAX_LOG_SEARCH),
-        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
-        pagesize: int = Query(0, ge=0, le=INT32_MAX),
-        since_time: str = Query("", max_length=32),
+        query: StreamQuery = Depends(),
         who: Principal = Depends(caller),
     ) -> NdjsonResponse:
-        req = tds_pb2.LogsRequest(
-            job_id=model_id,
-            follow=follow,
-            learner=learner,
-            search=search,
-            pos=pos,
-            page_size=pagesize,
-        )
-        return _stream(model_id, who, "GetLogs", _since(req, since_time), follow)
+        req = query.fill(tds_pb2.LogsRequest(job_id=model_id, search=search))
+        return _stream(model_id, who, "GetLogs", req, query.follow)
 
-    @app.get(
-        "/v1/models/{model_id}/metrics",
-        tags=["models"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
-    @app.get(
-        "/v1/logs/{model_id}/emetrics",
-        tags=["ffdl aliases"],
-        response_class=NdjsonResponse,
-        responses=ndjson,
-    )
+    @stream_routes("/v1/models/{model_id}/metrics", "/v1/logs/{model_id}/emetrics")
     def get_metrics(
         model_id: str,
-        follow: bool = False,
-        learner: int = Query(-1, ge=-1, le=INT32_MAX),
         name: str = Query("", max_length=MAX_METRIC_NAME),
-        pos: int = Query(0, ge=INT64_MIN, le=INT64_MAX),
-        pagesize: int = Query(0, ge=0, le=INT32_MAX),
-        since_time: str = Query("", max_length=32),
+        query: StreamQuery = Depends(),
         who: Principal = Depends(caller),
     ) -> NdjsonResponse:
-        req = tds_pb2.MetricsRequest(
-            job_id=model_id, follow=follow, learner=learner, name=name, pos=pos, page_size=pagesize
-        )
-        return _stream(model_id, who, "GetMetrics", _since(req, since_time), follow)
+        req = query.fill(tds_pb2.MetricsRequest(job_id=model_id, name=name))
+        return _stream(model_id, who, "GetMetrics", req, query.follow)
 
     # -- downloads (FfDL) -------------------------------------------------------------------
     zip_response: dict[int | str, dict[str, Any]] = {

@@ -99,6 +99,9 @@ class Cluster:
         self.cpus_free = self.cpus_total.copy()
         self.mem_free = self.mem_total.copy()
         self.allocations: dict[str, Allocation] = {}
+        # Allocations and releases so far: a scheduling pass that carries on from the
+        # last one (GangScheduler._resume) knows by it that nothing was freed since.
+        self.changes = 0
         # Node indices a placement should leave out now (a straggler was seen there):
         # `capacity` counts no room on them; allocation itself is not restricted.
         self.avoided: set[int] = set()
@@ -190,12 +193,14 @@ class Cluster:
             self.cpus_free[idx] -= k * job.cpus
             self.mem_free[idx] -= k * job.memory_mb
         self.allocations[job.job_id] = alloc
+        self.changes += 1
         return alloc
 
     def release(self, job_id: str) -> Allocation | None:
         alloc = self.allocations.pop(job_id, None)
         if alloc is None:
             return None
+        self.changes += 1
         job = alloc.job
         for idx, k in alloc.counts().items():
             self.gpus_free[idx] += k * job.gpus

@@ -15,8 +15,9 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
    to their records (`rhizome show` prints them);
 5. the placements of jobs that no longer hold resources are released: every half second
    from the records written since the last look (`JobsRepository.written_since`, a range
-   read on the `updated_at` index), every 30 s and at the first pass from every placed
-   job's record (the safety net behind the look-back);
+   read on the sparse `touched_at` index, which a record enters at its first write after
+   its creation), every 30 s and at the first pass from every placed job's record (the
+   safety net behind the look-back);
 6. with a scaling policy (the cluster config's `scheduler.scaling`, e.g. Elastic-Tiresias;
    services/scheduler/elasticity), the resizes it proposes become scale requests to the
    jobs' guardians (through the LCM, as `rhizome scale`): a shrink frees its resources
@@ -173,7 +174,6 @@ class SchedulingLoop:
         with self.lock:
             result = self.scheduler.schedule()
             placements = self.scheduler.placements()
-            queued = self.scheduler.queued()
         placed: list[scheduler_pb2.JobPlacement] = []
         for placement in placements:
             if placement.job_id in self._bound:
@@ -206,7 +206,9 @@ class SchedulingLoop:
             self._resize(job_id, learners, reason)
         if now - self._explained_at >= EXPLAIN_INTERVAL_S:
             self._explained_at = now
-            self._explain(queued[:EXPLAIN_AT_MOST])
+            with self.lock:  # the head only: a pass must not cost a walk of the queue
+                head = [e.job.job_id for e in self.scheduler.queue.head(EXPLAIN_AT_MOST)]
+            self._explain(head)
         if now - self._released_at >= RELEASE_INTERVAL_S:
             self._released_at = now
             self._release_finished([p.job_id for p in placements])

@@ -80,6 +80,9 @@ class JobQueue:
         self._order: list[QueueEntry] = []
         self._keys: list[SortKey] = []
         self._pool_keys: dict[str, list[SortKey]] = {}
+        # Jobs that left the queue or were put back in so far (a new job queued is not
+        # counted): GangScheduler._fingerprint.
+        self.changes = 0
         self._next_seq = 0
         self._next_batch = 0
         self._last_arrival: float | None = None
@@ -124,6 +127,7 @@ class JobQueue:
     def remove(self, job_id: str) -> QueueEntry | None:
         entry = self._entries.pop(job_id, None)
         if entry is not None:
+            self.changes += 1
             at = bisect.bisect_left(self._keys, entry.key)
             del self._keys[at], self._order[at]
             pool = self._pool_keys[entry.job.pool]
@@ -137,6 +141,14 @@ class JobQueue:
 
     def ordered(self) -> list[QueueEntry]:
         return list(self._order)
+
+    def head(self, n: int) -> list[QueueEntry]:
+        """The first ``n`` entries in order."""
+        return self._order[:n]
+
+    def last_key(self) -> SortKey | None:
+        """The key of the last entry in order (None: the queue is empty)."""
+        return self._keys[-1] if self._keys else None
 
     def by_pool(self) -> dict[str, list[QueueEntry]]:
         pools: dict[str, list[QueueEntry]] = {}

@@ -149,6 +149,7 @@ class QuotaLedger:
         self.config = config
         self.guaranteed: dict[tuple[str, str], int] = {}
         self.borrowed: dict[tuple[str, str], int] = {}
+        self.changes = 0  # charges and refunds so far (GangScheduler._fingerprint)
 
     def used(self, user: str, gpu_type: str) -> int:
         key = (user, gpu_type)
@@ -192,6 +193,7 @@ class QuotaLedger:
         book = self.borrowed if borrowing else self.guaranteed
         key = (job.owner, job.gpu_type)
         book[key] = book.get(key, 0) + job.total_gpus
+        self.changes += 1
 
     def refund(self, job: JobRequest, borrowing: bool) -> None:
         if job.gpus == 0:
@@ -199,3 +201,4 @@ class QuotaLedger:
         book = self.borrowed if borrowing else self.guaranteed
         key = (job.owner, job.gpu_type)
         book[key] = max(0, book.get(key, 0) - job.total_gpus)
+        self.changes += 1

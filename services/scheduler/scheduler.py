@@ -10,11 +10,13 @@ a lock).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -43,7 +45,7 @@ from services.scheduler.cluster import Cluster, Node
 from services.scheduler.elasticity.api import ScalingPolicy
 from services.scheduler.elasticity.driver import ElasticDriver
 from services.scheduler.placement import get_policy
-from services.scheduler.queue import JobQueue, QueueOrder
+from services.scheduler.queue import JobQueue, QueueEntry, QueueOrder, SortKey
 from services.scheduler.quota import QuotaClass, QuotaConfig, QuotaLedger
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,15 @@ STRAGGLER_AVOID_S = 600.0
 # releases them) is remembered for their return (a resume): at most this many, oldest
 # forgotten first (most of them ended for good and never come back).
 ATTAINED_REMEMBERED = 10_000
+# Jobs that passed `admit` (the API's submit-time check) and were not queued yet: their
+# `enqueue`, moments later, does not check them a second time (issue #18). At most this
+# many, oldest forgotten first (a job whose store write failed is never queued); a job
+# forgotten is checked again.
+ADMITTED_REMEMBERED = 4096
+# A pass over the new jobs only (`GangScheduler._resume`) is exact, but a pass over the
+# whole queue runs at least this often anyway: what a placement policy could decide
+# differently with time (nodes avoided for a while) is looked at again.
+FULL_PASS_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -110,6 +121,53 @@ class JobRecord:
         }
 
 
+@dataclass
+class _Pass:
+    """What a scheduling pass knows as it walks the queue in order (`GangScheduler.
+    _consider`), and what it decided."""
+
+    now: float
+    pending: dict[str, int] = field(default_factory=dict)  # pool -> jobs queued
+    # pool -> the job at its head that could not fit
+    blocked: dict[str, str] = field(default_factory=dict)
+    # pool -> the first borrower that could not fit: it holds back later borrowers
+    # only. A job within its owner's quota goes on past it (and may preempt borrowers
+    # to fit): a borrower at the head must not keep the quota's owner from its GPUs.
+    borrowers_blocked: dict[str, str] = field(default_factory=dict)
+    # Free resources only shrink during a pass (until a preemption), so a shape that
+    # failed once fails again: skip the policy for it. Keeps per-pod passes cheap.
+    failed_shapes: set[tuple[Any, ...]] = field(default_factory=set)
+    placements: list[Placement] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    resize: dict[str, tuple[int, str]] = field(default_factory=dict)
+    preempted_for: dict[str, JobRequest] = field(default_factory=dict)
+
+    def carry_on(self, now: float) -> _Pass:
+        """A pass that starts where this one ended (`GangScheduler._resume`)."""
+        return _Pass(
+            now,
+            dict(self.pending),
+            dict(self.blocked),
+            dict(self.borrowers_blocked),
+            set(self.failed_shapes),
+        )
+
+    def result(self) -> ScheduleResult:
+        return ScheduleResult(self.placements, self.preempted, self.resize, self.preempted_for)
+
+
+@dataclass(frozen=True)
+class _LastPass:
+    """The last pass, kept for the next one to carry on from (`GangScheduler._resume`):
+    its state at the end, the `_fingerprint` then, the queue's last key then, and when
+    the last pass over the whole queue was."""
+
+    walk: _Pass
+    fingerprint: tuple[int, int, int, int]
+    tail: SortKey | None
+    full_at: float
+
+
 def _shape(job: JobRequest) -> tuple[Any, ...]:
     """What placement depends on: two jobs of one shape fit or fail alike."""
     return (
@@ -140,7 +198,10 @@ class GangScheduler:
         store: PlacementStore | None = None,
         clock: Callable[[], float] = time.time,
         scaling: ScalingPolicy | None = None,
+        incremental: bool = True,
     ) -> None:
+        """``incremental``: a pass may carry on from the last one over the jobs queued
+        since (`_resume`); False walks the whole queue every pass (the tests compare)."""
         self.cluster = cluster
         self.policy = (
             get_policy(policy, **dict(policy_options or {})) if isinstance(policy, str) else policy
@@ -156,6 +217,15 @@ class GangScheduler:
         self.store = store
         self.clock = clock
         self.records: dict[str, JobRecord] = {}
+        # the records that hold a placement: `placements()` without a walk of the queue
+        self._placed: dict[str, JobRecord] = {}
+        # job id -> (the request `admit` accepted, on which cluster model): see
+        # ADMITTED_REMEMBERED
+        self._admitted: OrderedDict[str, tuple[JobRequest, Cluster]] = OrderedDict()
+        self.incremental = incremental
+        self.full_pass_interval_s = FULL_PASS_INTERVAL_S
+        self._arrived: list[QueueEntry] = []  # queued since the last pass
+        self._last_pass: _LastPass | None = None
         self.restored_reservations: list[str] = []
         self.avoided: dict[str, float] = {}  # node name -> until when (stragglers)
         # job id -> GPU·s attained, for jobs that left (see ATTAINED_REMEMBERED)
@@ -191,12 +261,29 @@ class GangScheduler:
             raise JobTooLarge(f"job {job.job_id} can never run: {reason}")
 
     def admit(self, job: JobRequest) -> AdmitResult:
-        """Would this job be accepted? Refuses, with the reason, what can never fit."""
+        """Would this job be accepted? Refuses, with the reason, what can never fit. An
+        accepted job's `enqueue` of the same request does not check it again. Safe to
+        call without the lock the other calls are serialized by (the service does): it
+        reads only what a pass does not change (the empty cluster, the quota config)."""
         try:
             self.check(job)
         except SchedulerError as exc:
             return AdmitResult(False, str(exc), type(exc).__name__)
+        self._admitted[job.job_id] = (job, self.cluster)
+        if len(self._admitted) > ADMITTED_REMEMBERED:
+            with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+                self._admitted.popitem(last=False)
         return AdmitResult(True)
+
+    def _admitted_before(self, job: JobRequest) -> bool:
+        """Did `admit` accept this very request (its arrival aside) on this cluster model?
+        Forgets it: a job is queued once."""
+        seen = self._admitted.pop(job.job_id, None)
+        return (
+            seen is not None
+            and seen[1] is self.cluster
+            and replace(seen[0], arrival=job.arrival) == job
+        )
 
     def enqueue(self, job: JobRequest, attained_gpu_s: float = 0.0) -> None:
         """Queue an admitted job. Re-submitting the same request is a no-op.
@@ -209,12 +296,15 @@ class GangScheduler:
             raise InvalidJobRequest(
                 f"job {job.job_id} is already known with a different request; use a new job id"
             )
-        self.check(job)
+        if not self._admitted_before(job):
+            self.check(job)
         # a job that comes back (a resume after a halt) keeps the service it attained
         attained = max(self.attained_left.pop(job.job_id, 0.0), attained_gpu_s)
         entry = self.queue.push(job, attained_gpu_s=attained)
         rec = JobRecord(job, SchedState.QUEUED, entry.seq, entry.batch, attained_gpu_s=attained)
         self.records[job.job_id] = rec
+        if self._last_pass is not None:  # else the next pass walks the whole queue anyway
+            self._arrived.append(entry)
         self._save(rec)
 
     def submit(self, job: JobRequest) -> AdmitResult:
@@ -260,84 +350,141 @@ class GangScheduler:
     def schedule(self, now: float | None = None) -> ScheduleResult:
         """Place whole gangs from the queue; returns placements and jobs to halt."""
         now = self.clock() if now is None else now
-        placements: list[Placement] = []
-        preempted: list[str] = []
-        blocked: dict[str, str] = {}  # pool -> the job at its head that could not fit
-        # pool -> the first borrower that could not fit: it holds back later borrowers
-        # only. A job within its owner's quota goes on past it (and may preempt borrowers
-        # to fit): a borrower at the head must not keep the quota's owner from its GPUs.
-        borrowers_blocked: dict[str, str] = {}
-        # Free resources only shrink during a pass (until a preemption), so a shape that
-        # failed once fails again: skip the policy for it. Keeps per-pod passes cheap.
-        failed_shapes: set[tuple[Any, ...]] = set()
-        resize: dict[str, tuple[int, str]] = {}
-        preempted_for: dict[str, JobRequest] = {}
-        ordered = self.queue.ordered()
-        pending: dict[str, int] = {}
-        for entry in ordered:
-            pending[entry.job.pool] = pending.get(entry.job.pool, 0) + 1
         self.elasticity.expire(now)
+        arrived, self._arrived = self._arrived, []
+        resumed = self._resume(arrived, now)
+        if resumed is not None:
+            return resumed
+        ordered = self.queue.ordered()
+        walk = _Pass(now)
         for entry in ordered:
-            job = entry.job
-            rec = self.records[job.job_id]
-            if job.job_id in preempted:
-                continue  # halted in this pass: do not move it elsewhere at once
-            if job.pool in blocked and not self.backfill:
-                rec.blocked_by = blocked[job.pool]
-                continue
-            cls = self.ledger.classify(job)
-            if cls in (QuotaClass.OVER_LIMIT, QuotaClass.OVER_QUOTA):
-                rec.blocked_by = None
-                continue  # its owner's business: it does not hold the pool back
-            if cls == QuotaClass.BORROW and job.pool in borrowers_blocked and not self.backfill:
-                rec.blocked_by = borrowers_blocked[job.pool]
-                continue
-            shape = _shape(job)
-            assignment = None if shape in failed_shapes else self._propose(job)
-            victims: list[str] = []
-            if assignment is None:
-                # elastic jobs shrink (a scaling policy) before anyone is preempted
-                waits, asked = self.elasticity.shrink_for(job, pending[job.pool], now)
-                resize.update(asked)
-                if waits:
-                    rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
-                    blocked.setdefault(job.pool, job.job_id)
-                    rec.blocked_by = None
-                    continue
-            rec.waiting_for_shrink = ()
-            if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
-                # borrowing elastic jobs shrink first; whole gangs are preempted only if
-                # that cannot make room
-                waits, asked = self.elasticity.shrink_borrowers(job, now)
-                resize.update(asked)
-                if waits:
-                    rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(job.pool))
-                    blocked.setdefault(job.pool, job.job_id)
-                    rec.blocked_by = None
-                    continue
-                assignment, victims = self._place_by_preemption(job, now)
-                if victims:
-                    failed_shapes.clear()
-            if assignment is None:
-                failed_shapes.add(shape)
-                if cls == QuotaClass.BORROW:
-                    borrowers_blocked.setdefault(job.pool, job.job_id)
-                else:
-                    blocked.setdefault(job.pool, job.job_id)
-                rec.blocked_by = None
-                continue
-            for victim in victims:
-                self._requeue_preempted(victim, now)
-                preempted.append(victim)
-                preempted_for[victim] = job
-            placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
+            walk.pending[entry.job.pool] = walk.pending.get(entry.job.pool, 0) + 1
+        for entry in ordered:
+            self._consider(entry, walk)
         if self.elasticity.active:
             # capacity nobody waits for: elastic jobs of pools with an empty queue grow
             idle_pools = {r.job.pool for r in self.records.values()} - {
                 e.job.pool for e in self.queue.ordered()
             }
-            resize.update(self.elasticity.grow(idle_pools, now))
-        return ScheduleResult(placements, preempted, resize, preempted_for)
+            walk.resize.update(self.elasticity.grow(idle_pools, now))
+        self._last_pass = self._resumable(walk, full_at=now)
+        return walk.result()
+
+    def _resume(self, arrived: list[QueueEntry], now: float) -> ScheduleResult | None:
+        """The pass over the jobs queued since the last pass only, carrying on from where
+        that one ended, when that is exactly what a pass over the whole queue would do
+        (else None): nothing but new jobs changed since (no resources freed, no job left
+        the queue, `_fingerprint`), each of them sorts after every job queued before it,
+        and nothing (a scaling policy, elastic jobs, backfill) looks past a blocked job.
+        A pass over the whole queue would then find every earlier job as the last pass
+        left it (free resources only shrank since, so what did not fit still does not)
+        and reach the new ones in the state it ended in. With thousands queued behind a
+        full pool this is what keeps a submit's share of the passes from growing with
+        the queue (issue #18: a pass per burst of pushes walked every queued job)."""
+        last = self._last_pass
+        if (
+            last is None
+            or not self.incremental
+            or last.fingerprint != self._fingerprint()
+            or now - last.full_at >= self.full_pass_interval_s
+            or now < last.walk.now
+        ):
+            return None
+        fresh = sorted(arrived, key=QueueEntry.sort_key)
+        if fresh and last.tail is not None and fresh[0].key <= last.tail:
+            return None  # a new job sorts ahead of one queued before: walk it all
+        walk = last.walk.carry_on(now)
+        for entry in fresh:
+            walk.pending[entry.job.pool] = walk.pending.get(entry.job.pool, 0) + 1
+        for entry in fresh:
+            self._consider(entry, walk)
+        self._last_pass = self._resumable(walk, full_at=last.full_at)
+        return walk.result()
+
+    def _resumable(self, walk: _Pass, full_at: float) -> _LastPass | None:
+        """What the next pass may carry on from, or None when it must walk the whole
+        queue: after a preemption or a resize (jobs went back to the queue, resources
+        will be freed), and with quotas after any placement (a placed borrower is a
+        victim, and its owner's usage reclassifies the jobs behind it)."""
+        if (
+            walk.preempted
+            or walk.resize
+            or self.backfill
+            or self.elasticity.active
+            or self.elasticity.bounds
+            or self.elasticity.shrinking
+            or self.elasticity.growing
+            or (self.ledger.config is not None and walk.placements)
+        ):
+            return None
+        return _LastPass(walk, self._fingerprint(), self.queue.last_key(), full_at)
+
+    def _fingerprint(self) -> tuple[int, int, int, int]:
+        """Changes that may let a queued job fit or change its turn: the cluster model
+        replaced, resources allocated or freed, a quota charged or refunded, a job out
+        of the queue or put back (a new job queued is not one: `_resume` takes it)."""
+        return (id(self.cluster), self.cluster.changes, self.ledger.changes, self.queue.changes)
+
+    def _consider(self, entry: QueueEntry, walk: _Pass) -> None:
+        """One queued job's turn in a pass (`schedule`), in queue order."""
+        job = entry.job
+        rec = self.records[job.job_id]
+        now = walk.now
+        if job.job_id in walk.preempted:
+            return  # halted in this pass: do not move it elsewhere at once
+        if job.pool in walk.blocked and not self.backfill:
+            rec.blocked_by = walk.blocked[job.pool]
+            return
+        cls = self.ledger.classify(job)
+        if cls in (QuotaClass.OVER_LIMIT, QuotaClass.OVER_QUOTA):
+            rec.blocked_by = None
+            return  # its owner's business: it does not hold the pool back
+        if cls == QuotaClass.BORROW and job.pool in walk.borrowers_blocked and not self.backfill:
+            rec.blocked_by = walk.borrowers_blocked[job.pool]
+            return
+        shape = _shape(job)
+        assignment = None if shape in walk.failed_shapes else self._propose(job)
+        victims: list[str] = []
+        if assignment is None:
+            # elastic jobs shrink (a scaling policy) before anyone is preempted
+            shrinks = self.elasticity.shrink_for(job, walk.pending[job.pool], now)
+            if self._waits_for_shrinks(rec, shrinks, walk):
+                return
+        rec.waiting_for_shrink = ()
+        if assignment is None and cls == QuotaClass.GUARANTEED and self.ledger.config:
+            # borrowing elastic jobs shrink first; whole gangs are preempted only if
+            # that cannot make room
+            if self._waits_for_shrinks(rec, self.elasticity.shrink_borrowers(job, now), walk):
+                return
+            assignment, victims = self._place_by_preemption(job, now)
+            if victims:
+                walk.failed_shapes.clear()
+        if assignment is None:
+            walk.failed_shapes.add(shape)
+            if cls == QuotaClass.BORROW:
+                walk.borrowers_blocked.setdefault(job.pool, job.job_id)
+            else:
+                walk.blocked.setdefault(job.pool, job.job_id)
+            rec.blocked_by = None
+            return
+        for victim in victims:
+            self._requeue_preempted(victim, now)
+            walk.preempted.append(victim)
+            walk.preempted_for[victim] = job
+        walk.placements.append(self._commit(rec, assignment, cls == QuotaClass.BORROW, now))
+
+    def _waits_for_shrinks(
+        self, rec: JobRecord, shrinks: tuple[bool, dict[str, tuple[int, str]]], walk: _Pass
+    ) -> bool:
+        """Take the shrinks an elastic driver asked for to make room for ``rec``'s job; when
+        the job waits for them (True), it holds its pool until they are done."""
+        waits, asked = shrinks
+        walk.resize.update(asked)
+        if waits:
+            rec.waiting_for_shrink = tuple(self.elasticity.waiting_on(rec.job.pool))
+            walk.blocked.setdefault(rec.job.pool, rec.job.job_id)
+            rec.blocked_by = None
+        return waits
 
     def _commit(
         self, rec: JobRecord, assignment: Assignment, borrowing: bool, now: float
@@ -348,6 +495,7 @@ class GangScheduler:
         self.queue.remove(job.job_id)
         names = tuple(self.cluster.nodes[i].name for i in assignment.learner_nodes)
         rec.placement = Placement(job.job_id, names, now, self.policy.name, borrowing)
+        self._placed[job.job_id] = rec
         rec.learner_idx = assignment.learner_nodes
         rec.state = SchedState.RESERVED
         rec.blocked_by = None
@@ -394,6 +542,7 @@ class GangScheduler:
         self.ledger.refund(rec.job, rec.placement.borrowing)
         rec.bank(now)
         rec.placement = None
+        self._placed.pop(job_id, None)
         rec.banked_at = None
         rec.learner_idx = ()
         rec.state = SchedState.QUEUED
@@ -419,6 +568,7 @@ class GangScheduler:
         job's is remembered for its return (a resume of a halted job)."""
         self.elasticity.forget(job_id)
         rec = self.records.pop(job_id, None)
+        self._placed.pop(job_id, None)
         if rec is None:
             return False
         self.queue.remove(job_id)
@@ -589,7 +739,7 @@ class GangScheduler:
         return self._record(job_id).placement
 
     def placements(self) -> list[Placement]:
-        return [r.placement for r in self.records.values() if r.placement is not None]
+        return [r.placement for r in self._placed.values() if r.placement is not None]
 
     def queued(self) -> list[str]:
         return [e.job.job_id for e in self.queue.ordered()]
@@ -666,6 +816,7 @@ class GangScheduler:
                         str(doc.get("policy", "")),
                         borrowing,
                     )
+                    self._placed[job.job_id] = rec
                     banked_at = doc.get("banked_at")
                     rec.banked_at = float(banked_at) if banked_at is not None else None
                     if state == SchedState.RESERVED:

@@ -72,7 +72,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 result = self.scheduler.admit(job)
             else:
                 with self._lock:
-                    # enqueue checks the job itself (submit would check it twice).
+                    # checked by enqueue, unless this request passed the API's check
+                    # (check_only) moments ago: each submit is checked once
                     self.scheduler.enqueue(job, attained_gpu_s=request.attained_gpu_s)
                 result = AdmitResult(True)
         except SchedulerError as exc:

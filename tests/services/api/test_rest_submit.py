@@ -13,13 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+# starlette's TestClient is built on httpx2 (on httpx it warns that httpx is deprecated
+# there): its answers are httpx2's, and the forms below are encoded by the same library.
+import httpx2
 import pytest
 from starlette.testclient import TestClient
 
 from services.api.auth import Authenticator
 from services.api.core import TrainerCore
-from services.api.rest import FAST_SUBMIT_BYTES, FastSubmitCounts, build_app
+from services.api.fast_submit import FAST_SUBMIT_BYTES, FastSubmitCounts
+from services.api.rest import build_app
 from services.manifest import MAX_MANIFEST_BYTES
 from services.store.jobs import JobsRepository
 from services.store.mongo import connect
@@ -53,29 +56,30 @@ def encoded(
     data: dict[str, str] | None = None,
     raw: tuple[bytes, str] | None = None,
 ) -> tuple[bytes, str]:
-    """The body and content type of a form as httpx encodes it (or `raw` as it is)."""
+    """The body and content type of a form as httpx2 encodes it (or `raw` as it is)."""
     if raw is not None:
         return raw
-    request = httpx.Request("POST", "http://x/v1/models", files=files, data=data)
+    request = httpx2.Request("POST", "http://x/v1/models", files=files, data=data)
     return request.read(), request.headers["content-type"]
 
 
 def both_ways(
-    client: TestClient, body: bytes, content_type: str, headers: dict[str, str] | None = None
-) -> tuple[httpx.Response, httpx.Response]:
+    client: TestClient, body: bytes, content_type: str, user: str = ""
+) -> tuple[httpx2.Response, httpx2.Response]:
     """The same request with a declared length (FastSubmit may answer) and chunked
-    (FastAPI's route answers), each from a user of its own (one's job is not the
-    other's idempotent retry)."""
+    (FastAPI's route answers), from `user` or else each from a user of its own (one's
+    job is not the other's idempotent retry)."""
 
-    def user() -> dict[str, str]:
-        return {"X-Rhizome-User": f"u-{uuid.uuid4().hex[:6]}", "content-type": content_type}
+    def headers() -> dict[str, str]:
+        who = user or f"u-{uuid.uuid4().hex[:6]}"
+        return {"X-Rhizome-User": who, "content-type": content_type}
 
-    fast = client.post("/v1/models", content=body, headers={**user(), **(headers or {})})
-    routed = client.post("/v1/models", content=iter([body]), headers={**user(), **(headers or {})})
+    fast = client.post("/v1/models", content=body, headers=headers())
+    routed = client.post("/v1/models", content=iter([body]), headers=headers())
     return fast, routed
 
 
-def same_answer(fast: httpx.Response, routed: httpx.Response) -> None:
+def same_answer(fast: httpx2.Response, routed: httpx2.Response) -> None:
     assert fast.status_code == routed.status_code, (fast.text, routed.text)
     assert fast.headers.get("content-type") == routed.headers.get("content-type")
     assert fast.headers.get("retry-after") == routed.headers.get("retry-after")
@@ -187,28 +191,24 @@ def test_an_idempotent_retry_is_the_same_job_either_way(
     gateway: tuple[TestClient, FastSubmitCounts],
 ) -> None:
     client, counts = gateway
-    user = {"X-Rhizome-User": f"u-{uuid.uuid4().hex[:6]}"}
+    user = f"u-{uuid.uuid4().hex[:6]}"
     body, content_type = encoded([("manifest", ("m.yml", MANIFEST))], {"idempotency_key": "k1"})
-    headers = {**user, "content-type": content_type}
+    headers = {"X-Rhizome-User": user, "content-type": content_type}
     first = client.post("/v1/models", content=body, headers=headers)
-    again = client.post("/v1/models", content=body, headers=headers)
-    routed = client.post("/v1/models", content=iter([body]), headers=headers)
+    again, routed = both_ways(client, body, content_type, user)
     assert first.status_code == 201 and first.json()["existing"] is False
     assert again.status_code == routed.status_code == 200
     assert again.json()["job_id"] == routed.json()["job_id"] == first.json()["job_id"]
     # The header names the key when the form does not.
     body, content_type = encoded([("manifest", ("m.yml", MANIFEST))])
-    headers = {**user, "content-type": content_type, "Idempotency-Key": "k1"}
+    headers = {"X-Rhizome-User": user, "content-type": content_type, "Idempotency-Key": "k1"}
     by_header = client.post("/v1/models", content=body, headers=headers)
     assert by_header.status_code == 200 and by_header.json()["job_id"] == first.json()["job_id"]
     # Another manifest under the same key is refused the same way by both.
     body, content_type = encoded(
         [("manifest", ("m.yml", MANIFEST + b"description: other\n"))], {"idempotency_key": "k1"}
     )
-    fast = client.post("/v1/models", content=body, headers={**user, "content-type": content_type})
-    routed = client.post(
-        "/v1/models", content=iter([body]), headers={**user, "content-type": content_type}
-    )
+    fast, routed = both_ways(client, body, content_type, user)
     assert fast.status_code == 409
     same_answer(fast, routed)
     assert (counts.answered, counts.handed_on) == (4, 0)

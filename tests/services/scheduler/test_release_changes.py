@@ -131,7 +131,8 @@ def test_a_change_the_look_back_missed_is_released_by_the_full_read(
     check(loop, counting)
     # A write that landed long after its stamp (or from a clock far behind): the change
     # read does not see it...
-    repo._col.update_one({"_id": a}, {"$set": {"status": states.FAILED, "updated_at": 1.0}})
+    late = {"status": states.FAILED, "updated_at": 1.0, "touched_at": 1.0}  # both stamps
+    repo._col.update_one({"_id": a}, {"$set": late})
     assert check(loop, counting) == []
     assert placed(scheduler) == {a, b}
     # ...the next full read does
