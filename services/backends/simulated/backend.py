@@ -37,7 +37,7 @@ from contract import etcd_keys, procs
 from contract.etcd import EtcdClient
 from contract.learner_spec import LearnerSpec
 from contract.status import ExitCode, LearnerStatus, status_value
-from services.backends.api import Backend, BackendError, JobSpec
+from services.backends.api import Backend, BackendError, JobSpec, cannot_block
 from services.backends.local.backend import learner_spec, prepare_job_dir, tail_logs
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class SimulatedBackend(Backend):
     def write_secrets(self, job: JobSpec) -> None:
         """Nothing runs that could read them."""
 
+    @cannot_block
     def start_helper(self, job: JobSpec) -> None:
         """Logs stay in the learners' files; nothing ships them."""
 
@@ -110,9 +111,14 @@ class SimulatedBackend(Backend):
     # -- the simulated learner ----------------------------------------------------------
     def _client(self, url: str) -> EtcdClient:
         with self._lock:
-            if url not in self._etcd:
-                self._etcd[url] = EtcdClient(url)
-            return self._etcd[url]
+            client = self._etcd.get(url)
+        if client is None:
+            # Made outside the lock (it may reach etcd): controller_alive takes that lock
+            # and must not wait for etcd (cannot_block). A client made twice is dropped.
+            made = EtcdClient(url)
+            with self._lock:
+                client = self._etcd.setdefault(url, made)
+        return client
 
     def _learn(self, spec: LearnerSpec, learner: _Learner) -> None:
         seconds = float(spec.env.get("SIM_SECONDS", DEFAULT_SECONDS))
@@ -236,6 +242,7 @@ class SimulatedBackend(Backend):
     def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
         return tail_logs(job_dir, rank, lines)
 
+    @cannot_block  # its own threads, under a lock no call holds across a wait
     def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
         return any(
             ln.rank == rank and ln.thread is not None and ln.thread.is_alive()
