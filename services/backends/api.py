@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from contract import procs
+from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
 from contract.registry import Registry
 from services.manifest import Manifest
 
@@ -66,6 +67,9 @@ class JobSpec:
     # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
     # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0
+    # The TTL of each learner controller's etcd lease (LearnerSpec.lease_ttl_s; the
+    # platform's `RHIZOME_LEARNER_LEASE_TTL_S`, docs/lifecycle.md).
+    learner_lease_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S
     # Set by the platform on every learner (e.g. the preemption estimates for the
     # checkpoint policy); a manifest's own `env` cannot override them.
     platform_env: dict[str, str] = field(default_factory=dict)

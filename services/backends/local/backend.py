@@ -179,6 +179,7 @@ def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
         etcd_credentials=job.etcd_credentials,
         metric_sources=job.manifest.metric_sources,
         grace_s=job.grace_s,
+        lease_ttl_s=job.learner_lease_ttl_s,
     )
 
 

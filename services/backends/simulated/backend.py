@@ -15,9 +15,10 @@ How long a learner "trains" comes from the manifest's environment: ``SIM_SECONDS
 ``SIM_UNTIL_FILE`` it goes on, after its lines, until that file exists (a benchmark holds
 N jobs alive at once and ends them together: one thread of the backend looks for each
 such file, not every learner, so that 1,000 learners waiting cost no CPU).
-``SIM_LEASE_TTL_S`` sets the TTL of the learners' leases (default: a learner's, 2 s; a
-lease refreshed every TTL/4 by a thread of its own, which at 1,000 learners in one process
-is most of that process's CPU, and a real learner's process pays it, not the platform). Not a backend for users: `rhizomed
+``SIM_LEASE_TTL_S`` sets the TTL of the learners' leases (default: a learner's, the
+platform's ``RHIZOME_LEARNER_LEASE_TTL_S``, 10 s; a lease refreshed every TTL/4 by a
+thread of its own, which at 1,000 learners in one process is most of that process's CPU,
+and a real learner's process pays it, not the platform). Not a backend for users: `rhizomed
 --backend simulated` says so in its log.
 """
 
