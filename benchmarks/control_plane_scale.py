@@ -60,7 +60,7 @@ scheduler's full release read, 30 s each): `--steady 30`.
 
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
         [--settle-s 30] [--modes process,hosts] [--per-host 500] [--phase-timeout S] [--baseline-tree DIR]
-        [--repeat K]
+        [--repeat K] [--leader-lease-ttl S] [--learner-lease-ttl S]
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ from _platform import BenchPlatform
 
 from contract.etcd import EtcdClient
 from contract.etcd_keys import ROOT
+from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
 from services.client.sdk import Client
 from services.config import PlatformConfig
 from services.lcm.hosting import GUARDIANS_PER_HOST_ENV
@@ -95,7 +97,6 @@ from services.store.mongo import connect
 
 CLIENTS = 8
 ROOT_DIR = Path(__file__).resolve().parent.parent
-LEARNER_LEASE_TTL_S = 10
 CLUSTER = """nodes:
   - name: sim
     count: 4
@@ -105,14 +106,15 @@ CLUSTER = """nodes:
 """
 
 
-def manifest(n: int, until: Path) -> str:
+def manifest(n: int, until: Path, learner_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S) -> str:
     return (
         f"name: scale-{n}\nlearners: 1\ncpus: 1\nmemory: 16MiB\n"
         "framework:\n  command: 'simulated'\n"
         f"env:\n  SIM_SECONDS: '1'\n  SIM_LOG_LINES: '5'\n  SIM_UNTIL_FILE: '{until}'\n"
-        # A simulated learner's lease refreshed every 2.5 s, not 0.5 s: a real learner's
-        # process pays for its lease, the platform does not (services/backends/simulated).
-        f"  SIM_LEASE_TTL_S: '{LEARNER_LEASE_TTL_S}'\n"
+        # The learners' lease TTL, given by the job: a baseline tree from before the
+        # platform's setting (RHIZOME_LEARNER_LEASE_TTL_S; its learners' leases were 2 s)
+        # runs its learners at the same TTL (services/backends/simulated).
+        f"  SIM_LEASE_TTL_S: '{learner_ttl_s}'\n"
     )
 
 
@@ -398,22 +400,29 @@ def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, f
     }
 
 
-def run(
-    n: int,
-    steady_s: float,
-    settle_s: float,
-    per_host: int,
-    phase_timeout_s: float,
-    leader_ttl_s: int,
-    thread_names: Path,
-    tree: Path | None = None,
-) -> dict[str, Any]:
-    """One platform with N jobs alive; `per_host` guardians per host (0: a process each);
-    the daemon's leader lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`); the
-    platform's code from `tree` (its packages first on the daemon's PYTHONPATH, which
-    the guardians inherit) or, None, this tree's; `thread_names`, the directory of the
-    SITECUSTOMIZE that names the simulated learners' threads, first on it either way."""
-    os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
+@dataclass(frozen=True)
+class Plan:
+    """One run: N jobs alive; a steady window of `steady_s` opened `settle_s` after the
+    last PROCESSING; `per_host` guardians per host (0: a process each); at most
+    `phase_timeout_s` for all PROCESSING, then for all COMPLETED; the daemon's leader
+    lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`) and the learners' `learner_ttl_s`
+    (`manifest`)."""
+
+    n: int
+    steady_s: float
+    settle_s: float
+    per_host: int
+    phase_timeout_s: float
+    leader_ttl_s: int
+    learner_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S
+
+
+def run(plan: Plan, thread_names: Path, tree: Path | None = None) -> dict[str, Any]:
+    """`plan` on the platform's code from `tree` (its packages first on the daemon's
+    PYTHONPATH, which the guardians inherit) or, None, this tree's; `thread_names`, the
+    directory of the SITECUSTOMIZE that names the simulated learners' threads, first on
+    it either way."""
+    os.environ[GUARDIANS_PER_HOST_ENV] = str(plan.per_host)  # the daemon inherits it
     code = "baseline" if tree is not None else "this tree"
     here = os.environ.get("PYTHONPATH")
     code_path = [str(tree), str(ROOT_DIR / "gen")] if tree is not None else []
@@ -421,7 +430,7 @@ def run(
         [str(thread_names), *code_path, *([here] if here else [])]
     )
     try:
-        row = _run(n, steady_s, settle_s, per_host, phase_timeout_s, leader_ttl_s)
+        row = _run(plan)
     finally:
         if here is None:
             os.environ.pop("PYTHONPATH", None)
@@ -431,14 +440,8 @@ def run(
     return row
 
 
-def _run(
-    n: int,
-    steady_s: float,
-    settle_s: float,
-    per_host: int,
-    phase_timeout_s: float,
-    leader_ttl_s: int,
-) -> dict[str, Any]:
+def _run(plan: Plan) -> dict[str, Any]:
+    n, per_host, steady_s, settle_s = plan.n, plan.per_host, plan.steady_s, plan.settle_s
     print(
         f"N={n}, {per_host or 'no'} guardians per host, PYTHONPATH={os.environ.get('PYTHONPATH')}",
         file=sys.stderr,
@@ -451,7 +454,7 @@ def _run(
         args = [
             "--backend=simulated",
             f"--cluster-config={cluster}",
-            f"--leader-lease-ttl={leader_ttl_s}",
+            f"--leader-lease-ttl={plan.leader_ttl_s}",
         ]
         with BenchPlatform(services="api,scheduler,lcm", daemon_args=args) as platform:
             assert platform.daemon is not None and platform.daemon.pid is not None
@@ -466,7 +469,7 @@ def _run(
             def submit(worker: int) -> None:
                 with Client(platform.api, token=platform.token, tls=False) as rz:
                     for i in range(worker, n, CLIENTS):
-                        job_id = rz.create_job(manifest(i, release)).job_id
+                        job_id = rz.create_job(manifest(i, release, plan.learner_ttl_s)).job_id
                         with lock:
                             ids.append(job_id)
 
@@ -476,7 +479,7 @@ def _run(
                 t.start()
             for t in threads:
                 t.join()
-            timeout_s = min(120 + n * 2.0, phase_timeout_s)
+            timeout_s = min(120 + n * 2.0, plan.phase_timeout_s)
             failed = wait_all(repo, ids, states.PROCESSING, timeout_s)
             all_processing_s = time.monotonic() - t0
             alive = [j for j in ids if j not in failed]
@@ -540,7 +543,8 @@ def _run(
     return {
         "mode": f"hosts of {per_host}" if per_host else "process per job",
         "n": n,
-        "leader_lease_ttl_s": leader_ttl_s,
+        "leader_lease_ttl_s": plan.leader_ttl_s,
+        "learner_lease_ttl_s": plan.learner_ttl_s,
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
         "all_processing_s": all_processing_s,
@@ -621,6 +625,14 @@ def main() -> None:
         help="the daemon's leader lease TTL, s (rhizomed --leader-lease-ttl)",
     )
     parser.add_argument(
+        "--learner-lease-ttl",
+        type=int,
+        default=DEFAULT_LEARNER_LEASE_TTL_S,
+        help="the simulated learners' lease TTL, s (the platform's "
+        "RHIZOME_LEARNER_LEASE_TTL_S default; given in each job's SIM_LEASE_TTL_S, so "
+        "that a baseline tree from before that setting runs its learners at it too)",
+    )
+    parser.add_argument(
         "--baseline-tree",
         type=Path,
         default=None,
@@ -653,18 +665,16 @@ def main() -> None:
                     per_host = args.per_host if mode == "hosts" else 0
                     for _ in range(args.repeat):
                         for tree in trees:
-                            rows.append(
-                                run(
-                                    n,
-                                    args.steady,
-                                    args.settle_s,
-                                    per_host,
-                                    args.phase_timeout,
-                                    args.leader_lease_ttl,
-                                    Path(thread_names),
-                                    tree,
-                                )
+                            plan = Plan(
+                                n,
+                                args.steady,
+                                args.settle_s,
+                                per_host,
+                                args.phase_timeout,
+                                args.leader_lease_ttl,
+                                args.learner_lease_ttl,
                             )
+                            rows.append(run(plan, Path(thread_names), tree))
                             # kept if cut short
                             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)")
