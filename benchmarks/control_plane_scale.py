@@ -12,6 +12,10 @@ for all N to be COMPLETED. It reports, per N:
 - the daemon's RSS and CPU; the guardians' count, RSS and CPU; per job, and the CPU per
   job per second of the steady window (the cost of merely keeping a job alive);
 - etcd keys and MongoDB documents per job while all are alive;
+- etcd's own CPU and the lease keep-alives it received, per alive job per second of the
+  steady window (its /metrics: `process_cpu_seconds_total`, the messages of its
+  LeaseKeepAlive streams): what the learners' leases (`--learner-lease-ttl`), the hosts'
+  and the daemon's cost the store;
 - release → COMPLETED p50/p99 (status-change latency) and whether any job missed its
   COMPLETED (a lost status change);
 - the etcd authentication storm: every job's etcd user added and removed by the LCM
@@ -46,6 +50,9 @@ With `--baseline-tree DIR` (a checkout of other code, e.g. `git archive main | t
 DIR`; its `gen/` stubs are this tree's) each size and mode also runs on that code first,
 in the same run: the daemon and the guardian hosts import DIR's packages (PYTHONPATH),
 and the steady CPU per alive job and the latencies of both are printed side by side.
+With `--baseline-learner-lease-ttl S` the baseline runs' learners hold leases of S
+seconds (the rest as the other runs'); without `--baseline-tree` the baseline is then this
+tree: the learners' lease TTL against `--learner-lease-ttl`, same code, same run.
 With `--repeat K` each size and mode runs K times, the two trees interleaved (baseline,
 this tree, baseline, ...): each pair is compared, then the median over the pairs. The
 load average (`uptime`'s 1-minute figure) at the steady window's start and end is
@@ -60,7 +67,7 @@ scheduler's full release read, 30 s each): `--steady 30`.
 
     .venv/bin/python benchmarks/control_plane_scale.py [--sizes 10,25,50] [--steady 10]
         [--settle-s 30] [--modes process,hosts] [--per-host 500] [--phase-timeout S] [--baseline-tree DIR]
-        [--repeat K]
+        [--repeat K] [--leader-lease-ttl S] [--learner-lease-ttl S] [--baseline-learner-lease-ttl S]
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import signal
@@ -78,6 +86,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +95,7 @@ from _platform import BenchPlatform
 
 from contract.etcd import EtcdClient
 from contract.etcd_keys import ROOT
+from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
 from services.client.sdk import Client
 from services.config import PlatformConfig
 from services.lcm.hosting import GUARDIANS_PER_HOST_ENV
@@ -95,7 +105,6 @@ from services.store.mongo import connect
 
 CLIENTS = 8
 ROOT_DIR = Path(__file__).resolve().parent.parent
-LEARNER_LEASE_TTL_S = 10
 CLUSTER = """nodes:
   - name: sim
     count: 4
@@ -105,14 +114,15 @@ CLUSTER = """nodes:
 """
 
 
-def manifest(n: int, until: Path) -> str:
+def manifest(n: int, until: Path, learner_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S) -> str:
     return (
         f"name: scale-{n}\nlearners: 1\ncpus: 1\nmemory: 16MiB\n"
         "framework:\n  command: 'simulated'\n"
         f"env:\n  SIM_SECONDS: '1'\n  SIM_LOG_LINES: '5'\n  SIM_UNTIL_FILE: '{until}'\n"
-        # A simulated learner's lease refreshed every 2.5 s, not 0.5 s: a real learner's
-        # process pays for its lease, the platform does not (services/backends/simulated).
-        f"  SIM_LEASE_TTL_S: '{LEARNER_LEASE_TTL_S}'\n"
+        # The learners' lease TTL, given by the job: a baseline tree from before the
+        # platform's setting (RHIZOME_LEARNER_LEASE_TTL_S; its learners' leases were 2 s)
+        # runs its learners at the same TTL (services/backends/simulated).
+        f"  SIM_LEASE_TTL_S: '{learner_ttl_s}'\n"
     )
 
 
@@ -208,14 +218,20 @@ def sim_cpu_between(s0: dict[str, Any], s1: dict[str, Any]) -> float:
 def steady_rates(s0: dict[str, Any], s1: dict[str, Any], n: int) -> dict[str, float]:
     """ms of CPU per alive job per second between two samples (`sample`): the daemon's,
     the guardian processes' own (their simulated learners' threads taken out) and the
-    simulated learners'."""
+    simulated learners'; where both samples read etcd's /metrics, etcd's CPU and the
+    lease keep-alives it received, per alive job per second (NaN where they did not)."""
     seconds = s1["at"] - s0["at"]
     sim = sim_cpu_between(s0, s1)
     per_job_s = 1000 / n / seconds
+    etcd = "etcd_cpu" in s0 and "etcd_cpu" in s1
     return {
         "daemon": (s1["daemon_cpu"] - s0["daemon_cpu"]) * per_job_s,
         "guardian": (s1["guardian_cpu"] - s0["guardian_cpu"] - sim) * per_job_s,
         "sim": sim * per_job_s,
+        "etcd": (s1["etcd_cpu"] - s0["etcd_cpu"]) * per_job_s if etcd else math.nan,
+        "keepalives": (s1["etcd_keepalives"] - s0["etcd_keepalives"]) / n / seconds
+        if etcd
+        else math.nan,
     }
 
 
@@ -268,11 +284,12 @@ def guardian_pids(data_dir: Path) -> list[int]:
     return found
 
 
-def sample(daemon_pid: int, data_dir: Path) -> dict[str, Any]:
+def sample(daemon_pid: int, data_dir: Path, etcd_url: str = "") -> dict[str, Any]:
     rss, cpu = proc_stat(daemon_pid)
     guardians = guardian_pids(data_dir)
     g = [proc_stat(p) for p in guardians]
     return {
+        **(etcd_load(etcd_url) if etcd_url else {}),
         "daemon_rss": rss,
         "daemon_cpu": cpu,
         "guardians": len(guardians),
@@ -313,10 +330,38 @@ def wait_all(repo: JobsRepository, ids: list[str], status: str, timeout_s: float
 AUTH_CALLS = ("Authenticate", "UserAdd", "UserDelete")
 
 
+def etcd_metrics(url: str) -> str:
+    """etcd's Prometheus /metrics (no authentication needed)."""
+    return urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=10).read().decode()
+
+
+def etcd_load(url: str) -> dict[str, float]:
+    """What etcd has done so far that a running job costs it: its CPU seconds
+    (`process_cpu_seconds_total`) and the lease keep-alives it received (the messages of
+    every LeaseKeepAlive stream: the learners' leases, the hosts', the daemon's leader
+    lease), from its /metrics; empty where they cannot be read."""
+    try:
+        return parse_etcd_load(etcd_metrics(url))
+    except OSError:
+        return {}
+
+
+def parse_etcd_load(text: str) -> dict[str, float]:
+    found = {"etcd_cpu": 0.0, "etcd_keepalives": 0.0}
+    for line in text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            found["etcd_cpu"] = float(line.split()[1])
+        elif line.startswith("grpc_server_msg_received_total{") and (
+            'grpc_method="LeaseKeepAlive"' in line
+        ):
+            found["etcd_keepalives"] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def etcd_auth_calls(url: str) -> dict[str, int]:
     """etcd's count of the auth calls it received so far (its Prometheus /metrics:
     `grpc_server_started_total` of etcdserverpb.Auth)."""
-    text = urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=10).read().decode()
+    text = etcd_metrics(url)
     counts = dict.fromkeys(AUTH_CALLS, 0)
     for line in text.splitlines():
         if line.startswith("grpc_server_started_total{") and "etcdserverpb.Auth" in line:
@@ -398,30 +443,38 @@ def stage_seconds(repo: JobsRepository, ids: list[str]) -> dict[str, dict[str, f
     }
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One run: N jobs alive; a steady window of `steady_s` opened `settle_s` after the
+    last PROCESSING; `per_host` guardians per host (0: a process each); at most
+    `phase_timeout_s` for all PROCESSING, then for all COMPLETED; the daemon's leader
+    lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`) and the learners' `learner_ttl_s`
+    (`manifest`)."""
+
+    n: int
+    steady_s: float
+    settle_s: float
+    per_host: int
+    phase_timeout_s: float
+    leader_ttl_s: int
+    learner_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S
+
+
 def run(
-    n: int,
-    steady_s: float,
-    settle_s: float,
-    per_host: int,
-    phase_timeout_s: float,
-    leader_ttl_s: int,
-    thread_names: Path,
-    tree: Path | None = None,
+    plan: Plan, thread_names: Path, tree: Path | None = None, code: str = "this tree"
 ) -> dict[str, Any]:
-    """One platform with N jobs alive; `per_host` guardians per host (0: a process each);
-    the daemon's leader lease `leader_ttl_s` (`rhizomed --leader-lease-ttl`); the
-    platform's code from `tree` (its packages first on the daemon's PYTHONPATH, which
-    the guardians inherit) or, None, this tree's; `thread_names`, the directory of the
-    SITECUSTOMIZE that names the simulated learners' threads, first on it either way."""
-    os.environ[GUARDIANS_PER_HOST_ENV] = str(per_host)  # the daemon inherits it
-    code = "baseline" if tree is not None else "this tree"
+    """`plan` on the platform's code from `tree` (its packages first on the daemon's
+    PYTHONPATH, which the guardians inherit) or, None, this tree's; `thread_names`, the
+    directory of the SITECUSTOMIZE that names the simulated learners' threads, first on
+    it either way. The row is labelled `code` ("baseline" or "this tree")."""
+    os.environ[GUARDIANS_PER_HOST_ENV] = str(plan.per_host)  # the daemon inherits it
     here = os.environ.get("PYTHONPATH")
     code_path = [str(tree), str(ROOT_DIR / "gen")] if tree is not None else []
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(thread_names), *code_path, *([here] if here else [])]
     )
     try:
-        row = _run(n, steady_s, settle_s, per_host, phase_timeout_s, leader_ttl_s)
+        row = _run(plan)
     finally:
         if here is None:
             os.environ.pop("PYTHONPATH", None)
@@ -431,14 +484,8 @@ def run(
     return row
 
 
-def _run(
-    n: int,
-    steady_s: float,
-    settle_s: float,
-    per_host: int,
-    phase_timeout_s: float,
-    leader_ttl_s: int,
-) -> dict[str, Any]:
+def _run(plan: Plan) -> dict[str, Any]:
+    n, per_host, steady_s, settle_s = plan.n, plan.per_host, plan.steady_s, plan.settle_s
     print(
         f"N={n}, {per_host or 'no'} guardians per host, PYTHONPATH={os.environ.get('PYTHONPATH')}",
         file=sys.stderr,
@@ -451,7 +498,7 @@ def _run(
         args = [
             "--backend=simulated",
             f"--cluster-config={cluster}",
-            f"--leader-lease-ttl={leader_ttl_s}",
+            f"--leader-lease-ttl={plan.leader_ttl_s}",
         ]
         with BenchPlatform(services="api,scheduler,lcm", daemon_args=args) as platform:
             assert platform.daemon is not None and platform.daemon.pid is not None
@@ -459,6 +506,7 @@ def _run(
             db = connect(platform.mongo.url)
             repo = JobsRepository(db)
             before = sample(pid, platform.data_dir)
+            etcd_url = platform.etcd.url
             auth_before = etcd_auth_calls(platform.etcd.url)
             ids: list[str] = []
             lock = threading.Lock()
@@ -466,7 +514,7 @@ def _run(
             def submit(worker: int) -> None:
                 with Client(platform.api, token=platform.token, tls=False) as rz:
                     for i in range(worker, n, CLIENTS):
-                        job_id = rz.create_job(manifest(i, release)).job_id
+                        job_id = rz.create_job(manifest(i, release, plan.learner_ttl_s)).job_id
                         with lock:
                             ids.append(job_id)
 
@@ -476,7 +524,7 @@ def _run(
                 t.start()
             for t in threads:
                 t.join()
-            timeout_s = min(120 + n * 2.0, phase_timeout_s)
+            timeout_s = min(120 + n * 2.0, plan.phase_timeout_s)
             failed = wait_all(repo, ids, states.PROCESSING, timeout_s)
             all_processing_s = time.monotonic() - t0
             alive = [j for j in ids if j not in failed]
@@ -488,7 +536,7 @@ def _run(
             print(f"all PROCESSING; the steady window opens in {settle_s:g} s", file=sys.stderr)
 
             def take() -> dict[str, Any]:
-                taken = sample(pid, platform.data_dir)
+                taken = sample(pid, platform.data_dir, etcd_url)
                 if "opened" not in window_note:
                     window_note["opened"] = True
                     print(  # for a profiler run by hand meanwhile (py-spy record --pid)
@@ -540,7 +588,8 @@ def _run(
     return {
         "mode": f"hosts of {per_host}" if per_host else "process per job",
         "n": n,
-        "leader_lease_ttl_s": leader_ttl_s,
+        "leader_lease_ttl_s": plan.leader_ttl_s,
+        "learner_lease_ttl_s": plan.learner_ttl_s,
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
         "all_processing_s": all_processing_s,
@@ -557,6 +606,9 @@ def _run(
         # the guardian processes' own: their simulated learners' threads apart
         "steady_guardian_ms_per_job_s": steady["guardian"],
         "steady_sim_learners_ms_per_job_s": steady["sim"],
+        # etcd's CPU and the lease keep-alives it received (learners', hosts', leader's)
+        "steady_etcd_ms_per_job_s": steady["etcd"],
+        "steady_keepalives_per_job_s": steady["keepalives"],
         # (first half, second half) of the window: about equal when it was flat
         "steady_halves_daemon": [h["daemon"] for h in halves],
         "steady_halves_guardian": [h["guardian"] for h in halves],
@@ -621,6 +673,21 @@ def main() -> None:
         help="the daemon's leader lease TTL, s (rhizomed --leader-lease-ttl)",
     )
     parser.add_argument(
+        "--learner-lease-ttl",
+        type=int,
+        default=DEFAULT_LEARNER_LEASE_TTL_S,
+        help="the simulated learners' lease TTL, s (the platform's "
+        "RHIZOME_LEARNER_LEASE_TTL_S default; given in each job's SIM_LEASE_TTL_S, so "
+        "that a baseline tree from before that setting runs its learners at it too)",
+    )
+    parser.add_argument(
+        "--baseline-learner-lease-ttl",
+        type=int,
+        default=None,
+        help="the baseline runs' learners' lease TTL, s (default: --learner-lease-ttl); "
+        "without --baseline-tree the baseline is this tree with its learners at this TTL",
+    )
+    parser.add_argument(
         "--baseline-tree",
         type=Path,
         default=None,
@@ -643,7 +710,15 @@ def main() -> None:
         parser.error("--repeat is at least 1")
     if args.steady <= 0 or args.settle_s < 0:
         parser.error("--steady is above 0 and --settle-s at least 0")
-    trees = [args.baseline_tree.resolve(), None] if args.baseline_tree is not None else [None]
+    if args.baseline_learner_lease_ttl is not None and args.baseline_learner_lease_ttl < 2:
+        parser.error("--baseline-learner-lease-ttl is at least 2 (etcd's shortest lease)")
+    # (tree, learners' lease TTL, label) of each run of a size: the baseline first
+    variants: list[tuple[Path | None, int, str]] = [(None, args.learner_lease_ttl, "this tree")]
+    compared = args.baseline_tree is not None or args.baseline_learner_lease_ttl is not None
+    if compared:
+        base_tree = args.baseline_tree.resolve() if args.baseline_tree is not None else None
+        base_ttl = args.baseline_learner_lease_ttl or args.learner_lease_ttl
+        variants.insert(0, (base_tree, base_ttl, "baseline"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="rz-scale-threads-") as thread_names:
         (Path(thread_names) / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -652,19 +727,17 @@ def main() -> None:
                 if mode == "hosts" or n <= args.max_process_n:
                     per_host = args.per_host if mode == "hosts" else 0
                     for _ in range(args.repeat):
-                        for tree in trees:
-                            rows.append(
-                                run(
-                                    n,
-                                    args.steady,
-                                    args.settle_s,
-                                    per_host,
-                                    args.phase_timeout,
-                                    args.leader_lease_ttl,
-                                    Path(thread_names),
-                                    tree,
-                                )
+                        for tree, learner_ttl, code in variants:
+                            plan = Plan(
+                                n,
+                                args.steady,
+                                args.settle_s,
+                                per_host,
+                                args.phase_timeout,
+                                args.leader_lease_ttl,
+                                learner_ttl,
                             )
+                            rows.append(run(plan, Path(thread_names), tree, code))
                             # kept if cut short
                             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"\n{os.cpu_count()} cores, shared; simulated learners (train nothing)")
@@ -680,6 +753,7 @@ def main() -> None:
     )
     cols = [
         ("code", "code", "{}"),
+        ("learner lease s", "learner_lease_ttl_s", "{}"),
         ("mode", "mode", "{}"),
         ("N", "n", "{:.0f}"),
         ("submit→PROC p50 s", "submit_to_processing_p50_s", "{:.2f}"),
@@ -693,6 +767,8 @@ def main() -> None:
         ("steady daemon ms/job/s", "steady_daemon_ms_per_job_s", "{:.2f}"),
         ("steady guardian ms/job/s", "steady_guardian_ms_per_job_s", "{:.2f}"),
         ("steady sim learners ms/job/s", "steady_sim_learners_ms_per_job_s", "{:.2f}"),
+        ("steady etcd ms/job/s", "steady_etcd_ms_per_job_s", "{:.2f}"),
+        ("keep-alives/job/s", "steady_keepalives_per_job_s", "{:.2f}"),
         ("guardian halves", "steady_halves_guardian", "{0[0]:.2f}/{0[1]:.2f}"),
         ("daemon halves", "steady_halves_daemon", "{0[0]:.2f}/{0[1]:.2f}"),
         ("load1 steady", "steady_load1", "{0[0]:.1f}-{0[1]:.1f}"),
@@ -707,7 +783,7 @@ def main() -> None:
     print(" | ".join(c for c, _, _ in cols))
     for row in rows:
         print(" | ".join(fmt.format(row[key]) for _, key, fmt in cols))
-    if args.baseline_tree is not None:
+    if compared:
         compare_trees(rows)
     mine = [r for r in rows if r["code"] == "this tree"]
     by_mode = {mode: [r for r in mine if r["mode"].startswith(mode[:4])] for mode in modes}
@@ -755,7 +831,7 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
     """This tree's figures against the baseline tree's, same N and mode, same run: each
     pair (the k-th baseline run with the k-th of this tree), then with several pairs the
     median of each figure and of each pair's ratio."""
-    print("\nthis tree against the baseline tree, same N and mode, same run:")
+    print("\nthis tree against the baseline (tree or learners' lease), same N and mode, same run:")
     groups: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
     for row in rows:
         group = groups.setdefault((row["mode"], row["n"]), {"baseline": [], "this tree": []})
@@ -765,7 +841,8 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
         for k, (base, row) in enumerate(pairs, 1):
             both = {r["code"]: steady_both(r) for r in (base, row)}
             print(
-                f"  {mode} N={n} pair {k}: steady ms of CPU per alive job per second: daemon "
+                f"  {mode} N={n} pair {k} (learners' lease {base['learner_lease_ttl_s']} -> "
+                f"{row['learner_lease_ttl_s']} s): steady ms of CPU per alive job per second: daemon "
                 f"{base['steady_daemon_ms_per_job_s']:.3f} -> {row['steady_daemon_ms_per_job_s']:.3f} "
                 f"(x{ratio(row, base, 'steady_daemon_ms_per_job_s'):.3f}), guardian hosts' own "
                 f"{base['steady_guardian_ms_per_job_s']:.3f} -> "
@@ -774,7 +851,10 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
                 f"{both['baseline']:.3f} -> {both['this tree']:.3f} "
                 f"(x{both['this tree'] / both['baseline'] if both['baseline'] else float('inf'):.3f}); "
                 f"sim learners apart {base['steady_sim_learners_ms_per_job_s']:.3f} -> "
-                f"{row['steady_sim_learners_ms_per_job_s']:.3f}; hosts' own by half "
+                f"{row['steady_sim_learners_ms_per_job_s']:.3f}; etcd "
+                f"{base['steady_etcd_ms_per_job_s']:.3f} -> {row['steady_etcd_ms_per_job_s']:.3f} "
+                f"(keep-alives/job/s {base['steady_keepalives_per_job_s']:.2f} -> "
+                f"{row['steady_keepalives_per_job_s']:.2f}); hosts' own by half "
                 f"{halves(base['steady_halves_guardian'])} -> "
                 f"{halves(row['steady_halves_guardian'])}; load1 "
                 f"{base['steady_load1'][0]:.1f}-{base['steady_load1'][1]:.1f} -> "

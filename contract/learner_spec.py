@@ -19,6 +19,15 @@ from typing import Any
 
 from contract import env as learner_env
 
+# The TTL of a learner controller's etcd lease, which holds its status key
+# (`jobs/<job>/learners/<rank>/status`): a controller whose machine is lost (or cut off
+# from etcd) loses that key this long after its last refresh, and that deletion is how its
+# guardian learns of it; a controller that crashes on a machine that still runs is
+# noticed sooner where its guardian sees the process (the local backend's reaper).
+# The controller refreshes it every TTL/4. The platform sets it for every learner
+# (`RHIZOME_LEARNER_LEASE_TTL_S`, services/guardian/guardian.py; docs/lifecycle.md).
+DEFAULT_LEARNER_LEASE_TTL_S = 10
+
 
 class CommandOutput(StrEnum):
     """Where the user command's stdout and stderr go, and so who ships them to the TDS.
@@ -66,7 +75,7 @@ class LearnerSpec:
     etcd_credentials: str = field(default="", repr=False)
     metric_sources: Any = None  # the manifest's `evaluation_metrics`
     grace_s: float = 10.0  # SIGTERM -> SIGKILL on halt
-    lease_ttl_s: int = 2
+    lease_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S  # the platform's, in every spec
     # Where the code archive, checkpoints and results live when they are not files the
     # learner can open (an object store): a `StorageAccess` as a dict, with the job's
     # short-lived credentials. Empty: `model_zip` and `result_store` are paths.

@@ -6,6 +6,7 @@ platform: synthetic samples and /proc-shaped files."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -76,6 +77,32 @@ def test_steady_rates_are_per_alive_job_per_second_with_the_learners_apart(
     assert rates["daemon"] == pytest.approx(0.2)  # 0.4 s / 100 jobs / 20 s = 0.2 ms
     assert rates["sim"] == pytest.approx(1.0)
     assert rates["guardian"] == pytest.approx(0.5)  # (3.0 - 2.0) s: the hosts' own
+
+
+def test_etcd_s_cpu_and_keep_alives_per_alive_job_per_second(bench: ModuleType) -> None:
+    """From etcd's /metrics: its process CPU and the messages of its LeaseKeepAlive
+    streams (not the streams, not other methods' messages); NaN where a sample has no
+    etcd figures (its /metrics could not be read)."""
+    text = "\n".join(
+        [
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.",
+            "process_cpu_seconds_total 12.5",
+            'grpc_server_msg_received_total{grpc_method="LeaseKeepAlive",'
+            'grpc_service="etcdserverpb.Lease",grpc_type="bidi_stream"} 4000',
+            'grpc_server_msg_received_total{grpc_method="Range",'
+            'grpc_service="etcdserverpb.KV",grpc_type="unary"} 900',
+            'grpc_server_started_total{grpc_method="LeaseKeepAlive",'
+            'grpc_service="etcdserverpb.Lease",grpc_type="bidi_stream"} 101',
+        ]
+    )
+    assert bench.parse_etcd_load(text) == {"etcd_cpu": 12.5, "etcd_keepalives": 4000.0}
+    s0 = {**sample(10.0, 5.0, 7.0, {}), "etcd_cpu": 12.5, "etcd_keepalives": 4000.0}
+    s1 = {**sample(30.0, 5.0, 7.0, {}), "etcd_cpu": 13.3, "etcd_keepalives": 12000.0}
+    rates = bench.steady_rates(s0, s1, 100)
+    assert rates["etcd"] == pytest.approx(0.4)  # 0.8 s / 100 jobs / 20 s
+    assert rates["keepalives"] == pytest.approx(4.0)  # 8,000 / 100 jobs / 20 s
+    no_etcd = bench.steady_rates(sample(10.0, 5.0, 7.0, {}), s1, 100)
+    assert math.isnan(no_etcd["etcd"]) and math.isnan(no_etcd["keepalives"])
 
 
 def test_a_thread_s_cpu_is_the_schedulers_count_not_the_ticks(

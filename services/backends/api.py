@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from contract import procs
+from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
 from contract.registry import Registry
 from services.manifest import Manifest
 
@@ -66,9 +67,26 @@ class JobSpec:
     # SIGTERM -> SIGKILL delay when the platform stops a learner (the manifest's
     # checkpoint.grace_s, else the guardian's default); learners are told it.
     grace_s: float = 10.0
+    # The TTL of each learner controller's etcd lease (LearnerSpec.lease_ttl_s; the
+    # platform's `RHIZOME_LEARNER_LEASE_TTL_S`, docs/lifecycle.md).
+    learner_lease_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S
     # Set by the platform on every learner (e.g. the preemption estimates for the
     # checkpoint policy); a manifest's own `env` cannot override them.
     platform_env: dict[str, str] = field(default_factory=dict)
+
+
+_Call = TypeVar("_Call", bound=Callable[..., Any])
+
+
+def cannot_block(method: _Call) -> _Call:
+    """Marks a backend call that returns at once whatever the machine's state: it reads
+    memory or /proc, starts nothing and waits on no engine, network or watch. TimedBackend
+    runs such a call in its caller's thread instead of on its pool (a hop to another
+    thread and back costs more than the call itself: issue #18, two hops in every hosted
+    guardian's monitoring round). The mark is the method's own: a subclass that overrides
+    a marked call is timed again unless its override is marked too."""
+    method.cannot_block = True  # type: ignore[attr-defined]
+    return method
 
 
 class Backend(abc.ABC):
@@ -138,6 +156,7 @@ class Backend(abc.ABC):
     def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
         """The last lines a learner wrote (stderr, then stdout), for a failed job's record."""
 
+    @cannot_block  # a read of /proc/<pid>/stat
     def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
         """Whether the controller that wrote this learner status (its etcd value, with the
         `pid` and `start` it saw) still runs. Locally that pid is ours to check; a backend
@@ -251,8 +270,11 @@ class TimedBackend(Backend):
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="backend")
 
     def _call(self, kind: str, job: str, extra_s: float, *args: Any) -> Any:
+        method = getattr(self.backend, kind)
+        if getattr(method, "cannot_block", False):
+            return method(*args)  # nothing to wait for: no hop to the pool (cannot_block)
         limit = self.timeouts[kind] + extra_s
-        future = self._pool.submit(getattr(self.backend, kind), *args)
+        future = self._pool.submit(method, *args)
         try:
             return future.result(timeout=limit)
         except FutureTimeout:

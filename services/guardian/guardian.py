@@ -48,7 +48,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from typing import Any
 from contract import etcd_keys, procs
 from contract.etcd import Entry, EtcdClient, Lease
 from contract.etcd_watch import Change, PrefixWatch
+from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
 from contract.procs import free_port
 from contract.status import (
     FINAL_STATUSES,
@@ -99,6 +100,40 @@ RENEWAL_RETRY_S = 60.0
 # (a safety poll behind the watch: PrefixWatch delivers every change, re-watching from the
 # last revision after a broken stream, so this only bounds what a lost change could cost).
 SAFETY_POLL_S = 10.0
+# The platform's knob for its learners' lease TTL (contract/learner_spec.py says what the
+# lease does). Longer than a guardian's own 2 s lease: a learner's keep-alives are paid by
+# etcd (a refresh every TTL/4 from each learner: 20,000 a second from 10,000 learners at
+# 2 s, 4,000 at 10 s) and by its own process, and a lease that lapses because the
+# controller or etcd was busy for a moment makes its guardian start a second controller for
+# a learner that runs. What the TTL delays is noticing a controller that disappeared
+# without its guardian seeing the process go: its machine lost, or (guardian hosts on the
+# docker and Kubernetes backends) a container killed outright; a controller its guardian
+# started on the local backend is its child, whose exit it sees at once. 2 s is etcd's
+# shortest lease; 60 s bounds how long a lost machine's learners are waited for.
+LEARNER_LEASE_TTL_ENV = "RHIZOME_LEARNER_LEASE_TTL_S"
+LEARNER_LEASE_TTL_RANGE_S = (2, 60)
+
+
+def learner_lease_ttl_from_env(environ: Mapping[str, str] = os.environ) -> int:
+    """`$RHIZOME_LEARNER_LEASE_TTL_S` (unset or empty: the default), a whole number of
+    seconds within LEARNER_LEASE_TTL_RANGE_S; anything else is a ValueError naming the
+    variable (the LCM checks it at the daemon's start, a guardian at its own)."""
+    raw = environ.get(LEARNER_LEASE_TTL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LEARNER_LEASE_TTL_S
+    low, high = LEARNER_LEASE_TTL_RANGE_S
+    try:
+        ttl = int(raw)
+    except ValueError:
+        ttl = low - 1
+    if not low <= ttl <= high:
+        raise ValueError(
+            f"${LEARNER_LEASE_TTL_ENV} is {raw!r}: the learners' etcd lease TTL is a whole "
+            f"number of seconds from {low} to {high} (default {DEFAULT_LEARNER_LEASE_TTL_S})"
+        )
+    return ttl
+
+
 # How far each learner status is along the happy path (the job follows the slowest).
 _LEVEL = {status: level for level, status in enumerate(HAPPY_PATH)}
 _JOB_LEVEL = {
@@ -170,6 +205,8 @@ class GuardianConfig:
     scheduler_token: str = field(default="", repr=False)
     deploy_attempts: int = 3
     lease_ttl_s: int = 2
+    # Each learner controller's lease (LEARNER_LEASE_TTL_ENV says why it is longer).
+    learner_lease_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S
     learner_grace_s: float = 10.0
     # A controller this guardian started must claim its rank within this time.
     start_grace_s: float = 20.0
@@ -201,6 +238,7 @@ class GuardianConfig:
         config.step_delay_s = float(env.get("RHIZOME_GUARDIAN_STEP_DELAY_S", config.step_delay_s))
         config.fail_step = env.get("RHIZOME_GUARDIAN_FAIL_STEP", config.fail_step)
         config.learner_grace_s = float(env.get("RHIZOME_LEARNER_GRACE_S", config.learner_grace_s))
+        config.learner_lease_ttl_s = learner_lease_ttl_from_env(env)
         if config.deploy_attempts < 1:
             raise ValueError("RHIZOME_DEPLOY_ATTEMPTS must be at least 1")
         return config
@@ -432,6 +470,7 @@ class Guardian:
             etcd_credentials=self.config.etcd_credentials,
             grace_s=self.config.learner_grace_s if grace_s is None else grace_s,
             platform_env=self.preemption_env(manifest),
+            learner_lease_ttl_s=self.config.learner_lease_ttl_s,
         )
 
     # -- what the platform learns about preemptions (ARCHITECTURE §6) ---------------------

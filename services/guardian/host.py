@@ -324,8 +324,12 @@ class GuardianHost:
         self.reaper = reaper
         self.etcd = etcd
         self.jobs = jobs
-        # Every call bounded (TimedBackend): a step or deploy thread waits for a stuck
-        # engine at most its call's timeout, and the job's history says which call it was.
+        # Every call that can wait bounded (TimedBackend): a step or deploy thread waits
+        # for a stuck engine at most its call's timeout, and the job's history says which
+        # call it was. A call the backend marks `cannot_block` runs in the step's thread,
+        # with no hop to the wrapper's pool and back (a monitoring round's two calls on
+        # the local and simulated backends; TimedBackend says why docker's and
+        # Kubernetes' keep their bound).
         self.backend = (
             backend
             if isinstance(backend, TimedBackend)

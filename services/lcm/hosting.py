@@ -25,6 +25,7 @@ def build(ctx: DaemonContext) -> Hosted:
         EtcdClient,
         root_credentials_from_env,
     )
+    from services.guardian.guardian import learner_lease_ttl_from_env
     from services.lcm.manager import LcmConfig, LifecycleManager
     from services.lcm.servicer import LifecycleServicer
 
@@ -33,6 +34,10 @@ def build(ctx: DaemonContext) -> Hosted:
         raise click.UsageError(
             "the lcm needs etcd: pass --etcd http://HOST:PORT or set RHIZOME_ETCD"
         )
+    try:  # the guardians read it from our environment: refused here, not by each of them
+        learner_lease_ttl_from_env()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     # Learners ship their logs to the TDS's internal port, with their job's token.
     tds = config.internal_address if "tds" in config.services else config.peers.get("tds", "")
     tds = config.learner_tds_address or tds

@@ -36,7 +36,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from contract.status import ExitCode
-from services.backends.api import Backend, JobSpec, register_backend
+from services.backends.api import Backend, JobSpec, cannot_block, register_backend
 from services.backends.kubernetes.api import (
     KubernetesBackendError,
     KubeSettings,
@@ -239,6 +239,7 @@ class KubernetesBackend(Backend):
             )
             time.sleep(0.2)
 
+    @cannot_block
     def start_helper(self, job: JobSpec) -> None:
         """Each controller ships its own logs to the TDS; there is no per-job helper."""
 

@@ -43,7 +43,13 @@ from contract import procs
 from contract.credentials import TDS_TLS_FILE
 from contract.env import LearnerConfigError, LearnerEnv, Role
 from contract.learner_spec import LearnerSpec
-from services.backends.api import Backend, BackendError, JobSpec, register_backend
+from services.backends.api import (
+    Backend,
+    BackendError,
+    JobSpec,
+    cannot_block,
+    register_backend,
+)
 from services.backends.local import isolation
 from services.backends.local.isolation import IsolationConfig, IsolationError, LearnerUser
 
@@ -173,6 +179,7 @@ def learner_spec(job: JobSpec, rank: int, restart: int = 0) -> LearnerSpec:
         etcd_credentials=job.etcd_credentials,
         metric_sources=job.manifest.metric_sources,
         grace_s=job.grace_s,
+        lease_ttl_s=job.learner_lease_ttl_s,
     )
 
 
@@ -563,6 +570,7 @@ class LocalBackend(Backend):
                     f"job {job.job_id}: cannot renew learner {rank}'s TDS certificate: {exc}"
                 ) from exc
 
+    @cannot_block
     def start_helper(self, job: JobSpec) -> None:
         """Locally each controller ships its own logs (the collector runs inside it), so
         there is no per-job helper process; the step is recorded for the same shape of

@@ -15,9 +15,10 @@ How long a learner "trains" comes from the manifest's environment: ``SIM_SECONDS
 ``SIM_UNTIL_FILE`` it goes on, after its lines, until that file exists (a benchmark holds
 N jobs alive at once and ends them together: one thread of the backend looks for each
 such file, not every learner, so that 1,000 learners waiting cost no CPU).
-``SIM_LEASE_TTL_S`` sets the TTL of the learners' leases (default: a learner's, 2 s; a
-lease refreshed every TTL/4 by a thread of its own, which at 1,000 learners in one process
-is most of that process's CPU, and a real learner's process pays it, not the platform). Not a backend for users: `rhizomed
+``SIM_LEASE_TTL_S`` sets the TTL of the learners' leases (default: a learner's, the
+platform's ``RHIZOME_LEARNER_LEASE_TTL_S``, 10 s; a lease refreshed every TTL/4 by a
+thread of its own, which at 1,000 learners in one process is most of that process's CPU,
+and a real learner's process pays it, not the platform). Not a backend for users: `rhizomed
 --backend simulated` says so in its log.
 """
 
@@ -37,7 +38,7 @@ from contract import etcd_keys, procs
 from contract.etcd import EtcdClient
 from contract.learner_spec import LearnerSpec
 from contract.status import ExitCode, LearnerStatus, status_value
-from services.backends.api import Backend, BackendError, JobSpec
+from services.backends.api import Backend, BackendError, JobSpec, cannot_block
 from services.backends.local.backend import learner_spec, prepare_job_dir, tail_logs
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class SimulatedBackend(Backend):
     def write_secrets(self, job: JobSpec) -> None:
         """Nothing runs that could read them."""
 
+    @cannot_block
     def start_helper(self, job: JobSpec) -> None:
         """Logs stay in the learners' files; nothing ships them."""
 
@@ -110,9 +112,14 @@ class SimulatedBackend(Backend):
     # -- the simulated learner ----------------------------------------------------------
     def _client(self, url: str) -> EtcdClient:
         with self._lock:
-            if url not in self._etcd:
-                self._etcd[url] = EtcdClient(url)
-            return self._etcd[url]
+            client = self._etcd.get(url)
+        if client is None:
+            # Made outside the lock (it may reach etcd): controller_alive takes that lock
+            # and must not wait for etcd (cannot_block). A client made twice is dropped.
+            made = EtcdClient(url)
+            with self._lock:
+                client = self._etcd.setdefault(url, made)
+        return client
 
     def _learn(self, spec: LearnerSpec, learner: _Learner) -> None:
         seconds = float(spec.env.get("SIM_SECONDS", DEFAULT_SECONDS))
@@ -236,6 +243,7 @@ class SimulatedBackend(Backend):
     def log_tail(self, job_dir: str, rank: int, lines: int = 20) -> list[str]:
         return tail_logs(job_dir, rank, lines)
 
+    @cannot_block  # its own threads, under a lock no call holds across a wait
     def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
         return any(
             ln.rank == rank and ln.thread is not None and ln.thread.is_alive()

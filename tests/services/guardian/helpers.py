@@ -7,14 +7,21 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Queue
 from typing import Any, TypeVar
 
+from contract import etcd_keys
+from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
+from services.backends.api import Backend
+from services.guardian.guardian import GuardianConfig
+from services.guardian.host import HOST_SAFETY_POLL_S, GuardianHost, HostConfig
 from services.manifest import parse_manifest
 from services.store import states
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
@@ -149,6 +156,74 @@ def describe_job(
         lines += [f"{log.relative_to(data_dir)} (last {len(text)} lines):"]
         lines += [f"  {line}" for line in text]
     return "\n".join(lines)
+
+
+@contextmanager
+def running_host(
+    stores: dict[str, Any],
+    tmp_path: Path,
+    backend: Backend,
+    *,
+    poll_s: float,
+    safety_poll_s: float = HOST_SAFETY_POLL_S,
+    host_id: str = "test",
+    host_type: type[GuardianHost] = GuardianHost,
+    learner_lease_ttl_s: int = DEFAULT_LEARNER_LEASE_TTL_S,
+    **kwargs: Any,
+) -> Iterator[tuple[GuardianHost, list[int]]]:
+    """A guardian host in this process, its loop running in a thread, its input open (as
+    an LCM's pipe; the tests give jobs by `host.adopt`); the list gets the loop's exit
+    code. Its timers: a guardian steps every `poll_s` without a change while something
+    is counted in time, every `safety_poll_s` once settled; its learners' leases last
+    `learner_lease_ttl_s` (a controller's death seen only by its lease's expiry is seen
+    that late). `kwargs` go to the host
+    (`reaper=`). However the test ends, every job the host still guards is deleted (its
+    learners stopped) before its input closes: a job left running would keep the loop,
+    and so pytest's exit, waiting for it; guardians that a delete does not end (stubs)
+    are detached, as on SIGTERM. A test may end the host itself first
+    (`host.terminate`)."""
+    lines: Queue[str | None] = Queue()
+
+    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
+        return GuardianConfig(
+            job_id,
+            stores["etcd_url"],
+            stores["mongo_url"],
+            tmp_path,
+            learner_grace_s=1.0,
+            learner_lease_ttl_s=learner_lease_ttl_s,
+        )
+
+    host = host_type(
+        HostConfig(host_id, poll_s=poll_s, safety_poll_s=safety_poll_s),
+        stores["etcd"],
+        stores["repo"],
+        backend,
+        make_config,
+        **kwargs,
+    ).start()
+    ended: list[int] = []
+    runs = threading.Thread(
+        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
+    )
+    runs.start()
+    try:
+        yield host, ended
+    finally:
+        if not host.terminate.is_set():
+            for job_id in list(host.guardians):
+                stores["etcd"].put(
+                    etcd_keys.control(job_id), {"action": "delete", "reason": "test"}
+                )
+            deadline = time.monotonic() + 30
+            while host.guardians and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if host.guardians:
+                host.terminate.set()
+                host.changed.set()
+        lines.put(None)
+        runs.join(60)
+        host.close()
 
 
 def history(repo: JobsRepository, job_id: str) -> list[str]:

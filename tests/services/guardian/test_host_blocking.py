@@ -19,7 +19,7 @@ import pytest
 
 from contract import etcd_keys
 from contract.status import ExitCode
-from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend
+from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, cannot_block
 from services.backends.simulated.backend import SimulatedBackend
 from services.guardian.guardian import GuardianConfig
 from services.guardian.host import (
@@ -118,6 +118,70 @@ def test_a_timed_backend_call_that_hangs_raises_and_frees_its_caller() -> None:
     finally:
         hung.unstick.set()
         timed.close()
+
+
+class _Where(SimulatedBackend):
+    """Records the thread each of its calls ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: dict[str, str] = {}
+
+    def _here(self, call: str) -> None:
+        self.threads[call] = threading.current_thread().name
+
+    @cannot_block
+    def start_helper(self, job: JobSpec) -> None:
+        self._here("start_helper")
+
+    def controller_alive(self, job_id: str, rank: int, status: dict[str, Any]) -> bool:
+        """An override of a call the simulated backend marks: not marked itself (it could
+        wait on something of its own), so bounded again."""
+        self._here("controller_alive")
+        return True
+
+    def running(self, job_id: str) -> list[int]:
+        self._here("running")
+        return []
+
+
+def test_a_call_that_cannot_block_runs_in_its_caller_s_thread_every_other_on_the_pool() -> None:
+    """TimedBackend alone (no servers): a call its backend marks `cannot_block` is no hop to
+    the pool (issue #18: two in each hosted guardian's monitoring round); every other call
+    keeps its thread and its timeout, an unmarked override of a marked call too."""
+    where = _Where()
+    timed = TimedBackend(where)
+    spec = JobSpec("job-x", "true", 1, "/nonexistent", "", "", "", manifest=None)  # type: ignore[arg-type]
+    try:
+        timed.start_helper(spec)
+        assert timed.controller_alive("job-x", 0, {})
+        assert timed.running("job-x") == []
+    finally:
+        timed.close()
+    caller = threading.current_thread().name
+    assert where.threads["start_helper"] == caller
+    assert where.threads["controller_alive"] != caller
+    assert where.threads["running"] != caller
+    assert where.threads["controller_alive"].startswith("backend")
+
+
+def test_which_calls_of_each_backend_cannot_block() -> None:
+    """The marks the backends carry: a monitoring round's `start_helper` and
+    `controller_alive` where they only look at memory or /proc (local, simulated); bounded
+    where they can wait (docker: a lock file, a process started, the engine's event
+    stream synced; Kubernetes: the pod watch synced)."""
+    from services.backends.docker.backend import DockerBackend
+    from services.backends.kubernetes.backend import KubernetesBackend
+    from services.backends.local.backend import LocalBackend
+
+    def marked(backend: type[Backend]) -> set[str]:
+        calls = ("start_helper", "controller_alive", "start_learner", "stop_learners")
+        return {c for c in calls if getattr(getattr(backend, c), "cannot_block", False)}
+
+    assert marked(LocalBackend) == {"start_helper", "controller_alive"}
+    assert marked(SimulatedBackend) == {"start_helper", "controller_alive"}
+    assert marked(DockerBackend) == set()
+    assert marked(KubernetesBackend) == {"start_helper"}
 
 
 @pytest.mark.integration

@@ -12,11 +12,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from queue import Queue
 from typing import Any
 
 import pytest
@@ -28,7 +25,7 @@ from services.backends.local.backend import LocalBackend
 from services.guardian.guardian import GuardianConfig
 from services.guardian.host import GuardianHost, HostConfig, Hosted, HostedGuardian
 from services.store import states
-from tests.services.guardian.helpers import job_report, submit, wait_for
+from tests.services.guardian.helpers import job_report, running_host, submit, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,59 +44,6 @@ class _Counted(HostedGuardian):
     def step(self) -> int | None:
         _Counted.steps[self.job_id] = _Counted.steps.get(self.job_id, 0) + 1
         return super().step()
-
-
-@pytest.fixture
-def lines() -> Iterator[Queue[str | None]]:
-    """The host's assignments, as an LCM writes them; None closes its input."""
-    queue: Queue[str | None] = Queue()
-    yield queue
-    queue.put(None)
-
-
-@contextmanager
-def running_host(
-    stores: dict[str, Any],
-    tmp_path: Path,
-    lines: Queue[str | None],
-    backend: LocalBackend,
-    host_type: type[GuardianHost] = GuardianHost,
-    **kwargs: Any,
-) -> Iterator[tuple[GuardianHost, list[int]]]:
-    """A host (timers: POLL_S while counting in time, NEVER_S once settled) running its
-    loop in a thread; the list gets its exit code. However the test ends, every job the
-    host still guards is deleted (its learners stopped) before its input closes: a job
-    left running would keep the loop, and so pytest's exit, waiting for it."""
-
-    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
-        return GuardianConfig(
-            job_id, stores["etcd_url"], stores["mongo_url"], tmp_path, learner_grace_s=1.0
-        )
-
-    host = host_type(
-        HostConfig("changes", poll_s=POLL_S, safety_poll_s=NEVER_S),
-        stores["etcd"],
-        stores["repo"],
-        backend,
-        make_config,
-        **kwargs,
-    ).start()
-    ended: list[int] = []
-    runs = threading.Thread(
-        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
-    )
-    runs.start()
-    try:
-        yield host, ended
-    finally:
-        for job_id in list(host.guardians):
-            stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
-        deadline = time.monotonic() + 30
-        while host.guardians and time.monotonic() < deadline:
-            time.sleep(0.1)
-        lines.put(None)
-        runs.join(30)
-        host.close()
 
 
 def processing(stores: dict[str, Any], job_id: str) -> dict[str, Any] | None:
@@ -149,10 +93,7 @@ def quiet(host: GuardianHost, job_id: str) -> None:
 
 
 def test_a_running_job_s_guardian_steps_only_on_changes_and_every_transition_still_arrives(
-    stores: dict[str, Any],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    lines: Queue[str | None],
+    stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("services.guardian.host.HostedGuardian", _Counted)
     _Counted.steps = {}
@@ -163,8 +104,16 @@ def test_a_running_job_s_guardian_steps_only_on_changes_and_every_transition_sti
     def report() -> str:
         return "\n".join(job_report(stores["repo"], j, tmp_path) for j in ids)
 
-    # No reaper: a controller's death reaches the guardian only through etcd (its lease).
-    with running_host(stores, tmp_path, lines, LocalBackend()) as (host, ended):
+    # No reaper: a controller's death reaches the guardian only through etcd (its lease,
+    # etcd's shortest).
+    with running_host(
+        stores,
+        tmp_path,
+        LocalBackend(),
+        poll_s=POLL_S,
+        safety_poll_s=NEVER_S,
+        learner_lease_ttl_s=2,
+    ) as (host, ended):
         for job_id in ids:
             assert host.adopt(job_id)
         for job_id in ids:
@@ -224,7 +173,7 @@ class _RecordingHost(GuardianHost):
 
 
 def test_a_controller_s_exit_steps_its_guardian_through_the_host_s_reaper(
-    stores: dict[str, Any], tmp_path: Path, lines: Queue[str | None]
+    stores: dict[str, Any], tmp_path: Path
 ) -> None:
     """The host is its controllers' subreaper: their exit steps the guardian whose
     controller it was, at once rather than when the controller's lease expires. Its
@@ -242,7 +191,13 @@ def test_a_controller_s_exit_steps_its_guardian_through_the_host_s_reaper(
 
     try:
         with running_host(
-            stores, tmp_path, lines, LocalBackend(reaper=reaper), _RecordingHost, reaper=reaper
+            stores,
+            tmp_path,
+            LocalBackend(reaper=reaper),
+            poll_s=POLL_S,
+            safety_poll_s=NEVER_S,
+            host_type=_RecordingHost,
+            reaper=reaper,
         ) as (host, ended):
             assert host.adopt(job_id)
             first = wait_for(

@@ -10,20 +10,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from queue import Queue
 from typing import Any
 
 import pytest
 
 from contract.status import ExitCode
 from services.backends.api import get_backend
-from services.guardian.guardian import EXIT_TERMINATED, GuardianConfig
-from services.guardian.host import GuardianHost, HostConfig, HostedGuardian, socket_path
-from tests.services.guardian.helpers import wait_for
+from services.guardian.guardian import EXIT_TERMINATED
+from services.guardian.host import GuardianHost, HostedGuardian, socket_path
+from tests.services.guardian.helpers import running_host, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -111,40 +108,20 @@ class _CountedTicks(GuardianHost):
         return super().tick(until)
 
 
-@pytest.fixture
-def lines() -> Iterator[Queue[str | None]]:
-    """The host's assignments, as an LCM writes them; None closes its input."""
-    queue: Queue[str | None] = Queue()
-    yield queue
-    queue.put(None)
-
-
 def test_the_host_loop_sleeps_while_nothing_is_due_and_steps_a_guardian_when_its_poll_is_over(
-    stores: dict[str, Any],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    lines: Queue[str | None],
+    stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("services.guardian.host.HostedGuardian", _Polled)
     _Polled.steps = 0
     _CountedTicks.ticks = 0
-
-    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
-        return GuardianConfig(job_id, stores["etcd_url"], stores["mongo_url"], tmp_path)
-
-    host = _CountedTicks(
-        HostConfig("loop", poll_s=0.3),
-        stores["etcd"],
-        stores["repo"],
+    with running_host(
+        stores,
+        tmp_path,
         get_backend("simulated"),
-        make_config,
-    ).start()
-    ended: list[int] = []
-    runs = threading.Thread(
-        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
-    )
-    runs.start()
-    try:
+        poll_s=0.3,
+        host_id="loop",
+        host_type=_CountedTicks,
+    ) as (host, ended):
         wait_for("the loop's first tick", lambda: _CountedTicks.ticks >= 1)
         time.sleep(1.5)
         # no guardian: the loop sleeps until its re-authentication report (every 5 s);
@@ -154,9 +131,6 @@ def test_the_host_loop_sleeps_while_nothing_is_due_and_steps_a_guardian_when_its
         # no change under the job's prefix after its guardian key: each of these steps is
         # the timer's (the loop woke for the step due, told by the step before it)
         wait_for("five steps by the timer", lambda: _Polled.steps >= 5, timeout_s=30)
-    finally:
         host.terminate.set()
         host.changed.set()
-        runs.join(60)
-        host.close()
     assert ended == [ExitCode.PREEMPTED]  # every guardian detached, as on SIGTERM

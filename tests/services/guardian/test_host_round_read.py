@@ -1,20 +1,18 @@
 """A settled hosted guardian's safety round reads etcd in one call (issue #18: its four
 reads a round were the host's own largest steady cost per alive job): the control key,
 the learners' statuses and the restart and preemption counts in one transaction
-(`EtcdClient.get_many`), fresh from etcd. So the round is still the net behind the
+(`EtcdClient.get_many`), fresh from etcd. Its backend calls that cannot block (the local
+backend's `start_helper` and `controller_alive`) run in the step's thread, not on the
+TimedBackend's pool. So the round is still the net behind the
 watch: with the host's watch gone, a delete on the control key reaches the job through
 it alone. Real etcd and MongoDB-wire server, the local backend, the host in this
 process."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from queue import Queue
 from typing import Any
 
 import pytest
@@ -22,11 +20,11 @@ import pytest
 from contract import etcd_keys
 from contract.etcd import EtcdClient
 from contract.status import ExitCode
+from services.backends.api import TimedBackend
 from services.backends.local.backend import LocalBackend
-from services.guardian.guardian import GuardianConfig
-from services.guardian.host import GuardianHost, HostConfig, HostedGuardian
+from services.guardian.host import HostedGuardian
 from services.store import states
-from tests.services.guardian.helpers import job_report, submit, wait_for
+from tests.services.guardian.helpers import job_report, running_host, submit, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,51 +67,12 @@ class _Counted(HostedGuardian):
         return super().step()
 
 
-@contextmanager
-def running_host(
-    stores: dict[str, Any], tmp_path: Path
-) -> Iterator[tuple[GuardianHost, list[int]]]:
-    """A host whose settled guardians step every SAFETY_POLL_S without a change, running
-    its loop in a thread; the list gets its exit code. Every job it still guards is
-    deleted at the end (its safety round sees that without the watch)."""
-    lines: Queue[str | None] = Queue()
-
-    def make_config(job_id: str, env: dict[str, str]) -> GuardianConfig:
-        return GuardianConfig(
-            job_id, stores["etcd_url"], stores["mongo_url"], tmp_path, learner_grace_s=1.0
-        )
-
-    host = GuardianHost(
-        HostConfig("round-read", poll_s=POLL_S, safety_poll_s=SAFETY_POLL_S),
-        stores["etcd"],
-        stores["repo"],
-        LocalBackend(),
-        make_config,
-    ).start()
-    ended: list[int] = []
-    runs = threading.Thread(
-        target=lambda: ended.append(host.run(iter(lines.get, None))), daemon=True
-    )
-    runs.start()
-    try:
-        yield host, ended
-    finally:
-        for job_id in list(host.guardians):
-            stores["etcd"].put(etcd_keys.control(job_id), {"action": "delete", "reason": "test"})
-        deadline = time.monotonic() + 30
-        while host.guardians and time.monotonic() < deadline:
-            time.sleep(0.1)
-        lines.put(None)
-        runs.join(30)
-        host.close()
-
-
 def processing(stores: dict[str, Any], job_id: str) -> bool:
     entry = stores["etcd"].get(etcd_keys.learner_status(job_id, 0))
     return isinstance(entry and entry.value, dict) and entry.value.get("status") == "PROCESSING"
 
 
-def test_a_settled_guardian_s_safety_round_is_one_etcd_call_and_the_net_behind_the_watch(
+def test_a_settled_guardian_s_safety_round_is_one_etcd_call_no_thread_hop_and_the_net_behind_the_watch(
     stores: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("services.guardian.host.HostedGuardian", _Counted)
@@ -124,7 +83,16 @@ def test_a_settled_guardian_s_safety_round_is_one_etcd_call_and_the_net_behind_t
     def report() -> str:
         return job_report(stores["repo"], job_id, tmp_path)
 
-    with running_host(stores, tmp_path) as (host, ended):
+    # Its settled guardian steps every SAFETY_POLL_S without a change; every job it still
+    # guards is deleted at the end (its safety round sees that without the watch).
+    with running_host(
+        stores,
+        tmp_path,
+        LocalBackend(),
+        poll_s=POLL_S,
+        safety_poll_s=SAFETY_POLL_S,
+        host_id="round-read",
+    ) as (host, ended):
         assert host.adopt(job_id)
         wait_for("learner 0 PROCESSING", lambda: processing(stores, job_id), explain=report)
         hosted = host.guardians[job_id]
@@ -139,6 +107,17 @@ def test_a_settled_guardian_s_safety_round_is_one_etcd_call_and_the_net_behind_t
         host._watch.stop()
         time.sleep(3 * POLL_S)  # a step the watch started before it stopped has ended
         wait_for("no step running", lambda: not hosted.running)
+        # A backend call made on TimedBackend's pool is a hop to another thread and back.
+        assert isinstance(host.backend, TimedBackend)
+        pool = host.backend._pool
+        hops: list[str] = []
+        submit_to_pool = pool.submit
+
+        def counted_submit(call: Any, *args: Any, **kwargs: Any) -> Any:
+            hops.append(call.__name__)
+            return submit_to_pool(call, *args, **kwargs)
+
+        monkeypatch.setattr(pool, "submit", counted_submit)
         steps = _Counted.steps
         _Counted.reads.clear()  # the counter the guardian holds
         wait_for("two safety rounds", lambda: _Counted.steps >= steps + 2 and not hosted.running)
@@ -146,6 +125,9 @@ def test_a_settled_guardian_s_safety_round_is_one_etcd_call_and_the_net_behind_t
         # one transaction of reads a round; before: a get each of the control key and
         # the two counts, and a get_prefix of the learners' statuses
         assert dict(_Counted.reads) == {"get_many": rounds}, (rounds, _Counted.reads)
+        # the local backend's start_helper (nothing to start) and controller_alive (a /proc
+        # read) run in the step's thread; before: both on the pool, two hops a round
+        assert hops == [], (rounds, hops)
         assert stores["repo"].get(job_id).status == states.PROCESSING
 
         # A delete that no watch delivers: the next safety round reads it and ends the job.
