@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ from contract.procs import free_port, pid_alive
 from services.embedded.platform import DaemonServer, grpc_serving
 from services.embedded.process import DependencyError, PortTaken
 from services.embedded.servers import EtcdServer, MongoServer
+from tests.ports import listening_on
 
 
 @pytest.mark.integration
@@ -67,16 +65,6 @@ def test_a_dependency_that_cannot_start_is_named_with_its_log(tmp_path: Path) ->
 
     with pytest.raises(DependencyError, match=r"broken-etcd exited with code 3.*broken-etcd\.log"):
         Broken(tmp_path).start()
-
-
-@contextlib.contextmanager
-def listening_on(port: int) -> Iterator[None]:
-    """Another process's listener on `port` (this test's socket) for the block: what
-    takes a port between its pick and the server's bind."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", port))
-        sock.listen()
-        yield
 
 
 @pytest.mark.integration

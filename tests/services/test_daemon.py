@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from contract.status import ExitCode
 from services.daemon import Daemon
 from services.embedded.platform import grpc_serving
 from services.embedded.process import ManagedServer
+from tests.ports import listening_on
 
 DAEMON = [sys.executable, "-m", "services.daemon"]
 
@@ -170,15 +169,6 @@ def test_learners_are_told_the_learner_tds_address_when_one_is_given(
     assert tds_address() == "10.0.0.5:50052"  # default: where the TDS listens
 
 
-@contextlib.contextmanager
-def held_port() -> Iterator[int]:
-    """A port another process's listener holds (this test's socket) for the block."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("listener", ["--grpc-address", "--rest-address", "--metrics-address"])
 def test_a_port_in_use_exits_with_its_own_code_naming_the_listener(
@@ -191,7 +181,7 @@ def test_a_port_in_use_exits_with_its_own_code_naming_the_listener(
         "--rest-address": f"127.0.0.1:{free_port()}",
         "--metrics-address": f"127.0.0.1:{free_port()}",
     }
-    with held_port() as port:
+    with listening_on() as port:
         addresses[listener] = f"127.0.0.1:{port}"
         proc = subprocess.run(
             [

@@ -4,7 +4,6 @@ never replaced."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from services.embedded import platform
 from services.embedded.platform import down, grpc_serving, up
 from services.embedded.process import ManagedServer, PortTaken
+from tests.ports import listening_on
 
 pytestmark = pytest.mark.integration
 
@@ -20,10 +20,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def held_port() -> Iterator[int]:
     """A port another process's listener holds: what `up`'s pick loses to a taker."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
+    with listening_on() as port:
+        yield port
 
 
 def _up(
