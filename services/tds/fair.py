@@ -51,14 +51,13 @@ class FairGate:
         ticket = object()
         with self._cond:
             self._waiting.setdefault(key, collections.deque()).append(ticket)
-            while not (self._free > 0 and self._next() is ticket):
-                self._cond.wait(GAVE_UP_POLL_S if gone is not None else None)
+            while True:
                 if gone is not None and gone():
                     self._leave(key, ticket)
                     raise CallerGone()
-            if gone is not None and gone():
-                self._leave(key, ticket)
-                raise CallerGone()
+                if self._free > 0 and self._next() is ticket:
+                    break
+                self._cond.wait(GAVE_UP_POLL_S if gone is not None else None)
             queue = self._waiting.pop(key)
             queue.popleft()
             if queue:
