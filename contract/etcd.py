@@ -45,6 +45,7 @@ import grpc
 import pyetcd
 import pyetcd.events
 import pyetcd.exceptions
+import pyetcd.transactions
 import pyetcd.utils
 
 from contract.credentials import redact_uri
@@ -226,16 +227,25 @@ class Lease:
             return False
         return True
 
-    def keep_alive(self, interval_s: float | None = None) -> Lease:
+    def keep_alive(
+        self, interval_s: float | None = None, on_lost: Callable[[], None] | None = None
+    ) -> Lease:
+        """Refresh from a daemon thread every `interval_s` (a quarter of the TTL); when a
+        refresh finds the lease expired, `lost` is set and `on_lost()` called (from that
+        thread), so a holder learns it at once instead of polling `lost`."""
         period = interval_s if interval_s is not None else max(0.2, self.ttl / 4)
 
         def run() -> None:
             while not self._stop.wait(period):
                 try:
-                    if not self.refresh():
-                        return  # expired while we were away: the holder must stop
+                    alive = self.refresh()
                 except Exception:  # etcd away for a moment: try again next period
                     log.debug("lease %x refresh failed", self.id, exc_info=True)
+                    continue
+                if not alive:  # expired while we were away: the holder must stop or regain
+                    if on_lost is not None and not self._stop.is_set():
+                        on_lost()
+                    return
 
         self._thread = threading.Thread(target=run, name=f"lease-{self.id:x}", daemon=True)
         self._thread.start()
@@ -685,6 +695,28 @@ class EtcdClient:
         )
         return bool(ok)
 
+    def put_if_held(
+        self, key: str, value: Any, holder: Lease | int, lease: Lease | int | None = None
+    ) -> bool:
+        """Put only if the key exists and is held by the lease `holder` (its lease id);
+        the put attaches `lease` (None: no lease, so the value outlives the holder). The
+        fence of a lease holder that may have lost its key without knowing: a lease that
+        lapsed while its keep-alive thread was starved, and a successor that took the key
+        since. An absent key compares as lease 0, so it fails too."""
+        holder_id = _lease_id(holder) or 0
+        if not holder_id:
+            return False
+        tx = self.raw.transactions
+        ok, _ = self._run(
+            f"put {key} if held",
+            lambda: self.raw.transaction(
+                compare=[_LeaseOf(key) == holder_id],
+                success=[tx.put(key, encode(value), lease=_lease_id(lease))],
+                failure=[],
+            ),
+        )
+        return bool(ok)
+
     def delete(self, key: str) -> None:
         self._run(f"delete {key}", lambda: self.raw.delete(key))
 
@@ -741,6 +773,15 @@ class EtcdClient:
                 self.raw.cancel_watch(watch_id)
 
         return cancel
+
+
+class _LeaseOf(pyetcd.transactions.BaseCompare):  # type: ignore[misc]
+    """etcd's LEASE compare target (a key's lease id; 0 for none or an absent key), which
+    pyetcd's `transactions` lacks (it has value, version, create and mod)."""
+
+    def build_compare(self, compare: Any) -> None:
+        compare.target = pyetcd.etcdrpc.Compare.LEASE
+        compare.lease = int(self.value)
 
 
 def _lease_id(lease: Lease | int | None) -> int | None:

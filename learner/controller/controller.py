@@ -30,6 +30,15 @@ worker = rank; the controller adds the worker's `RHIZOME_RUNTIME_*` variables
 (`RuntimeEnv.for_learner`), and never starts a vanished worker again (KILLED instead):
 the runtime has failed over without it (docs/runtime.md, "On the platform").
 
+Fencing: every status is written only while this controller's lease still holds the key
+(`EtcdClient.put_if_held`). A lease can lapse while the controller lives (its keep-alive
+thread starved on a busy machine, etcd away longer than the TTL): etcd deletes the key and
+the guardian starts a successor for the rank, which re-adopts the running command. When
+the controller learns its lease is gone (the keep-alive's `on_lost`, or a fenced write),
+it takes the rank again with a new lease if nobody has (create-if-absent); if a successor
+has, it leaves at once (exit FATAL, "another live controller holds this rank") without
+touching the command or writing anything: never two controllers acting for one rank.
+
 Halt: the guardian writes ``{"action": "halt"}`` to the job's control key; the controller
 sends SIGTERM to the command's process group (the checkpoint SDK saves on it), waits
 ``grace_s``, then SIGKILLs what is left (its HALTED status then says so, exit code 137,
@@ -97,6 +106,10 @@ REAP_INTERVAL_S = 1.0
 _WRAPPER = '/bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp" && mv "$2.tmp" "$2"; exit $rc'
 
 
+class RankTaken(Exception):
+    """Another controller holds this learner's rank: ours lapsed and a successor took it."""
+
+
 def keep_streams_for_command(log_path: Path) -> tuple[int, int]:
     """Passthrough: keep this process's stdout and stderr (the container's streams) for
     the command, and send everything the controller itself writes (its log, a traceback)
@@ -126,6 +139,11 @@ class Controller:
         self.etcd = etcd
         self.key = etcd_keys.learner_status(spec.job_id, spec.rank)
         self.lease: Lease | None = None
+        # record() and a regain after a lapsed lease, one at a time (the regain runs in
+        # the lease's keep-alive thread)
+        self.holding = threading.Lock()
+        self.fenced = threading.Event()  # a successor holds the rank: leave, touch nothing
+        self.last: tuple[LearnerStatus, int | None, str] = (STARTING, None, "")
         self.history: list[list[Any]] = []
         self.halt = threading.Event()
         self.terminate = threading.Event()
@@ -159,9 +177,72 @@ class Controller:
         self, status: LearnerStatus, exit_code: int | None = None, message: str = ""
     ) -> None:
         self.history.append([status.value, round(time.time(), 3)])
-        value = self._value(status, exit_code, message)
-        self.etcd.put(self.key, value, lease=None if status.final else self.lease)
+        with self.holding:
+            for _ in range(2):  # the put, and once more after a regain
+                lease = self.lease
+                value = self._value(status, exit_code, message)
+                held = lease is not None and self.etcd.put_if_held(
+                    self.key, value, holder=lease, lease=None if status.final else lease
+                )
+                if held:
+                    self.last = (status, exit_code, message)
+                    break
+                if not self._regain():
+                    self.fenced.set()
+                    raise RankTaken(
+                        f"learner {self.spec.rank} of {self.spec.job_id}: another controller "
+                        f"holds the rank (ours lapsed); not recording {status}"
+                    )
         log.info("learner %s/%d: %s %s", self.spec.job_id, self.spec.rank, status, message)
+
+    def _regain(self) -> bool:
+        """After our lease lapsed (etcd deleted our key): take the rank again with a new
+        lease, unless someone holds the key now. True when we hold it (again). Called
+        with `holding` held."""
+        current = self.etcd.get(self.key)
+        if current is not None:
+            return self.lease is not None and current.lease == self.lease.id
+        fresh = self.etcd.grant(self.spec.lease_ttl_s).keep_alive(on_lost=self._lease_lost)
+        status, exit_code, message = self.last
+        previous, self.lease = self.lease, fresh
+        if self.etcd.create(self.key, self._value(status, exit_code, message), lease=fresh):
+            log.warning(
+                "learner %s/%d: our lease lapsed; the rank is ours again with a new lease",
+                self.spec.job_id,
+                self.spec.rank,
+            )
+            if previous is not None:
+                previous.revoke()
+            return True
+        self.lease = previous
+        fresh.revoke()
+        return False
+
+    def _lease_lost(self) -> None:
+        """The keep-alive found our lease expired: regain the rank, or leave it to the
+        successor that has it (`fenced` wakes the main thread, which exits)."""
+        with self.holding:
+            if self.last[0].final:  # our last status outlives the lease: nothing to hold
+                return
+            try:
+                if self._regain():
+                    return
+            except Exception:  # etcd away: the next write's fence decides
+                log.warning(
+                    "learner %s/%d: cannot regain the rank",
+                    self.spec.job_id,
+                    self.spec.rank,
+                    exc_info=True,
+                )
+                return
+            log.warning(
+                "learner %s/%d: our lease lapsed and another controller holds the rank: "
+                "leaving it the command",
+                self.spec.job_id,
+                self.spec.rank,
+            )
+            self.fenced.set()
+            self.wake.set()
 
     def claim(self) -> bool:
         """Take the rank's status key; False if another live controller holds it."""
@@ -294,7 +375,7 @@ class Controller:
     def wait_command(self, ref: procs.ProcRef) -> int | None:
         """Wait until the command ends (exit code) or a halt/terminate comes (None)."""
         while True:
-            if self.halt.is_set() or self.terminate.is_set():
+            if self.halt.is_set() or self.terminate.is_set() or self.fenced.is_set():
                 return None
             # Cheap while the wrapper lives (one /proc read); the group scan only after.
             wrapper_alive = ref.alive()
@@ -411,7 +492,8 @@ class Controller:
         self.spec.learner_dir.mkdir(parents=True, exist_ok=True)
         procs.become_subreaper()
         self.reaper.start()
-        lease = self.lease = self.etcd.grant(self.spec.lease_ttl_s).keep_alive()
+        lease = self.etcd.grant(self.spec.lease_ttl_s)
+        self.lease = lease.keep_alive(on_lost=self._lease_lost)
         if not self.claim():
             log.warning(
                 "rank %d of %s is held by another controller", self.spec.rank, self.spec.job_id
@@ -422,9 +504,14 @@ class Controller:
         self._control_changed()
         try:
             return self._lifecycle()
+        except RankTaken as exc:
+            log.warning("%s; exiting", exc)
+            return EXIT_DUPLICATE
         finally:
             cancel()
-            lease.revoke()
+            with self.holding:
+                if self.lease is not None:
+                    self.lease.revoke()
             self.reaper.stop()
 
     def _lifecycle(self) -> int:
@@ -461,6 +548,14 @@ class Controller:
             collector = self._start_collector()
             if code is None:
                 code = self.wait_command(ref)
+            if code is None and self.fenced.is_set():
+                # A successor holds the rank and has adopted the command: not ours to stop.
+                if collector is not None:
+                    collector.stop(drain=False)
+                raise RankTaken(
+                    f"learner {self.spec.rank} of {self.spec.job_id}: a successor holds the "
+                    "rank and has the command"
+                )
             if code is None:
                 killed = self.stop_command(ref)
                 if collector is not None:

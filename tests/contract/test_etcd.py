@@ -41,6 +41,43 @@ def test_create_cas_lease_and_watch(etcd_server: ManagedServer) -> None:
         store.close()
 
 
+@pytest.mark.integration
+def test_put_if_held_writes_only_for_the_keys_holder(etcd_server: ManagedServer) -> None:
+    """The fence of a lease holder: absent key, another lease's key and a lapsed holder's
+    write are refused; the holder's write lands, with or without its lease attached."""
+    store = EtcdClient.connect(etcd_server.url)
+    key = f"/test/{uuid.uuid4().hex}/held"
+    ours, theirs = store.grant(5), store.grant(5)
+    lost: list[int] = []
+    try:
+        assert not store.put_if_held(key, "v0", holder=ours, lease=ours)  # absent
+        assert store.create(key, "v1", lease=ours)
+        assert store.put_if_held(key, "v2", holder=ours, lease=ours)
+        entry = store.get(key)
+        assert entry is not None and (entry.value, entry.lease) == ("v2", ours.id)
+        store.put(key, "theirs", lease=theirs)  # a successor took the key
+        assert not store.put_if_held(key, "v3", holder=ours, lease=ours)
+        entry = store.get(key)
+        assert entry is not None and (entry.value, entry.lease) == ("theirs", theirs.id)
+        # A final write detaches the key from the holder's lease (it outlives it).
+        assert store.put_if_held(key, "final", holder=theirs, lease=None)
+        entry = store.get(key)
+        assert entry is not None and (entry.value, entry.lease) == ("final", 0)
+        # keep_alive's on_lost: called once when a refresh finds the lease gone
+        watched = store.grant(2)
+        watched.keep_alive(interval_s=0.2, on_lost=lambda: lost.append(watched.id))
+        store.revoke(watched.id)
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lost == [watched.id] and watched.lost.is_set()
+    finally:
+        ours.revoke()
+        theirs.revoke()
+        store.delete(key)
+        store.close()
+
+
 def test_unreachable_etcd_is_a_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(
