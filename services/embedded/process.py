@@ -177,12 +177,19 @@ class ManagedServer(abc.ABC):
             self.state_path.unlink()
         self.pid = None
 
-    def kill(self) -> None:
-        """SIGKILL the server and its children at once (for chaos tests)."""
+    def kill(self, whole_group: bool = True) -> None:
+        """SIGKILL the server and its children at once (for chaos tests), and reap it.
+        `whole_group=False`: the server's process alone, as a crash of it would leave its
+        children (a daemon's guardians live on); its pid is kept, so `stop` still ends
+        what is left of its process group."""
         if self.pid is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
+            if whole_group:
+                os.killpg(self.pid, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(timeout=10)
-        self.pid = None
+        if whole_group:
+            self.pid = None

@@ -76,9 +76,7 @@ class Platform:
 
     def kill(self) -> None:
         assert self.server is not None and self.server.pid is not None
-        os.kill(self.server.pid, signal.SIGKILL)  # only the daemon: its guardians live on
-        assert self.server.proc is not None
-        self.server.proc.wait(timeout=10)
+        self.server.kill(whole_group=False)  # only the daemon: its guardians live on
 
     def stop(self) -> None:
         if self.server is not None:

@@ -9,8 +9,6 @@ random moment of a submit storm must therefore leave every acknowledged job stor
 from __future__ import annotations
 
 import io
-import os
-import signal
 import threading
 import zipfile
 from pathlib import Path
@@ -77,7 +75,7 @@ def test_sigkill_during_a_submit_storm_loses_no_acknowledged_job(
             t.start()
         assert enough.wait(120), f"only {len(acked)} submits acknowledged in 120 s"
         assert daemon.pid is not None
-        os.kill(daemon.pid, signal.SIGKILL)  # mid-storm: batches are in flight
+        daemon.kill(whole_group=False)  # mid-storm: batches are in flight
         for t in threads:
             t.join(timeout=30)
         assert not any(t.is_alive() for t in threads), "a client hung after the daemon died"

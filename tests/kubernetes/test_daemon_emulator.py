@@ -125,9 +125,7 @@ class K8sPlatform:
 
     def kill_daemon(self) -> None:
         assert self.server is not None and self.server.pid is not None
-        os.kill(self.server.pid, signal.SIGKILL)
-        assert self.server.proc is not None
-        self.server.proc.wait(timeout=10)
+        self.server.kill(whole_group=False)
 
     def stop(self) -> None:
         if self.server is not None:
