@@ -22,7 +22,8 @@ from contract.credentials import tls_from_json
 from contract.etcd import EtcdClient
 from contract.status import ExitCode
 from services.backends.api import get_backend
-from services.guardian.guardian import Guardian, GuardianConfig
+from services.guardian.config import GuardianConfig
+from services.guardian.guardian import Guardian
 from services.security.api import (
     GUARDIAN_ETCD_URL_ENV,
     GUARDIAN_MONGODB_URI_ENV,

@@ -68,13 +68,13 @@ from contract.etcd_watch import Change, PrefixWatch
 from contract.status import ExitCode
 from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, get_backend
 from services.guardian.__main__ import WaitingReaper, pop_job_credentials, quiet_grpc_waits
+from services.guardian.config import GuardianConfig
 from services.guardian.guardian import (
     EXIT_ALREADY_GUARDED,
     EXIT_DONE,
     EXIT_LEASE_LOST,
     EXIT_TERMINATED,
     Guardian,
-    GuardianConfig,
     job_over,
 )
 from services.security.api import GUARDIAN_ETCD_URL_ENV, GUARDIAN_MONGODB_URI_ENV

@@ -25,7 +25,7 @@ def build(ctx: DaemonContext) -> Hosted:
         EtcdClient,
         root_credentials_from_env,
     )
-    from services.guardian.guardian import learner_lease_ttl_from_env
+    from services.guardian.config import learner_lease_ttl_from_env
     from services.lcm.manager import LcmConfig, LifecycleManager
     from services.lcm.servicer import LifecycleServicer
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from contract import etcd_keys, procs
-from contract.etcd import EtcdClient, Entry
+from contract.etcd import Entry, EtcdClient
 from contract.learner_spec import LearnerSpec
 from contract.procs import stop_process_group
 from contract.status import ExitCode

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from contract import etcd_keys
 from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S
 from services.backends.api import Backend
-from services.guardian.guardian import GuardianConfig
+from services.guardian.config import GuardianConfig
 from services.guardian.host import HOST_SAFETY_POLL_S, GuardianHost, HostConfig
 from services.manifest import parse_manifest
 from services.store import states

@@ -19,11 +19,8 @@ import pytest
 
 from contract import etcd_keys
 from services.backends.api import get_backend
-from services.guardian.guardian import (
-    EXIT_ALREADY_GUARDED,
-    EXIT_TERMINATED,
-    GuardianConfig,
-)
+from services.guardian.config import GuardianConfig
+from services.guardian.guardian import EXIT_ALREADY_GUARDED, EXIT_TERMINATED
 from services.guardian.host import (
     GuardianHost,
     HostConfig,

@@ -21,7 +21,7 @@ from contract import etcd_keys
 from contract.status import ExitCode
 from services.backends.api import Backend, BackendTimeout, JobSpec, TimedBackend, cannot_block
 from services.backends.simulated.backend import SimulatedBackend
-from services.guardian.guardian import GuardianConfig
+from services.guardian.config import GuardianConfig
 from services.guardian.host import (
     GuardianHost,
     HostConfig,

@@ -22,7 +22,7 @@ from contract import etcd_keys
 from contract.status import ExitCode
 from services.backends.api import get_backend
 from services.backends.local.backend import LocalBackend
-from services.guardian.guardian import GuardianConfig
+from services.guardian.config import GuardianConfig
 from services.guardian.host import GuardianHost, HostConfig, Hosted, HostedGuardian
 from services.store import states
 from tests.services.guardian.helpers import job_report, running_host, submit, wait_for

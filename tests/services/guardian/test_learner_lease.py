@@ -18,7 +18,7 @@ import pytest
 from contract import etcd_keys
 from contract.learner_spec import DEFAULT_LEARNER_LEASE_TTL_S, LearnerSpec
 from contract.status import ExitCode
-from services.guardian.guardian import LEARNER_LEASE_TTL_ENV, learner_lease_ttl_from_env
+from services.guardian.config import LEARNER_LEASE_TTL_ENV, learner_lease_ttl_from_env
 from services.store import states
 from tests.services.guardian.helpers import job_report, start_guardian, submit, wait_for
 

@@ -18,7 +18,8 @@ import pytest
 from contract import etcd_keys
 from contract.etcd import EtcdClient
 from services.backends.local.backend import LocalBackend
-from services.guardian.guardian import Guardian, GuardianConfig
+from services.guardian.config import GuardianConfig
+from services.guardian.guardian import Guardian
 from services.store import states
 from services.store.jobs import JobRecord
 from tests.services.guardian.helpers import job_report, submit, wait_for

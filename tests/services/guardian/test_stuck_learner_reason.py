@@ -13,7 +13,8 @@ import pytest
 
 from services.backends.api import JobSpec
 from services.backends.local.backend import LocalBackend
-from services.guardian.guardian import Guardian, GuardianConfig
+from services.guardian.config import GuardianConfig
+from services.guardian.guardian import Guardian
 from services.store import states
 from tests.services.guardian.helpers import submit
 
