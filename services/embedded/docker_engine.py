@@ -189,9 +189,10 @@ class DockerEngine(ManagedServer):
             super().stop(timeout_s=5.0)  # the process group: containerd, if it lingers
         self._unmount_leftovers()
 
-    def kill(self) -> None:
-        super().kill()
-        self._unmount_leftovers()
+    def kill(self, whole_group: bool = True) -> None:
+        super().kill(whole_group)
+        if whole_group:  # containerd and the mounts go with the group; else they stay
+            self._unmount_leftovers()
 
     def _pid_from_file(self) -> int | None:
         """The pid dockerd wrote, for a `stop` from another process than `start`'s."""
