@@ -40,15 +40,17 @@ def until(what: str, check: Callable[[], object], timeout_s: float = 20.0) -> ob
 
 
 class Running:
-    """One controller process for rank 0 of a fresh job, its command `sleep`ing."""
+    """One controller process for rank 0 of a fresh job, its command waiting until the
+    test lets it end (`release`): the checks on a running command never race its end."""
 
-    def __init__(self, etcd_url: str, tmp_path: Path, sleep_s: float) -> None:
+    def __init__(self, etcd_url: str, tmp_path: Path) -> None:
+        self.go = tmp_path / "go"
         self.spec = LearnerSpec(
             job_id=f"jfence{uuid.uuid4().hex[:8]}",
             rank=0,
             world_size=1,
             job_dir=str(tmp_path / "job"),
-            command=f"sleep {sleep_s}",
+            command=f"while [ ! -e {self.go} ]; do sleep 0.05; done",
             etcd_url=etcd_url,
             lease_ttl_s=2,  # keep-alive every 0.5 s: a lapse is noticed within it
         )
@@ -79,6 +81,9 @@ class Running:
         state = json.loads((self.spec.learner_dir / "controller.json").read_text())
         return procs.ProcRef(int(state["cmd_pid"]), int(state["cmd_start"]))
 
+    def release(self) -> None:
+        self.go.touch()
+
     def close(self) -> None:
         stop_process_group(self.proc.pid)
         self.etcd.delete_prefix(etcd_keys.learner_prefix(self.spec.job_id))
@@ -86,11 +91,11 @@ class Running:
 
 
 @pytest.fixture
-def running(etcd_server: ManagedServer, tmp_path: Path) -> Iterator[Callable[[float], Running]]:
+def running(etcd_server: ManagedServer, tmp_path: Path) -> Iterator[Callable[[], Running]]:
     made: list[Running] = []
 
-    def start(sleep_s: float) -> Running:
-        made.append(Running(str(etcd_server.url), tmp_path / str(len(made)), sleep_s))
+    def start() -> Running:
+        made.append(Running(str(etcd_server.url), tmp_path / str(len(made))))
         return made[-1]
 
     yield start
@@ -99,9 +104,9 @@ def running(etcd_server: ManagedServer, tmp_path: Path) -> Iterator[Callable[[fl
 
 
 def test_a_lapsed_controller_takes_its_rank_back_when_nobody_has(
-    running: Callable[[float], Running],
+    running: Callable[[], Running],
 ) -> None:
-    run = running(4.0)
+    run = running()
     before = run.processing()
     command = run.command()
     run.etcd.revoke(before.lease)  # what the lease's expiry does: the key goes with it
@@ -116,15 +121,16 @@ def test_a_lapsed_controller_takes_its_rank_back_when_nobody_has(
     assert again.value["pid"] == before.value["pid"]  # the same controller, a new lease
     assert again.value["status"] == "PROCESSING"
     assert command.alive(), "regaining the rank must not touch the running command"
+    run.release()
     assert run.proc.wait(timeout=30) == 0, run.proc.stderr.read() if run.proc.stderr else ""
     final = run.entry()
     assert final is not None and final.value["status"] == "COMPLETED" and final.lease == 0
 
 
 def test_a_lapsed_controller_leaves_a_successor_its_rank_and_command(
-    running: Callable[[float], Running],
+    running: Callable[[], Running],
 ) -> None:
-    run = running(6.0)
+    run = running()
     before = run.processing()
     command = run.command()
     successor = run.etcd.grant(30).keep_alive()
@@ -140,6 +146,7 @@ def test_a_lapsed_controller_leaves_a_successor_its_rank_and_command(
         assert code == ExitCode.FATAL, stderr  # another live controller holds this rank
         assert "another controller holds the rank" in stderr
         assert command.alive(), "the successor adopts the command: the old one leaves it"
+        run.release()
         until("the command to end", lambda: not command.alive(), timeout_s=30)
         time.sleep(1.0)  # anything the old controller were still to write would be here
         entry = run.entry()
