@@ -78,8 +78,15 @@ class Running:
         return until("the learner to be PROCESSING", check)  # type: ignore[return-value]
 
     def command(self) -> procs.ProcRef:
-        state = json.loads((self.spec.learner_dir / "controller.json").read_text())
-        return procs.ProcRef(int(state["cmd_pid"]), int(state["cmd_start"]))
+        """The running command (PROCESSING is recorded just before it is spawned)."""
+
+        def spawned() -> procs.ProcRef | None:
+            state = json.loads((self.spec.learner_dir / "controller.json").read_text())
+            if "cmd_pid" not in state:
+                return None
+            return procs.ProcRef(int(state["cmd_pid"]), int(state["cmd_start"]))
+
+        return until("the command to be spawned", spawned)  # type: ignore[return-value]
 
     def release(self) -> None:
         self.go.touch()
