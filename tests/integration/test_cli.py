@@ -24,12 +24,21 @@ RHIZOME = [sys.executable, "-m", "services.client.cli"]
 
 
 def rz(
-    data_dir: Path, *args: str, check: bool = True, user: str = "cli-user", token: str = ""
+    data_dir: Path,
+    *args: str,
+    check: bool = True,
+    user: str = "cli-user",
+    token: str = "",
+    learner_uids: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`rhizome --data-dir DATA_DIR ARGS`: with no token, the CLI finds the embedded
-    platform's admin token by itself."""
+    platform's admin token by itself. `learner_uids`: without the suite's
+    `RHIZOME_LEARNER_UIDS=off` (tests/conftest.py), so a platform `up` starts gives each
+    job a uid of its own, the default."""
     env = {**os.environ, "RHIZOME_USER": user, "COLUMNS": "200"}
     env.pop("RHIZOME_TOKEN", None)
+    if learner_uids:
+        env.pop("RHIZOME_LEARNER_UIDS", None)
     if token:
         env["RHIZOME_TOKEN"] = token
     proc = subprocess.run(
@@ -45,9 +54,19 @@ def rz(
 
 
 @contextlib.contextmanager
-def embedded_up(data_dir: Path) -> Iterator[Path]:
-    """`rhizome up --embedded` on free ports in `data_dir`; `rhizome down` at the end."""
-    rz(data_dir, "up", "--embedded", "--grpc-port", "0", "--rest-port", "0")
+def embedded_up(data_dir: Path, learner_uids: bool = False) -> Iterator[Path]:
+    """`rhizome up --embedded` on free ports in `data_dir`; `rhizome down` at the end.
+    `learner_uids`: the platform's default isolation (`rz`)."""
+    rz(
+        data_dir,
+        "up",
+        "--embedded",
+        "--grpc-port",
+        "0",
+        "--rest-port",
+        "0",
+        learner_uids=learner_uids,
+    )
     try:
         yield data_dir
     finally:

@@ -4,6 +4,7 @@ checkpoints, secrets or code archive. Real guardians, etcd and MongoDB-wire serv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,6 +74,15 @@ while [ ! -e "$RELEASE" ] && [ $i -lt 1800 ]; do sleep 0.1; i=$((i+1)); done
 @pytest.fixture
 def root_data_dir() -> Iterator[Path]:
     """A data directory other uids may traverse (pytest's own are 0700)."""
+    with traversable_data_dir("rhizome-isolation-") as path:
+        yield path
+
+
+@contextlib.contextmanager
+def traversable_data_dir(prefix: str) -> Iterator[Path]:
+    """A data directory for a platform whose learners run under uids of their own: as
+    root (only then can the daemon switch users), outside pytest's 0700 directories, with
+    the checkout reachable by other uids."""
     if os.geteuid() != 0:
         pytest.fail(
             "the isolation tests need root: the local backend gives each job a uid of its "
@@ -81,9 +91,11 @@ def root_data_dir() -> Iterator[Path]:
     blocked = [p for p in [*REPO.parents, REPO] if not os.stat(p).st_mode & stat.S_IXOTH]
     if blocked:
         pytest.fail(f"learner uids cannot enter {blocked[0]} to reach the checkout: chmod o+x it")
-    path = Path(tempfile.mkdtemp(prefix="rhizome-isolation-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,18 @@ import pytest
 from contract import procs
 from contract.env import Role
 from tests.integration.test_cli import embedded_up, rz
+from tests.integration.test_isolation import traversable_data_dir
 from tests.learner.runtime.test_failover import assert_equals_reference
 from tests.learner.runtime.test_growth import assert_equals_grown_reference
 from tests.services.guardian.helpers import describe_job, wait_for
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = "from learner.runtime.toy import main\n\nmain()\n"
+# Says its uid first: the module's platform runs learners as the platform does by default.
+SCRIPT = (
+    "import os\nimport sys\n\nfrom learner.runtime.toy import main\n\n"
+    'print(f"learner uid {os.getuid()}", file=sys.stderr, flush=True)\nmain()\n'
+)
 
 
 def manifest(stages: int, steps: int, name: str, more: str = "", args: str = "") -> str:
@@ -46,8 +51,13 @@ def manifest(stages: int, steps: int, name: str, more: str = "", args: str = "")
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with embedded_up(Path(tmp_path_factory.mktemp("pipeline-jobs"))) as data_dir:
+def platform() -> Iterator[Path]:
+    """The platform's defaults, learner uids included: each job's workers run under a uid
+    of their own (the rest of the suite runs learners as the test's user)."""
+    with (
+        traversable_data_dir("rhizome-pipeline-jobs-") as path,
+        embedded_up(path, learner_uids=True) as data_dir,
+    ):
         yield data_dir
 
 
@@ -130,6 +140,9 @@ def test_a_pipeline_job_runs_each_stage_once_in_its_own_learner(
     assert learners == ["0", "1"]  # P x D learners, no more
     for rank in (0, 1):
         err = learner_file(platform, job_id, rank, "stderr.log")
+        # under the platform's default isolation: the job's own uid, never the daemon's
+        uids = re.findall(r"learner uid (\d+)", err)
+        assert len(uids) == 1 and int(uids[0]) >= 20000, err
         # one worker per learner, started once, trained its own stage once
         assert err.count("started:") == 1, err
         assert f"[worker {rank}] started: stage {rank} of pipeline 0" in err, err
