@@ -24,19 +24,10 @@ from contract.learner_spec import LearnerSpec
 from contract.procs import stop_process_group
 from contract.status import ExitCode
 from services.embedded.process import ManagedServer
+from tests.services.guardian.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.integration
-
-
-def until(what: str, check: Callable[[], object], timeout_s: float = 20.0) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Running:
@@ -75,7 +66,7 @@ class Running:
             entry = self.entry()
             return entry if entry and entry.value.get("status") == "PROCESSING" else None
 
-        return until("the learner to be PROCESSING", check)  # type: ignore[return-value]
+        return wait_for("the learner to be PROCESSING", check, 20)
 
     def command(self) -> procs.ProcRef:
         """The running command (PROCESSING is recorded just before it is spawned)."""
@@ -86,7 +77,7 @@ class Running:
                 return None
             return procs.ProcRef(int(state["cmd_pid"]), int(state["cmd_start"]))
 
-        return until("the command to be spawned", spawned)  # type: ignore[return-value]
+        return wait_for("the command to be spawned", spawned, 20)
 
     def release(self) -> None:
         self.go.touch()
@@ -123,8 +114,7 @@ def test_a_lapsed_controller_takes_its_rank_back_when_nobody_has(
         entry = run.entry()
         return entry if entry and entry.lease and entry.lease != before.lease else None
 
-    again = until("the controller to hold its rank again", regained)
-    assert isinstance(again, Entry)
+    again = wait_for("the controller to hold its rank again", regained, 20)
     assert again.value["pid"] == before.value["pid"]  # the same controller, a new lease
     assert again.value["status"] == "PROCESSING"
     assert command.alive(), "regaining the rank must not touch the running command"
@@ -154,7 +144,7 @@ def test_a_lapsed_controller_leaves_a_successor_its_rank_and_command(
         assert "another controller holds the rank" in stderr
         assert command.alive(), "the successor adopts the command: the old one leaves it"
         run.release()
-        until("the command to end", lambda: not command.alive(), timeout_s=30)
+        wait_for("the command to end", lambda: not command.alive(), 30)
         time.sleep(1.0)  # anything the old controller were still to write would be here
         entry = run.entry()
         assert entry is not None and entry.value == theirs and entry.lease == successor.id
