@@ -12,6 +12,13 @@ for all N to be COMPLETED. It reports, per N:
 - the daemon's RSS and CPU; the guardians' count, RSS and CPU; per job, and the CPU per
   job per second of the steady window (the cost of merely keeping a job alive);
 - etcd keys and MongoDB documents per job while all are alive;
+- the MongoDB-wire server's CPU (its process's, /proc/<pid>/stat) per job while the N
+  submits are made ("mongo submit ms/job"), from the last submit until all N are
+  PROCESSING ("mongo start ms/job": the placements, set-ups and deploys, and what reads
+  them), and per alive job per second of the steady window: what the platform's reads
+  of new and changed records cost the store. The script's own reads are in it: it
+  waits for each phase by one read of the pending jobs' statuses every
+  `POLL_S` (2 s), not a read per job;
 - etcd's own CPU and the lease keep-alives it received, per alive job per second of the
   steady window (its /metrics: `process_cpu_seconds_total`, the messages of its
   LeaseKeepAlive streams): what the learners' leases (`--learner-lease-ttl`), the hosts'
@@ -219,12 +226,15 @@ def steady_rates(s0: dict[str, Any], s1: dict[str, Any], n: int) -> dict[str, fl
     """ms of CPU per alive job per second between two samples (`sample`): the daemon's,
     the guardian processes' own (their simulated learners' threads taken out) and the
     simulated learners'; where both samples read etcd's /metrics, etcd's CPU and the
-    lease keep-alives it received, per alive job per second (NaN where they did not)."""
+    lease keep-alives it received, per alive job per second (NaN where they did not);
+    the MongoDB-wire server's CPU likewise."""
     seconds = s1["at"] - s0["at"]
     sim = sim_cpu_between(s0, s1)
     per_job_s = 1000 / n / seconds
     etcd = "etcd_cpu" in s0 and "etcd_cpu" in s1
+    mongo = "mongo_cpu" in s0 and "mongo_cpu" in s1
     return {
+        "mongo": (s1["mongo_cpu"] - s0["mongo_cpu"]) * per_job_s if mongo else math.nan,
         "daemon": (s1["daemon_cpu"] - s0["daemon_cpu"]) * per_job_s,
         "guardian": (s1["guardian_cpu"] - s0["guardian_cpu"] - sim) * per_job_s,
         "sim": sim * per_job_s,
@@ -284,12 +294,15 @@ def guardian_pids(data_dir: Path) -> list[int]:
     return found
 
 
-def sample(daemon_pid: int, data_dir: Path, etcd_url: str = "") -> dict[str, Any]:
+def sample(
+    daemon_pid: int, data_dir: Path, etcd_url: str = "", mongo_pid: int = 0
+) -> dict[str, Any]:
     rss, cpu = proc_stat(daemon_pid)
     guardians = guardian_pids(data_dir)
     g = [proc_stat(p) for p in guardians]
     return {
         **(etcd_load(etcd_url) if etcd_url else {}),
+        **({"mongo_cpu": proc_stat(mongo_pid)[1]} if mongo_pid else {}),
         "daemon_rss": rss,
         "daemon_cpu": cpu,
         "guardians": len(guardians),
@@ -302,28 +315,43 @@ def sample(daemon_pid: int, data_dir: Path, etcd_url: str = "") -> dict[str, Any
     }
 
 
-def wait_all(repo: JobsRepository, ids: list[str], status: str, timeout_s: float) -> list[str]:
+# How often `wait_all` reads the pending jobs' statuses: its reads are in the MongoDB-wire
+# server's CPU of the burst (a read per job every 0.5 s was ~2,000 records a second at
+# N=1,000, as many as the platform's own reads of new records).
+POLL_S = 2.0
+
+
+def wait_all(jobs: Any, ids: list[str], status: str, timeout_s: float) -> list[str]:
     """Wait until every job of `ids` is at `status` or has ended otherwise (a job FAILED
     by the platform is counted, not waited for); the ids of those that ended otherwise
-    or were not there within `timeout_s` (the column "FAILED/late")."""
+    or were not there within `timeout_s` (the column "FAILED/late"). `jobs`: the jobs
+    collection, read once every POLL_S for the pending jobs' statuses."""
     start = time.monotonic()
     pending = set(ids)
     failed: list[str] = []
     while pending:
-        if time.monotonic() - start > timeout_s:  # reported with the failed ones
-            stuck = sorted(pending)[:5]
-            where = ", ".join(f"{j}: {repo.get(j).status}" for j in stuck)
-            print(f"{len(pending)} of {len(ids)} not {status} in time: {where}", file=sys.stderr)
-            return failed + sorted(pending)
-        for job_id in list(pending):
-            record = repo.get(job_id)
-            if record.status == status:
+        found = {
+            str(d["_id"]): d
+            for d in jobs.find(
+                {"_id": {"$in": sorted(pending)}}, {"status": 1, "status_message": 1}
+            )
+        }
+        for job_id, doc in found.items():
+            if doc.get("status") == status:
                 pending.discard(job_id)
-            elif record.status in states.TERMINAL_STATES:
+            elif doc.get("status") in states.TERMINAL_STATES:
                 pending.discard(job_id)
                 failed.append(job_id)
-                print(f"{job_id}: {record.status} ({record.status_message})", file=sys.stderr)
-        time.sleep(0.5)
+                print(f"{job_id}: {doc['status']} ({doc.get('status_message')})", file=sys.stderr)
+        if pending and time.monotonic() - start > timeout_s:  # reported with the failed ones
+            where = ", ".join(
+                f"{j}: {found[j]['status'] if j in found else 'not found'}"
+                for j in sorted(pending)[:5]
+            )
+            print(f"{len(pending)} of {len(ids)} not {status} in time: {where}", file=sys.stderr)
+            return failed + sorted(pending)
+        if pending:
+            time.sleep(POLL_S)
     return failed
 
 
@@ -505,7 +533,8 @@ def _run(plan: Plan) -> dict[str, Any]:
             pid = platform.daemon.pid
             db = connect(platform.mongo.url)
             repo = JobsRepository(db)
-            before = sample(pid, platform.data_dir)
+            mongo_pid = platform.mongo.pid or 0
+            before = sample(pid, platform.data_dir, mongo_pid=mongo_pid)
             etcd_url = platform.etcd.url
             auth_before = etcd_auth_calls(platform.etcd.url)
             ids: list[str] = []
@@ -524,9 +553,12 @@ def _run(plan: Plan) -> dict[str, Any]:
                 t.start()
             for t in threads:
                 t.join()
+            submits_s = time.monotonic() - t0
+            submitted = sample(pid, platform.data_dir, mongo_pid=mongo_pid)
             timeout_s = min(120 + n * 2.0, plan.phase_timeout_s)
-            failed = wait_all(repo, ids, states.PROCESSING, timeout_s)
+            failed = wait_all(db["jobs"], ids, states.PROCESSING, timeout_s)
             all_processing_s = time.monotonic() - t0
+            processing = sample(pid, platform.data_dir, mongo_pid=mongo_pid)
             alive = [j for j in ids if j not in failed]
             to_processing = [
                 entered(repo, j, states.PROCESSING) - repo.get(j).created_at for j in alive
@@ -536,7 +568,7 @@ def _run(plan: Plan) -> dict[str, Any]:
             print(f"all PROCESSING; the steady window opens in {settle_s:g} s", file=sys.stderr)
 
             def take() -> dict[str, Any]:
-                taken = sample(pid, platform.data_dir, etcd_url)
+                taken = sample(pid, platform.data_dir, etcd_url, mongo_pid)
                 if "opened" not in window_note:
                     window_note["opened"] = True
                     print(  # for a profiler run by hand meanwhile (py-spy record --pid)
@@ -556,7 +588,7 @@ def _run(plan: Plan) -> dict[str, Any]:
             released = time.time()
             release.touch()
             t_release = time.monotonic()
-            failed += wait_all(repo, alive, states.COMPLETED, timeout_s)
+            failed += wait_all(db["jobs"], alive, states.COMPLETED, timeout_s)
             all_done = time.monotonic() - t_release
             after = sample(pid, platform.data_dir)
             done = [j for j in ids if j not in failed]
@@ -593,6 +625,15 @@ def _run(plan: Plan) -> dict[str, Any]:
         "submit_to_processing_p50_s": statistics.median(to_processing),
         "submit_to_processing_p99_s": percentile(to_processing, 0.99),
         "all_processing_s": all_processing_s,
+        "submits_per_s": n / submits_s,
+        # the MongoDB-wire server's CPU while the N submits were made, and from the last
+        # submit until all were PROCESSING, per job; and as a share of a core over each
+        "mongo_submit_ms_per_job": (submitted["mongo_cpu"] - before["mongo_cpu"]) * 1000 / n,
+        "mongo_start_ms_per_job": (processing["mongo_cpu"] - submitted["mongo_cpu"]) * 1000 / n,
+        "mongo_submit_cores": (submitted["mongo_cpu"] - before["mongo_cpu"]) / submits_s,
+        "mongo_start_cores": (processing["mongo_cpu"] - submitted["mongo_cpu"])
+        / max(all_processing_s - submits_s, 1e-9),
+        "daemon_burst_ms_per_job": (processing["daemon_cpu"] - before["daemon_cpu"]) * 1000 / n,
         "stages_s": stages,
         "daemon_rss_mib": s1["daemon_rss"],
         "daemon_rss_per_job_mib": (s1["daemon_rss"] - before["daemon_rss"]) / n,
@@ -609,6 +650,7 @@ def _run(plan: Plan) -> dict[str, Any]:
         # etcd's CPU and the lease keep-alives it received (learners', hosts', leader's)
         "steady_etcd_ms_per_job_s": steady["etcd"],
         "steady_keepalives_per_job_s": steady["keepalives"],
+        "steady_mongo_ms_per_job_s": steady["mongo"],
         # (first half, second half) of the window: about equal when it was flat
         "steady_halves_daemon": [h["daemon"] for h in halves],
         "steady_halves_guardian": [h["guardian"] for h in halves],
@@ -769,6 +811,13 @@ def main() -> None:
         ("steady sim learners ms/job/s", "steady_sim_learners_ms_per_job_s", "{:.2f}"),
         ("steady etcd ms/job/s", "steady_etcd_ms_per_job_s", "{:.2f}"),
         ("keep-alives/job/s", "steady_keepalives_per_job_s", "{:.2f}"),
+        ("submits/s", "submits_per_s", "{:.0f}"),
+        ("mongo submit ms/job", "mongo_submit_ms_per_job", "{:.2f}"),
+        ("mongo start ms/job", "mongo_start_ms_per_job", "{:.2f}"),
+        ("mongo cores submit", "mongo_submit_cores", "{:.2f}"),
+        ("mongo cores start", "mongo_start_cores", "{:.2f}"),
+        ("daemon burst ms/job", "daemon_burst_ms_per_job", "{:.1f}"),
+        ("steady mongo ms/job/s", "steady_mongo_ms_per_job_s", "{:.3f}"),
         ("guardian halves", "steady_halves_guardian", "{0[0]:.2f}/{0[1]:.2f}"),
         ("daemon halves", "steady_halves_daemon", "{0[0]:.2f}/{0[1]:.2f}"),
         ("load1 steady", "steady_load1", "{0[0]:.1f}-{0[1]:.1f}"),
@@ -854,7 +903,19 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
                 f"{row['steady_sim_learners_ms_per_job_s']:.3f}; etcd "
                 f"{base['steady_etcd_ms_per_job_s']:.3f} -> {row['steady_etcd_ms_per_job_s']:.3f} "
                 f"(keep-alives/job/s {base['steady_keepalives_per_job_s']:.2f} -> "
-                f"{row['steady_keepalives_per_job_s']:.2f}); hosts' own by half "
+                f"{row['steady_keepalives_per_job_s']:.2f}); MongoDB-wire server: submits "
+                f"{base['mongo_submit_ms_per_job']:.2f} -> {row['mongo_submit_ms_per_job']:.2f} "
+                f"ms/job (x{ratio(row, base, 'mongo_submit_ms_per_job'):.3f}; "
+                f"{base['mongo_submit_cores']:.2f} -> {row['mongo_submit_cores']:.2f} cores), "
+                f"start {base['mongo_start_ms_per_job']:.2f} -> "
+                f"{row['mongo_start_ms_per_job']:.2f} ms/job "
+                f"(x{ratio(row, base, 'mongo_start_ms_per_job'):.3f}; "
+                f"{base['mongo_start_cores']:.2f} -> {row['mongo_start_cores']:.2f} cores), "
+                f"steady {base['steady_mongo_ms_per_job_s']:.3f} -> "
+                f"{row['steady_mongo_ms_per_job_s']:.3f} ms/job/s; daemon in the burst "
+                f"{base['daemon_burst_ms_per_job']:.1f} -> {row['daemon_burst_ms_per_job']:.1f} "
+                f"ms/job; submit→PROCESSING p50 {base['submit_to_processing_p50_s']:.2f} -> "
+                f"{row['submit_to_processing_p50_s']:.2f} s; hosts' own by half "
                 f"{halves(base['steady_halves_guardian'])} -> "
                 f"{halves(row['steady_halves_guardian'])}; load1 "
                 f"{base['steady_load1'][0]:.1f}-{base['steady_load1'][1]:.1f} -> "
@@ -871,6 +932,9 @@ def compare_trees(rows: list[dict[str, Any]]) -> None:
             for name, key in (
                 ("daemon", "steady_daemon_ms_per_job_s"),
                 ("guardian hosts' own", "steady_guardian_ms_per_job_s"),
+                ("mongo submit ms/job", "mongo_submit_ms_per_job"),
+                ("mongo start ms/job", "mongo_start_ms_per_job"),
+                ("steady mongo", "steady_mongo_ms_per_job_s"),
             ):
                 parts.append(
                     f"{name} {med(b[key] for b, _ in pairs):.3f} -> "

@@ -105,6 +105,45 @@ def test_etcd_s_cpu_and_keep_alives_per_alive_job_per_second(bench: ModuleType) 
     assert math.isnan(no_etcd["etcd"]) and math.isnan(no_etcd["keepalives"])
 
 
+def test_the_mongodb_servers_cpu_per_alive_job_per_second(bench: ModuleType) -> None:
+    s0 = {**sample(10.0, 5.0, 7.0, {}), "mongo_cpu": 40.0}
+    s1 = {**sample(30.0, 5.0, 7.0, {}), "mongo_cpu": 42.0}
+    assert bench.steady_rates(s0, s1, 100)["mongo"] == pytest.approx(1.0)  # 2 s/100/20 s
+    assert math.isnan(bench.steady_rates(sample(10.0, 5.0, 7.0, {}), s1, 100)["mongo"])
+
+
+class Statuses:
+    """A jobs collection whose jobs move on by a list of statuses per read."""
+
+    def __init__(self, steps: dict[str, list[str]]) -> None:
+        self.steps = steps
+        self.reads = 0
+
+    def find(self, query: dict[str, Any], projection: dict[str, int]) -> list[dict[str, Any]]:
+        self.reads += 1
+        return [
+            {"_id": j, "status": self.steps[j][min(self.reads, len(self.steps[j])) - 1]}
+            for j in query["_id"]["$in"]
+        ]
+
+
+def test_wait_all_reads_every_pending_status_at_once_and_counts_the_failed(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "POLL_S", 0.0)
+    jobs = Statuses(
+        {
+            "a": ["PENDING", "PROCESSING"],
+            "b": ["PENDING", "DEPLOYING", "PROCESSING"],
+            "c": ["FAILED"],
+        }
+    )
+    assert bench.wait_all(jobs, ["a", "b", "c"], "PROCESSING", 60) == ["c"]
+    assert jobs.reads == 3  # one read a poll, not one a job
+    late = Statuses({"d": ["PENDING"]})
+    assert bench.wait_all(late, ["d"], "PROCESSING", 0) == ["d"]
+
+
 def test_a_thread_s_cpu_is_the_schedulers_count_not_the_ticks(
     bench: ModuleType, tmp_path: Path
 ) -> None:

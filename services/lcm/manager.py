@@ -16,8 +16,11 @@ A full round reads and looks at every active job; it runs every `full_round_s` (
 and whenever the view of etcd was read afresh. The rounds between (every `poll_s`)
 are driven by changes (issue #18: at N=100 the round over every active job, five a
 second, was the daemon's largest steady cost per alive job): they read only the records
-written since the last round (`JobsRepository.statuses_changed_since`, an indexed range
-read, with a `changes_lookback_s` overlap for writes that land late) and look only at
+written since the last round other than by their creation (a new record is QUEUED, which
+the LCM has nothing to do for: `JobsRepository.statuses_changed_since`, an indexed range
+read on `touched_at`; a `changes_margin_s` overlap with the last round, and once a second
+the band of stamps just older than `changes_lookback_s`, for writes that land late:
+services/store/stamp_reads.py) and look only at
 the jobs whose record or etcd keys changed, plus those something is counted in time
 for: a job with no guardian yet (the start window, a backoff, a set-up), a job given to
 a host that has not taken it yet, a guardian process that is not our child. A guardian
@@ -75,6 +78,7 @@ from services.store import states
 from services.store.errors import JobNotFound, StaleToken, StoreUnavailable
 from services.store.job_secrets import JobSecrets
 from services.store.jobs import JobsRepository
+from services.store.stamp_reads import StampedReads
 
 log = logging.getLogger("rhizome.lcm")
 
@@ -83,13 +87,18 @@ MAX_ROUND_REST_S = 2.0
 # How often a round reads and looks at every active job (LcmConfig.full_round_s): the
 # safety net behind the change-driven rounds between.
 FULL_ROUND_S = 30.0
-# How far before the previous read a change-driven round asks for changed records
-# (LcmConfig.changes_lookback_s): a write stamps its `updated_at` before it lands (and
+# How late after its stamp a write may land and still be seen by a change-driven round
+# (LcmConfig.changes_lookback_s): a write stamps its `touched_at` before it lands (and
 # another machine's clock may be behind ours); one that lands later than this is seen
-# by the next full round. Every round reads the records written in this overlap again
-# (ids and statuses), so it is kept short: at N=100 a 10 s one was most of what a quiet
-# round decoded in the seconds after a burst of starts.
+# by the next full round. A round asks for the records stamped since the last round
+# began, less `changes_margin_s` (a write that lands within it is seen by the next
+# round); a write that lands later, by the read of the band of stamps that has just
+# become older than the look-back, once every `CHANGES_BAND_S` (stamp_reads.py). Every
+# round read the whole look-back again before: during a burst of placements each record
+# 25 times (5 s, five rounds a second).
 CHANGES_LOOKBACK_S = 5.0
+CHANGES_MARGIN_S = 0.5
+CHANGES_BAND_S = 1.0
 # A guardian that exits so found the job guarded by another: restarting it cannot help.
 GUARDIAN_ALREADY_GUARDED = ExitCode.FATAL
 # The statuses of a job being started: placed, its guardian deploying, its learners
@@ -149,6 +158,7 @@ class LcmConfig:
     # (the module's docstring). 0: every round is a full one.
     full_round_s: float = FULL_ROUND_S
     changes_lookback_s: float = CHANGES_LOOKBACK_S
+    changes_margin_s: float = CHANGES_MARGIN_S
 
 
 @dataclass
@@ -250,7 +260,10 @@ class LifecycleManager:
         self._active: dict[str, str] = {}
         self._hostable: dict[str, bool] = {}
         self._full_at = -1e9  # when the last full round read (monotonic)
-        self._read_since = 0.0  # wall time the last round's read of the records began
+        # Where the next change-driven round's read of the records starts (wall time).
+        self._changes = StampedReads(
+            config.changes_lookback_s, config.changes_margin_s, CHANGES_BAND_S
+        )
         # Jobs a change-driven round must look at whatever MongoDB and etcd say: their
         # guardian exited, a request for them came (`_mark`).
         self._marked: set[str] = set()
@@ -415,7 +428,8 @@ class LifecycleManager:
             self._job_keys.take_changed()
         keys = self.job_keys()
         self._read_s = time.monotonic() - reading
-        self._full_at, self._read_since = reading, read_since
+        self._full_at = reading
+        self._changes.reset(read_since)
         self._active = {job_id: status for job_id, status, _ in active}
         self._hostable = {
             job_id: self._hostable[job_id]
@@ -437,12 +451,10 @@ class LifecycleManager:
     def _changed_round(self, changed: set[str]) -> None:
         """Read the records written since the last round; look at the jobs whose record
         or keys changed and at those something is counted in time for."""
-        read_since = time.time()
         reading = time.monotonic()
-        since = self._read_since - self.config.changes_lookback_s
         look = set(changed)
         new: list[str] = []
-        for job_id, status in self.jobs.statuses_changed_since(since):
+        for job_id, status in self._changes.read(self.jobs.statuses_changed_since):
             known = self._active.get(job_id)
             if status not in states.ACTIVE_STATES:
                 if known is not None:  # it ended (or was halted): no longer active
@@ -454,13 +466,19 @@ class LifecycleManager:
             elif known != status:
                 self._active[job_id] = status
                 look.add(job_id)
-        for job_id, status, manifest in self.jobs.manifests_of(new):
+        try:
+            manifests = self.jobs.manifests_of(new)
+        except BaseException:
+            # The changes read above are not read again by the next change-driven round:
+            # a full one instead.
+            self._full_at = -1e9
+            raise
+        for job_id, status, manifest in manifests:
             if status in states.ACTIVE_STATES:  # not moved on since (else the next round)
                 self._active[job_id] = status
                 self._hostable[job_id] = self._may_be_hosted(manifest)
                 look.add(job_id)
         self._read_s = time.monotonic() - reading
-        self._read_since = read_since
         with self._lock:
             # Counted in time, not told by a change: no guardian yet (waiting for the start
             # window, a backoff, its set-up), given to a host that has not taken it yet,

@@ -8,16 +8,23 @@ and a range on an indexed field. So the repository keeps, per process, the four 
 fields a listing filters on (id, owner, name, status) for every job, sorted by id:
 
 - filled once by one projected scan (the first listing after a start pays it);
-- brought up to date before every listing by one indexed range read of the records
-  written since the last one (`updated_at > last read - LOOKBACK_S`; every repository
-  write sets `updated_at`), which sees new jobs and status changes from any process;
+- brought up to date before every listing (and every refresh of the job gauges, every
+  5 s) by an indexed range read of the records written since the last one (every
+  repository write sets `updated_at`, a creation too), which sees new jobs and status
+  changes from any process: those stamped since the last read began, less MARGIN_S, and
+  every BAND_S the band of stamps that has just become older than LOOKBACK_S, for a write
+  that landed after the read that passed its stamp (services/store/stamp_reads.py). Each
+  record is so read about twice; every read asked for the whole look-back again before,
+  and a burst of submits was read by every gauge refresh for 30 s (seven times) and by
+  every listing meanwhile;
 - a page is then chosen here and its records fetched by `_id` (`$in`, one read), and each
   fetched record is checked against the filter again, so a status that changed after the
   last refresh is never shown under the wrong filter (the stale entry is corrected and the
   next candidate taken).
 
 What it assumes: a write becomes visible within LOOKBACK_S of the `updated_at` its writer
-stamped (clock skew between daemons plus write latency). Owner and name never change
+stamped (clock skew between daemons plus write latency); one within MARGIN_S is in the
+next listing, a later one within BAND_S + LOOKBACK_S. Owner and name never change
 after a submit, so only the status can be stale, and the recheck covers that.
 Memory: about 200 bytes a job (2 MB for 10,000).
 """
@@ -32,7 +39,11 @@ from typing import Any
 
 from pymongo.collection import Collection as MongoCollection
 
+from services.store.stamp_reads import StampedReads, stamp_range
+
 LOOKBACK_S = 30.0
+MARGIN_S = 2.0
+BAND_S = 5.0
 _FIELDS = {"owner": 1, "name": 1, "status": 1}
 
 
@@ -42,26 +53,27 @@ class JobIndex:
         col: MongoCollection[Any],
         lookback_s: float = LOOKBACK_S,
         clock: Callable[[], float] = time.time,
+        margin_s: float = MARGIN_S,
+        band_s: float = BAND_S,
     ) -> None:
         self._col = col
-        self._lookback_s = lookback_s
         self._clock = clock
+        self._reads = StampedReads(lookback_s, margin_s, band_s, clock)
         self._lock = threading.Lock()
         self._refreshing = threading.Lock()
         self._ids: list[str] = []  # ascending
         self._rows: dict[str, tuple[str, str, str]] = {}  # id -> (owner, name, status)
         self._loaded = False
-        self._read_at = 0.0
 
     def refresh(self) -> None:
         """Read what changed since the last refresh (everything, the first time)."""
         with self._refreshing:
-            started = self._clock()
             if self._loaded:
-                query = {"updated_at": {"$gt": self._read_at - self._lookback_s}}
+                docs = self._reads.read(self._written)
             else:
-                query = {}
-            docs = list(self._col.find(query, _FIELDS))
+                started = self._clock()
+                docs = list(self._col.find({}, _FIELDS))
+                self._reads.reset(started)
             with self._lock:
                 fresh = not self._loaded
                 for doc in docs:
@@ -69,7 +81,9 @@ class JobIndex:
                 if fresh:
                     self._ids.sort()
                 self._loaded = True
-                self._read_at = started
+
+    def _written(self, after: float, up_to: float | None) -> list[dict[str, Any]]:
+        return list(self._col.find({"updated_at": stamp_range(after, up_to)}, _FIELDS))
 
     def _put(self, job_id: str, doc: dict[str, Any]) -> None:
         if job_id not in self._rows:

@@ -33,6 +33,7 @@ from services.store.job_index import JobIndex
 from services.store.job_secrets import SECRETS_IN_FILE, JobSecrets
 from services.store.mongo import TRANSIENT_ERRORS
 from services.store.retry import with_retries
+from services.store.stamp_reads import stamp_range
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
@@ -229,8 +230,9 @@ class JobsRepository:
         self._col.create_index("idem", unique=True, sparse=True)
         # the listing index's refresh reads what was written since its last read
         self._col.create_index("updated_at")
-        # the scheduler's release check reads what was written since, creation aside
-        # (`written_since`): only records written after their creation have the field
+        # the scheduler's release check and the LCM's change rounds read what was written
+        # since, creation aside (`written_since`, `statuses_changed_since`): only records
+        # written after their creation have the field
         self._col.create_index("touched_at", sparse=True)
 
     # -- create -------------------------------------------------------------------
@@ -361,12 +363,18 @@ class JobsRepository:
         return [(str(d["job_id"]), str(d["status"]), dict(d.get("manifest") or {})) for d in cursor]
 
     @with_retries
-    def statuses_changed_since(self, since: float) -> list[tuple[str, str]]:
-        """(job_id, status) of every job whose record was written after `since` (its
-        `updated_at`: every status change moves it, a metric does not), whatever its status:
-        one range read on the `updated_at` index, so the LCM's round between its full ones
-        reads what changed, not every active job (issue #18)."""
-        cursor = self._col.find({"updated_at": {"$gt": since}}, {"status": 1})
+    def statuses_changed_since(
+        self, since: float, up_to: float | None = None
+    ) -> list[tuple[str, str]]:
+        """(job_id, status) of every job whose record was written after `since` (and at
+        most at `up_to`, when given) other than by its creation, whatever its status: one
+        range read on the sparse `touched_at` index, so the LCM's round between its full
+        ones reads what changed, not every active job (issue #18). A creation is left out
+        because the LCM has nothing to do for it: a new record is QUEUED, not active, and
+        its first active status (a placement) is a later write, which this read sees. On
+        the `updated_at` index the read held every new submit of the look-back, each read
+        again by every round (five a second) during a burst."""
+        cursor = self._col.find({"touched_at": stamp_range(since, up_to)}, {"status": 1})
         return [(str(d["_id"]), str(d.get("status", ""))) for d in cursor]
 
     @with_retries
