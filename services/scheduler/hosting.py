@@ -1,8 +1,12 @@
 """How the daemon hosts the scheduler: the `rhizome.v1.Scheduler` service plus the
 scheduling loop that connects the gang scheduler to the jobs in MongoDB.
 
-Jobs arrive pushed: the API calls `Admit` for each job it stores, which queues it and
-wakes the loop. Each pass of the loop (at once when woken, else five times a second):
+Jobs arrive pushed: the API of this daemon hands each job it stores to `LocalScheduler`
+(a plain call: no proto), which the next pass queues; an API elsewhere calls `Admit`,
+which queues it at once. Either wakes the loop. Each pass of the loop (at once when
+woken, else five times a second):
+0. the jobs handed over since the last pass are queued (one whose request the cluster can
+   no longer hold fails with the reason);
 1. every few seconds, a resync with the QUEUED records catches jobs whose push was lost
    and drops queue entries whose job left the queue (a job that can never fit any more
    fails with the reason instead of waiting forever);
@@ -27,6 +31,7 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -38,7 +43,7 @@ from typing import Any
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
-from services.hosting import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository, unanswered
 from services.scheduler.api import (
     ClusterConfigError,
     JobRequest,
@@ -82,6 +87,9 @@ RELEASE_LOOKBACK_S = 5.0
 FULL_RELEASE_READ_S = 30.0
 # Passes woken back to back (a burst of submits) are spaced by at least this much.
 MIN_PASS_GAP_S = 0.05
+# Stored jobs handed over and not queued yet, at most (a daemon whose loop does not run,
+# a hot standby, holds no more): one left out is stored, and the resync queues it.
+ARRIVALS_HELD = 100_000
 
 
 class SchedulingLoop:
@@ -130,6 +138,32 @@ class SchedulingLoop:
         self._read_since = 0.0
         self._read_stamps: dict[str, float] = {}
         self._placed_at_read: set[str] = set()
+        # Stored jobs handed over by the API of this daemon (`arrive`), queued by the next
+        # pass: the submit that hands one over never waits for the scheduler's lock.
+        self._arrivals: collections.deque[JobRecord] = collections.deque(maxlen=ARRIVALS_HELD)
+
+    def arrive(self, job: JobRecord) -> None:
+        """A stored job to queue: at the next pass, which this wakes."""
+        self._arrivals.append(job)
+        self.wake.set()
+
+    def _queue_arrivals(self) -> None:
+        """Queue the jobs handed over since the last pass, in the order they came, each
+        arriving now (as `Admit` stamps a job it queues). One the scheduler refuses (the
+        cluster model changed since its submit was admitted, a resumed job that can no
+        longer fit) fails with the reason, as the resync would fail it."""
+        refused: list[tuple[str, str]] = []
+        with self.lock:
+            while self._arrivals:
+                job = self._arrivals.popleft()
+                try:
+                    self.scheduler.enqueue(
+                        job_request(job, arrival=time.time()), attained_gpu_s=job.attained_gpu_s
+                    )
+                except SchedulerError as exc:
+                    refused.append((job.job_id, str(exc)))
+        for job_id, reason in refused:
+            self._fail(job_id, f"cannot be scheduled: {reason}")
 
     def start(self) -> None:
         self.thread.start()
@@ -164,6 +198,8 @@ class SchedulingLoop:
     def run_pass(self) -> None:
         now = time.monotonic()
         self._follow_nodes()
+        if self._arrivals:
+            self._queue_arrivals()
         if now - self._synced_at >= RESYNC_INTERVAL_S:
             self._synced_at = now
             self._resync()
@@ -395,7 +431,7 @@ class SchedulingLoop:
             return False  # the release check frees it if the job no longer runs
         if self.lcm is not None:
             # Wake the LCM now rather than at its next poll; its answer does not matter.
-            self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5)
+            unanswered(self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5))
         return True
 
     def _fail(self, job_id: str, reason: str) -> None:
@@ -528,6 +564,33 @@ class PlacementsOnlyStore(PlacementStore):
         return docs
 
 
+class LocalScheduler:
+    """The scheduler as the API of the same daemon calls it (`ctx.shared["scheduler"]`):
+    a submit's admission check and the hand-over of its stored job, each a plain call
+    with the job record. Through the local channel each was an `Admit` whose request was
+    built as a proto, read back and answered with another, twice a submit, and the
+    hand-over went through a thread of its own: ~0.25 ms of the daemon's CPU a submit
+    (issue #18). The check still runs before the job is stored and the queueing after,
+    so a job is never placed before its record exists."""
+
+    def __init__(self, loop: SchedulingLoop) -> None:
+        self.loop = loop
+
+    def admit(self, job: JobRecord) -> tuple[bool, str]:
+        """`Admit(check_only)`: (False, the reason) for a job that can never run here. The
+        scheduler's `enqueue` of the same request does not check it again."""
+        try:
+            # the loop's scheduler: a hot standby replaces it when it takes the lead
+            result = self.loop.scheduler.admit(job_request(job))
+        except SchedulerError as exc:  # what no scheduler takes (fractional GPUs)
+            return False, str(exc)
+        return result.admitted, result.reason
+
+    def queue(self, job: JobRecord) -> None:
+        """`Admit` of a stored job: queued by the loop's next pass, without waiting."""
+        self.loop.arrive(job)
+
+
 class LoopedSchedulerServicer(SchedulerServicer):
     """In the daemon, `Admit` of a stored job queues it and wakes the loop, and
     `Schedule` runs a full pass of the loop (store included) at once."""
@@ -584,6 +647,8 @@ def build(ctx: DaemonContext) -> Hosted:
     )
     loop_ref.append(loop)
     servicer.loop = loop
+    # what the API of this daemon calls instead of Admit (services/api/hosting.py)
+    ctx.shared["scheduler"] = LocalScheduler(loop)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
     def stop() -> None:
