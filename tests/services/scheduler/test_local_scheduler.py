@@ -6,12 +6,9 @@ proto and no thread of its own in between. Real MongoDB-wire server."""
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from services.embedded.process import ManagedServer
 from services.manifest import parse_manifest
 from services.scheduler.cluster import Cluster, Node
 from services.scheduler.hosting import LocalScheduler, SchedulingLoop
@@ -19,7 +16,6 @@ from services.scheduler.scheduler import GangScheduler
 from services.scheduler.servicer import SchedulerServicer
 from services.store import states
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
-from services.store.mongo import connect
 
 pytestmark = pytest.mark.integration
 
@@ -27,13 +23,8 @@ JOB = "name: j\nlearners: {learners}\ncpus: 1\nmemory: 512\nframework: {{command
 
 
 @pytest.fixture
-def repo(mongo_server: ManagedServer) -> Iterator[JobsRepository]:
-    db = connect(mongo_server.url, f"local_sched_{uuid.uuid4().hex[:8]}")
-    repo = JobsRepository(db)
-    repo.ensure_indexes()
-    yield repo
-    db.client.drop_database(db.name)
-    db.client.close()
+def repo(own_jobs: JobsRepository) -> JobsRepository:
+    return own_jobs
 
 
 def loop_over(repo: JobsRepository, nodes: int = 1) -> SchedulingLoop:

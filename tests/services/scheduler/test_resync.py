@@ -7,13 +7,10 @@ MongoDB-wire server; the passes are called by the test."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from services.embedded.process import ManagedServer
 from services.manifest import parse_manifest
 from services.scheduler import hosting
 from services.scheduler.cluster import Cluster, Node
@@ -23,7 +20,6 @@ from services.scheduler.scheduler import GangScheduler
 from services.scheduler.servicer import SchedulerServicer
 from services.store import states
 from services.store.jobs import JobRecord, JobsRepository, new_job_id
-from services.store.mongo import connect
 
 pytestmark = pytest.mark.integration
 
@@ -47,16 +43,11 @@ class CountingRepo:
 
 
 @pytest.fixture
-def repo(mongo_server: ManagedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobsRepository]:
+def repo(own_jobs: JobsRepository, monkeypatch: pytest.MonkeyPatch) -> JobsRepository:
     # a resync and a release check in every pass
     monkeypatch.setattr(hosting, "RESYNC_INTERVAL_S", 0.0)
     monkeypatch.setattr(hosting, "RELEASE_INTERVAL_S", 0.0)
-    db = connect(mongo_server.url, f"resync_{uuid.uuid4().hex[:8]}")
-    repository = JobsRepository(db)
-    repository.ensure_indexes()
-    yield repository
-    db.client.drop_database(db.name)
-    db.client.close()
+    return own_jobs
 
 
 def stored(repo: JobsRepository, job_id: str = "") -> JobRecord:
