@@ -146,3 +146,15 @@ def jobs_repository(ctx: DaemonContext) -> JobsRepository:
         repo.ensure_indexes()
         ctx.shared["jobs"] = repo
     return cast("JobsRepository", ctx.shared["jobs"])
+
+
+# Calls whose answer nobody waits for, held until answered: grpc cancels a call whose
+# future is garbage-collected ("Cancelled upon garbage collection!"), so a future dropped
+# at once sent nothing to a service in another daemon.
+_UNANSWERED: set[Any] = set()
+
+
+def unanswered(future: Any) -> None:
+    """Let a call (a `.future(...)`, on a real or a local channel) run to its answer."""
+    _UNANSWERED.add(future)
+    future.add_done_callback(_UNANSWERED.discard)

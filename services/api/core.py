@@ -146,11 +146,14 @@ class TrainerCore:
         manifest_text: str | bytes,
         model_zip: ModelArchive = b"",
         idempotency_key: str = "",
+        checked: Manifest | None = None,
     ) -> Created:
         """Store a new job; refused with Overloaded (nothing stored) when the API already
-        has its limit of submits in flight (services/api/shedding.py)."""
+        has its limit of submits in flight (services/api/shedding.py). `checked`: the
+        manifest as `check_manifest` parsed this very text already (a streamed upload
+        checks it before it reads the code), so that it is not parsed twice."""
         with self.gate.slot():
-            return self._create(who, manifest_text, model_zip, idempotency_key)
+            return self._create(who, manifest_text, model_zip, idempotency_key, checked)
 
     def _create(
         self,
@@ -158,6 +161,7 @@ class TrainerCore:
         manifest_text: str | bytes,
         model_zip: ModelArchive,
         idempotency_key: str,
+        checked: Manifest | None,
     ) -> Created:
         owner = as_principal(who).user  # an admin's submit is the admin's own job
         self.check_idempotency_key(idempotency_key)
@@ -166,7 +170,7 @@ class TrainerCore:
             raise too_large(
                 size, MAX_MODEL_BYTES, "(put data in a data store, not in the model zip)"
             )
-        manifest = self.check_manifest(manifest_text)
+        manifest = checked or self.check_manifest(manifest_text)
         if size:
             start = 0 if isinstance(model_zip, bytes) else model_zip.tell()
             check_archive(model_zip)

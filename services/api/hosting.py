@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import threading
@@ -18,7 +17,7 @@ from contract.procs import listen_failure
 from services.api import errors
 from services.api.core import AdmitFn, Lifecycle
 from services.config import split_address
-from services.hosting import DaemonContext, Hosted, jobs_repository, mongo_database
+from services.hosting import DaemonContext, Hosted, jobs_repository, mongo_database, unanswered
 from services.store.jobs import JobRecord
 
 log = logging.getLogger("rhizome.api")
@@ -141,82 +140,68 @@ class SchedulerGangs:
             self.stub.Release(scheduler_pb2.ReleaseRequest(job_id=gang_id), timeout=10)
 
 
-class SchedulerPush:
-    """Hand each stored job to the scheduler without making its submit wait; a push that
-    fails is caught by the scheduler's periodic resync with the QUEUED records.
+def scheduler_push(channel: grpc.Channel) -> Callable[[JobRecord], None]:
+    """The API's `on_stored` for a scheduler in another daemon: each stored job handed to
+    it by an `Admit` of its own, without making the submit wait for the answer; a push
+    that fails is caught by the scheduler's periodic resync with the QUEUED records."""
+    # Imported with a scheduler to talk to (numpy: see admit_client).
+    from services.scheduler.api import SchedulerError
+    from services.scheduler.requests import admit_request
 
-    To a scheduler in this daemon (services/local_channel.py) the jobs go through one
-    thread of their own, which takes every job queued since it last looked: a call's
-    `future()` on the local channel is a hop to its thread pool per submit, each one a
-    wake-up and a few context switches on a daemon already short of CPU (issue #18). To
-    a scheduler elsewhere each push is its own asynchronous call, as before.
-    """
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
-    def __init__(self, channel: grpc.Channel) -> None:
-        # Imported with a scheduler to talk to (numpy: see admit_client).
-        from services.local_channel import LocalChannel
-        from services.scheduler.api import SchedulerError
-        from services.scheduler.requests import admit_request
-
-        self._admit_request, self._refused = admit_request, SchedulerError
-        self.stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        self._local = isinstance(channel, LocalChannel)
-        self._queued: collections.deque[JobRecord] = collections.deque()
-        self._wake = threading.Event()
-        self._start = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def close(self) -> None:
-        """Stop the pushing thread (what it has not pushed yet, the resync queues)."""
-        self._closed = True
-        self._wake.set()
-
-    def __call__(self, job: JobRecord) -> None:
-        if not self._local:
-            request = self._request(job)
-            if request is not None:
-                self.stub.Admit.future(request, timeout=10)
-            return
-        self._queued.append(job)
-        self._wake.set()
-        if self._thread is None:
-            with self._start:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="scheduler-push", daemon=True
-                    )
-                    self._thread.start()
-
-    def _run(self) -> None:
-        while not self._closed:
-            self._wake.wait()
-            self._wake.clear()  # a job queued after this wakes the next wait at once
-            while self._queued and not self._closed:
-                self._push(self._queued.popleft())
-
-    def _push(self, job: JobRecord) -> None:
-        request = self._request(job)
-        if request is None:
-            return
+    def push(job: JobRecord) -> None:
         try:
-            self.stub.Admit(request, timeout=10)
-        except grpc.RpcError as exc:  # the resync queues it; nothing waits for this answer
-            log.debug("pushing %s to the scheduler failed: %s", job.job_id, exc)
-        except Exception:  # the thread must outlive a bad push
-            log.exception("pushing %s to the scheduler failed", job.job_id)
-
-    def _request(self, job: JobRecord) -> Any:
-        try:
-            return self._admit_request(job, check_only=False)
-        except self._refused as exc:  # admission refused it already; the resync fails it
+            request = admit_request(job, check_only=False)
+        except SchedulerError as exc:  # admission refused it already; the resync fails it
             log.warning("not pushing %s to the scheduler: %s", job.job_id, exc)
-            return None
+            return
+        unanswered(stub.Admit.future(request, timeout=10))
+
+    return push
 
 
-def scheduler_push(channel: grpc.Channel) -> SchedulerPush:
-    """The API's `on_stored`: each stored job handed to the scheduler."""
-    return SchedulerPush(channel)
+class HostedScheduler:
+    """The scheduler of this daemon as the API calls it: directly, no `Admit` through the
+    local channel (services/scheduler/hosting.py `LocalScheduler`, which the scheduler's
+    build leaves in `ctx.shared["scheduler"]`; it is built after the API, so it is looked
+    up at the first call)."""
+
+    def __init__(self, shared: dict[str, Any]) -> None:
+        self._shared = shared
+        self._local: Any = None
+
+    def _scheduler(self) -> Any:
+        if self._local is None:
+            self._local = self._shared.get("scheduler")
+        return self._local
+
+    def admit(self, job: JobRecord) -> tuple[bool, str]:
+        local = self._scheduler()
+        if local is None:  # not built yet: the daemon serves only once it is
+            raise errors.Unavailable("the scheduler of this daemon is not started yet")
+        admitted: tuple[bool, str] = local.admit(job)
+        return admitted
+
+    def queue(self, job: JobRecord) -> None:
+        local = self._scheduler()
+        if local is not None:  # else the scheduler's first resync queues it
+            local.queue(job)
+
+
+def scheduler_ports(
+    ctx: DaemonContext,
+) -> tuple[AdmitFn | None, Callable[[JobRecord], None] | None]:
+    """The submit's admission check and the hand-over of each stored job (the API's
+    `admit` and `on_stored`): direct calls to a scheduler in this daemon, `Admit` calls
+    to one elsewhere, none without a scheduler."""
+    if "scheduler" in ctx.config.services:
+        hosted = HostedScheduler(ctx.shared)
+        return hosted.admit, hosted.queue
+    channel = ctx.channel("scheduler")
+    if channel is None:
+        return None, None
+    return admit_client(channel), scheduler_push(channel)
 
 
 def tds_forget(channel: grpc.Channel) -> Callable[[str], None]:
@@ -230,6 +215,7 @@ def tds_forget(channel: grpc.Channel) -> Callable[[str], None]:
 
         future = stub.DeleteJobData.future(tds_pb2.DeleteJobDataRequest(job_id=job_id), timeout=30)
         future.add_done_callback(report)
+        unanswered(future)
 
     return forget
 
@@ -245,6 +231,7 @@ def build(ctx: DaemonContext) -> Hosted:
     from services.objectstore.api import open_object_store
     from services.store.tokens import TokensRepository
 
+    admit, on_stored = scheduler_ports(ctx)
     core = TrainerCore(
         jobs_repository(ctx),
         open_object_store(
@@ -252,14 +239,13 @@ def build(ctx: DaemonContext) -> Hosted:
             default_dir=ctx.config.objects_dir,
             endpoint_url=ctx.config.object_store_endpoint,
         ),
-        admit=admit_client(ctx.channel("scheduler")),
+        admit=admit,
         lifecycle=lifecycle_client(ctx.channel("lcm")),
         gate=SubmitGate(ctx.config.max_submits_in_flight),
     )
+    core.on_stored = on_stored
     scheduler_channel = ctx.channel("scheduler")
-    push: SchedulerPush | None = None
     if scheduler_channel is not None:
-        core.on_stored = push = scheduler_push(scheduler_channel)
         core.scale_gangs = SchedulerGangs(scheduler_channel)
     tds_channel = ctx.channel("tds")
     if tds_channel is not None:
@@ -361,8 +347,6 @@ def build(ctx: DaemonContext) -> Hosted:
     def stop() -> None:
         gauges_stop.set()
         dispatcher.stop()
-        if push is not None:
-            push.close()
         if "server" in rest:
             rest["server"].should_exit = True
             rest["thread"].join(timeout=5)

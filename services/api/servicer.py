@@ -125,7 +125,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
                 "header.model_definition must be empty in CreateJobStream; send the code in `data`"
             )
         self.core.check_idempotency_key(header.idempotency_key)
-        self.core.check_manifest(header.manifest_yaml)
+        manifest = self.core.check_manifest(header.manifest_yaml)
         # The code goes to a spooled file: memory up to SPOOL_BYTES, disk beyond. Nothing
         # is stored before the last piece arrived, so a client that goes away mid-upload
         # (the iterator raises) leaves no job, no record and no object.
@@ -142,7 +142,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
                 spool.write(chunk.data)
             spool.seek(0)
             code: ModelArchive = spool if size else b""
-            created = self.core.create(who, header.manifest_yaml, code, header.idempotency_key)
+            created = self.core.create(
+                who, header.manifest_yaml, code, header.idempotency_key, checked=manifest
+            )
         return trainer_pb2.CreateJobResponse(
             job_id=created.job.job_id, job=job_to_proto(created.job), existing=created.existing
         )

@@ -1,11 +1,17 @@
 """How the daemon hosts the scheduler: the `rhizome.v1.Scheduler` service plus the
 scheduling loop that connects the gang scheduler to the jobs in MongoDB.
 
-Jobs arrive pushed: the API calls `Admit` for each job it stores, which queues it and
-wakes the loop. Each pass of the loop (at once when woken, else five times a second):
-1. every few seconds, a resync with the QUEUED records catches jobs whose push was lost
-   and drops queue entries whose job left the queue (a job that can never fit any more
-   fails with the reason instead of waiting forever);
+Jobs arrive pushed: the API of this daemon hands each job it stores to `LocalScheduler`
+(a plain call: no proto), which the next pass queues; an API elsewhere calls `Admit`,
+which queues it at once. Either wakes the loop. Each pass of the loop (at once when
+woken, else five times a second):
+0. the jobs handed over since the last pass are queued (one whose request the cluster can
+   no longer hold fails with the reason);
+1. every few seconds, a resync with the QUEUED records catches jobs whose hand-over was
+   lost (a job that can never fit any more fails with the reason instead of waiting
+   forever): the ids newer than the newest it queued, and at the first pass and every
+   minute every QUEUED id, which also drops queue entries whose job left the queue (the
+   release check below drops them within half a second);
 2. one scheduling pass places whole gangs; each placed job moves QUEUED → PENDING with
    its placement (the LCM takes it from there). A placement the scheduler restored after
    a restart, whose job is still QUEUED, is written the same way, so a crash between the
@@ -13,7 +19,8 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
 3. jobs whose borrowed quota is reclaimed are halted (not lost);
 4. every two seconds, the explanations of the jobs at the head of the queue are written
    to their records (`rhizome show` prints them);
-5. the placements of jobs that no longer hold resources are released: every half second
+5. the placements of jobs that no longer hold resources are released, and queued jobs
+   whose record left QUEUED (deleted, halted) leave the queue: every half second
    from the records written since the last look (`JobsRepository.written_since`, a range
    read on the sparse `touched_at` index, which a record enters at its first write after
    its creation), every 30 s and at the first pass from every placed job's record (the
@@ -27,6 +34,7 @@ wakes the loop. Each pass of the loop (at once when woken, else five times a sec
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -38,7 +46,7 @@ from typing import Any
 import grpc
 from rhizome.v1 import lcm_pb2, lcm_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
-from services.hosting import DaemonContext, Hosted, jobs_repository
+from services.hosting import DaemonContext, Hosted, jobs_repository, unanswered
 from services.scheduler.api import (
     ClusterConfigError,
     JobRequest,
@@ -71,6 +79,14 @@ EXPLAIN_AT_MOST = 10
 # Freeing the placements of ended jobs and rescanning the whole queue are not urgent.
 RELEASE_INTERVAL_S = 0.5
 RESYNC_INTERVAL_S = 5.0
+# The resync's read of every QUEUED id costs the MongoDB-wire server ~40 us an id, and
+# every insert waits behind it: with 4,000 queued, 150 ms of its CPU every 5 s, the
+# REST submits' p99 at 16 clients in benchmarks/api_submit.py (issue #18). So every
+# RESYNC_INTERVAL_S only the ids newer than the newest job queued are read (the stored
+# jobs whose hand-over is still on its way, or lost); the whole read, at the first pass
+# and this often, catches the rest (a lost hand-over of a resumed job, whose id is old;
+# a job stored by a daemon whose clock is behind).
+FULL_RESYNC_INTERVAL_S = 60.0
 # The release check reads only the placed jobs' records written since its last read (a
 # whole record of every placed job, twice a second, was the daemon's largest steady cost
 # per alive job: issue #18). How far before that read it asks: a write stamps its
@@ -82,6 +98,9 @@ RELEASE_LOOKBACK_S = 5.0
 FULL_RELEASE_READ_S = 30.0
 # Passes woken back to back (a burst of submits) are spaced by at least this much.
 MIN_PASS_GAP_S = 0.05
+# Stored jobs handed over and not queued yet, at most (a daemon whose loop does not run,
+# a hot standby, holds no more): one left out is stored, and the resync queues it.
+ARRIVALS_HELD = 100_000
 
 
 class SchedulingLoop:
@@ -119,6 +138,14 @@ class SchedulingLoop:
         self._explained_at = 0.0
         self._released_at = 0.0
         self._synced_at = 0.0
+        # when the last resync that read every QUEUED id was (monotonic; -inf: the next is
+        # one), and the newest job id queued (ids sort by creation: those after it are new)
+        self.full_resync_interval_s = FULL_RESYNC_INTERVAL_S
+        self._full_synced_at = float("-inf")
+        self._newest_queued = ""
+        # the `updated_at` of each queued job's record the release check read last (a
+        # record the change read's look-back returns again unchanged is not read again)
+        self._queued_stamps: dict[str, float] = {}
         # The release check's reads (`_release_finished`): when the last full one was
         # (monotonic; -inf: the next is one), from when the next change read asks
         # (wall clock: `updated_at` is), the `updated_at` of each placed job's record as
@@ -130,6 +157,41 @@ class SchedulingLoop:
         self._read_since = 0.0
         self._read_stamps: dict[str, float] = {}
         self._placed_at_read: set[str] = set()
+        # Stored jobs handed over by the API of this daemon (`arrive`), queued by the next
+        # pass: the submit that hands one over never waits for the scheduler's lock.
+        self._arrivals: collections.deque[JobRecord] = collections.deque(maxlen=ARRIVALS_HELD)
+
+    def arrive(self, job: JobRecord) -> None:
+        """A stored job to queue: at the next pass, which this wakes."""
+        self._arrivals.append(job)
+        self.wake.set()
+
+    def _queue_arrivals(self) -> None:
+        """Queue the jobs handed over since the last pass, in the order they came, each
+        arriving now (as `Admit` stamps a job it queues)."""
+        handed: list[JobRecord] = []
+        while self._arrivals:
+            handed.append(self._arrivals.popleft())
+        self._queue(handed, arriving_now=True)
+
+    def _queue(self, jobs: Iterable[JobRecord], arriving_now: bool = False) -> None:
+        """Queue stored jobs (arriving when they were created, unless `arriving_now`). One
+        the scheduler refuses (the cluster model changed since its submit was admitted, a
+        resumed job that can no longer fit) fails with the reason."""
+        refused: list[tuple[str, str]] = []
+        with self.lock:
+            for job in jobs:
+                arrival = time.time() if arriving_now else None
+                try:
+                    self.scheduler.enqueue(
+                        job_request(job, arrival=arrival), attained_gpu_s=job.attained_gpu_s
+                    )
+                except SchedulerError as exc:
+                    refused.append((job.job_id, str(exc)))
+                    continue
+                self._newest_queued = max(self._newest_queued, job.job_id)
+        for job_id, reason in refused:
+            self._fail(job_id, f"cannot be scheduled: {reason}")
 
     def start(self) -> None:
         self.thread.start()
@@ -164,9 +226,11 @@ class SchedulingLoop:
     def run_pass(self) -> None:
         now = time.monotonic()
         self._follow_nodes()
+        if self._arrivals:
+            self._queue_arrivals()
         if now - self._synced_at >= RESYNC_INTERVAL_S:
             self._synced_at = now
-            self._resync()
+            self._resync(full=now - self._full_synced_at >= self.full_resync_interval_s)
         with self.lock:
             shrinking = list(self.scheduler.elasticity.shrinking)
         if shrinking:  # free what a shrink retired as soon as the record says so
@@ -353,29 +417,34 @@ class SchedulingLoop:
         for job_id in gone:
             log.info("job %s: its nodes left the cluster model", job_id)
 
-    def _resync(self) -> None:
-        """Bring the scheduler's queue in line with the QUEUED records: jobs the API's push
-        never reached (a crash in between, a resumed job) join it, and queued entries
-        whose job left the queue (deleted, halted) leave it. The API pushes each new job
-        as it is stored, so this scan is a safety net, not the way jobs arrive."""
-        queued_ids = self.jobs.ids_by_status([states.QUEUED])
+    def _resync(self, full: bool) -> None:
+        """Bring the scheduler's queue in line with the QUEUED records: jobs whose hand-over
+        never arrived (a crash in between, a push to another daemon that failed) join it;
+        with `full`, every QUEUED id is read and queued entries whose job left the queue
+        (deleted, halted) leave it, else only the ids after the newest queued
+        (FULL_RESYNC_INTERVAL_S: why). The API hands each new job over as it is stored,
+        so this is a safety net, not the way jobs arrive."""
+        started = time.monotonic()
+        queued_ids = self.jobs.ids_by_status(
+            [states.QUEUED], after="" if full else self._newest_queued
+        )
         with self.lock:
             known = set(self.scheduler.records)
-            stale = {
-                job_id
-                for job_id in set(self.scheduler.queued()) - set(queued_ids)
-                if scale_gang_parent(job_id) is None  # placed or released by the API at once
-            }
+            stale = (
+                {
+                    job_id
+                    for job_id in set(self.scheduler.queued()) - set(queued_ids)
+                    if scale_gang_parent(job_id) is None  # placed or released by the API
+                }
+                if full
+                else set()
+            )
         for job_id in stale:
             self._release(job_id)
-        for job in self.jobs.get_many([i for i in queued_ids if i not in known]):
-            if job.status != states.QUEUED:
-                continue
-            with self.lock:
-                try:
-                    self.scheduler.enqueue(job_request(job), attained_gpu_s=job.attained_gpu_s)
-                except SchedulerError as exc:
-                    self._fail(job.job_id, f"cannot be scheduled: {exc}")
+        joining = self.jobs.get_many([i for i in queued_ids if i not in known])
+        self._queue(job for job in joining if job.status == states.QUEUED)
+        if full:
+            self._full_synced_at = started
 
     def _bind(self, job_id: str, nodes: list[str], placed_at: float) -> bool:
         """QUEUED -> PENDING with the placement. False when the record had moved on
@@ -395,7 +464,7 @@ class SchedulingLoop:
             return False  # the release check frees it if the job no longer runs
         if self.lcm is not None:
             # Wake the LCM now rather than at its next poll; its answer does not matter.
-            self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5)
+            unanswered(self.lcm.DeployJob.future(lcm_pb2.LcmJobRequest(job_id=job_id), timeout=5))
         return True
 
     def _fail(self, job_id: str, reason: str) -> None:
@@ -466,6 +535,7 @@ class SchedulingLoop:
             read = wanted
         else:
             written = self.jobs.written_since(self._read_since - self.release_lookback_s)
+            self._drop_leavers(written)
             read = {record_of[j] for j in placed if j not in self._placed_at_read}
             read.update(
                 job_id
@@ -499,6 +569,33 @@ class SchedulingLoop:
                 self._bounds.pop(job_id, None)
                 log.info("released the placement of %s", job_id)
 
+    def _drop_leavers(self, written: Mapping[str, float]) -> None:
+        """Queued jobs whose record was written since the last look (a job leaves the
+        queue by a write: deleted, halted) and whose record says it is no longer QUEUED
+        leave the scheduler's queue (the full resync is the safety net behind this)."""
+        with self.lock:
+            records = self.scheduler.records
+            changed = [
+                job_id
+                for job_id, stamp in written.items()
+                if job_id in records
+                and records[job_id].state == SchedState.QUEUED
+                and stamp != self._queued_stamps.get(job_id)
+            ]
+        # a stamp outside this look-back will not come back
+        self._queued_stamps = {j: t for j, t in self._queued_stamps.items() if j in written}
+        if not changed:
+            return
+        found = {job.job_id: job for job in self.jobs.get_many(changed)}
+        for job_id in changed:
+            job = found.get(job_id)
+            if job is not None:
+                self._queued_stamps[job_id] = job.updated_at
+            if job is None or job.status != states.QUEUED:
+                self._release(job_id)
+                self._queued_stamps.pop(job_id, None)
+                log.info("job %s left the queue", job_id)
+
 
 class PlacementsOnlyStore(PlacementStore):
     """In the daemon the queue's source of truth is the jobs collection (QUEUED records,
@@ -526,6 +623,33 @@ class PlacementsOnlyStore(PlacementStore):
         docs = [d for d in self.inner.load_all() if d["state"] != str(SchedState.QUEUED)]
         self.stored = {str(d["job_id"]) for d in docs}
         return docs
+
+
+class LocalScheduler:
+    """The scheduler as the API of the same daemon calls it (`ctx.shared["scheduler"]`):
+    a submit's admission check and the hand-over of its stored job, each a plain call
+    with the job record. Through the local channel each was an `Admit` whose request was
+    built as a proto, read back and answered with another, twice a submit, and the
+    hand-over went through a thread of its own: ~0.25 ms of the daemon's CPU a submit
+    (issue #18). The check still runs before the job is stored and the queueing after,
+    so a job is never placed before its record exists."""
+
+    def __init__(self, loop: SchedulingLoop) -> None:
+        self.loop = loop
+
+    def admit(self, job: JobRecord) -> tuple[bool, str]:
+        """`Admit(check_only)`: (False, the reason) for a job that can never run here. The
+        scheduler's `enqueue` of the same request does not check it again."""
+        try:
+            # the loop's scheduler: a hot standby replaces it when it takes the lead
+            result = self.loop.scheduler.admit(job_request(job))
+        except SchedulerError as exc:  # what no scheduler takes (fractional GPUs)
+            return False, str(exc)
+        return result.admitted, result.reason
+
+    def queue(self, job: JobRecord) -> None:
+        """`Admit` of a stored job: queued by the loop's next pass, without waiting."""
+        self.loop.arrive(job)
 
 
 class LoopedSchedulerServicer(SchedulerServicer):
@@ -584,6 +708,8 @@ def build(ctx: DaemonContext) -> Hosted:
     )
     loop_ref.append(loop)
     servicer.loop = loop
+    # what the API of this daemon calls instead of Admit (services/api/hosting.py)
+    ctx.shared["scheduler"] = LocalScheduler(loop)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
     def stop() -> None:

@@ -67,6 +67,9 @@ ADMITTED_REMEMBERED = 4096
 # whole queue runs at least this often anyway: what a placement policy could decide
 # differently with time (nodes avoided for a while) is looked at again.
 FULL_PASS_INTERVAL_S = 1.0
+# Job shapes (learners and what each asks for) whose room on the empty cluster `check`
+# remembers, at most; then it starts over.
+ROOM_SHAPES_REMEMBERED = 1024
 
 
 @dataclass
@@ -222,6 +225,8 @@ class GangScheduler:
         # job id -> (the request `admit` accepted, on which cluster model): see
         # ADMITTED_REMEMBERED
         self._admitted: OrderedDict[str, tuple[JobRequest, Cluster]] = OrderedDict()
+        # `_room_when_empty`'s answers, for the cluster model they were worked out on
+        self._room: tuple[Cluster | None, dict[tuple[Any, ...], tuple[int, int]]] = (None, {})
         self.incremental = incremental
         self.full_pass_interval_s = FULL_PASS_INTERVAL_S
         self._arrived: list[QueueEntry] = []  # queued since the last pass
@@ -241,24 +246,49 @@ class GangScheduler:
         """Raise if the job can never run here (bad request, unknown type, too large)."""
         job.validate()
         self.cluster.check_gpu_type(job)
-        cap = self.cluster.capacity(job, empty=True)
-        total = int(cap.sum())
+        total, top = self._room_when_empty(job)
         if total < job.learners:
             raise JobTooLarge(
                 f"job {job.job_id} can never run on this cluster: it needs {job.describe()}, "
                 f"and even the empty cluster has room for only {total} such learner"
                 f"{'s' if total != 1 else ''}; ask for fewer or smaller learners"
             )
-        if job.max_nodes is not None:
-            top = int(np.sort(cap)[::-1][: job.max_nodes].sum())
-            if top < job.learners:
-                raise JobTooLarge(
-                    f"job {job.job_id} can never run on this cluster: it needs {job.describe()}, "
-                    f"but the {job.max_nodes} largest nodes hold only {top} such learners"
-                )
+        if job.max_nodes is not None and top < job.learners:
+            raise JobTooLarge(
+                f"job {job.job_id} can never run on this cluster: it needs {job.describe()}, "
+                f"but the {job.max_nodes} largest nodes hold only {top} such learners"
+            )
         reason = self.ledger.never_fits(job)
         if reason:
             raise JobTooLarge(f"job {job.job_id} can never run: {reason}")
+
+    def _room_when_empty(self, job: JobRequest) -> tuple[int, int]:
+        """How many learners of the job's shape the empty cluster holds, and its
+        `max_nodes` largest nodes (the whole cluster without a bound). The same for every
+        job of one shape on one cluster model, so worked out once: the arrays cost ~50 µs
+        of the daemon's CPU a submit (issue #18). Called without the lock (`admit`): two
+        callers at once work out the same answer."""
+        cluster = self.cluster
+        seen_on, room = self._room
+        if seen_on is not cluster or len(room) >= ROOM_SHAPES_REMEMBERED:
+            room = {}
+            self._room = (cluster, room)
+        shape = (
+            job.learners,
+            job.gpus,
+            job.gpu_type,
+            job.cpus,
+            job.memory_mb,
+            job.max_nodes,
+            tuple(sorted(job.node_selector.items())),
+        )
+        known = room.get(shape)
+        if known is None:
+            cap = cluster.capacity(job, empty=True)
+            total = int(cap.sum())
+            top = total if job.max_nodes is None else int(np.sort(cap)[::-1][: job.max_nodes].sum())
+            known = room[shape] = (total, top)
+        return known
 
     def admit(self, job: JobRequest) -> AdmitResult:
         """Would this job be accepted? Refuses, with the reason, what can never fit. An

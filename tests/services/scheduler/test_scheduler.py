@@ -158,6 +158,19 @@ def test_admission_refuses_what_can_never_fit_with_the_reason() -> None:
     assert sched.queued() == []
 
 
+def test_admission_answers_each_job_of_a_shape_alike_and_follows_a_new_cluster_model() -> None:
+    # The room a shape has on the empty cluster is worked out once per cluster model
+    # (`_room_when_empty`): each refusal still names its own job, a max_nodes bound is a
+    # shape of its own, and nodes added to the model change the answer.
+    sched = GangScheduler(gpu_cluster(nodes=2, gpus=4))
+    assert "job big-1 can never run" in sched.admit(_job("big-1", 3, 4)).reason
+    assert "job big-2 can never run" in sched.admit(_job("big-2", 3, 4)).reason
+    assert sched.admit(_job("fits", 2, 3)).admitted
+    assert "the 1 largest nodes hold only 1" in sched.admit(_job("span", 2, 3, max_nodes=1)).reason
+    sched.replace_nodes(gpu_cluster(nodes=3, gpus=4).nodes)
+    assert sched.admit(_job("big-3", 3, 4)).admitted
+
+
 @pytest.mark.parametrize(
     ("job", "error", "message"),
     [
