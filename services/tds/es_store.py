@@ -43,6 +43,11 @@ from services.tds.api import (
 )
 
 T = TypeVar("T")
+# The search client's timeout for one request. A bulk may take long on a search server
+# that is behind; giving up on it early makes the collector send it again while the
+# server still writes the first copy. The collector's deadline for a write is longer than
+# this plus the TDS's longest wait for a write slot (servicer.MAX_WRITE_WAIT_S).
+REQUEST_TIMEOUT_S = 60.0
 _PAGE = 5000  # below index.max_result_window (10,000) so search_after pages never fail
 _SAFE = re.compile(r"[^a-z0-9_-]")
 
@@ -125,7 +130,7 @@ class ElasticsearchStore(TrainingDataStore):
         prefix: str = "rhizome",
         refresh_interval: str = "250ms",
         replicas: int = 0,
-        request_timeout_s: float = 30.0,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
         client: Elasticsearch | None = None,
     ) -> None:
         self.url = url
