@@ -446,26 +446,29 @@ class ElasticsearchStore(TrainingDataStore):
     def count_stored(
         self, kind: str, job_id: str, learner: int, key: str, from_seq: int, to_seq: int
     ) -> int:
-        index = self.logs_index(job_id) if kind == "log" else self.metrics_index(job_id)
-        key_field = "stream" if kind == "log" else "source"
-        query = {
-            "bool": {
-                "filter": [
-                    {"term": {"job_id": job_id}},
-                    {"term": {"learner": learner}},
-                    {"term": {key_field: key}},
-                    {"range": {"seq": {"gte": from_seq, "lt": to_seq}}},
-                ]
-            }
-        }
+        # The documents' ids are known (deterministic, see `api`): look them up (real-time
+        # gets, no refresh) rather than count them with a query. On the embedded search
+        # server a refresh copies the whole index and a query scans all of it, under its
+        # one lock: in a 160,000-line index a refresh and a count of 20,000 lines took
+        # 3.2 s, the lookups 0.25 s, and 8 collectors' checks held every bulk up behind
+        # them (issue #18). Lookups cost the range checked, not the index.
+        doc_id: Callable[[str, int, str, int], str]
+        if kind == "log":
+            index, doc_id = self.logs_index(job_id), log_doc_id
+        else:
+            index, doc_id = self.metrics_index(job_id), metric_doc_id
+        found = 0
         try:
-            # Counts see only refreshed documents: refresh first, or a check made right
-            # after a write would find it missing and make the collector resend.
-            self.es.indices.refresh(index=index, ignore_unavailable=True)
-            resp = self.es.count(index=index, query=query, ignore_unavailable=True)
+            for start in range(from_seq, to_seq, _PAGE):
+                seqs = range(start, min(to_seq, start + _PAGE))
+                ids = [doc_id(job_id, learner, key, s) for s in seqs]
+                resp = self.es.mget(index=index, ids=ids, source=False, realtime=True)
+                found += sum(1 for doc in resp["docs"] if doc.get("found"))
+        except elasticsearch.NotFoundError:
+            return 0  # no index yet: nothing stored
         except _ES_ERRORS as exc:
             raise _translate(exc) from exc
-        return int(resp.get("count", 0))
+        return found
 
     # -- maintenance ----------------------------------------------------------------
     def refresh(self, job_id: str) -> None:
