@@ -49,6 +49,9 @@ T = TypeVar("T")
 # this plus the TDS's longest wait for a write slot (servicer.MAX_WRITE_WAIT_S).
 REQUEST_TIMEOUT_S = 60.0
 _PAGE = 5000  # below index.max_result_window (10,000) so search_after pages never fail
+# The longest range of records `count_stored` looks up by id (~0.6 s on the embedded
+# server); a longer one is counted with a query.
+LOOKUP_MAX = 50_000
 _SAFE = re.compile(r"[^a-z0-9_-]")
 
 _COMMON_PROPS: dict[str, Any] = {
@@ -451,7 +454,10 @@ class ElasticsearchStore(TrainingDataStore):
         # server a refresh copies the whole index and a query scans all of it, under its
         # one lock: in a 160,000-line index a refresh and a count of 20,000 lines took
         # 3.2 s, the lookups 0.25 s, and 8 collectors' checks held every bulk up behind
-        # them (issue #18). Lookups cost the range checked, not the index.
+        # them (issue #18). Lookups cost the range checked, not the index; a range too
+        # long to look up (a caller may ask for any) is counted with a query.
+        if to_seq - from_seq > LOOKUP_MAX:
+            return self._count_by_query(kind, job_id, learner, key, from_seq, to_seq)
         doc_id: Callable[[str, int, str, int], str]
         if kind == "log":
             index, doc_id = self.logs_index(job_id), log_doc_id
@@ -469,6 +475,30 @@ class ElasticsearchStore(TrainingDataStore):
         except _ES_ERRORS as exc:
             raise _translate(exc) from exc
         return found
+
+    def _count_by_query(
+        self, kind: str, job_id: str, learner: int, key: str, from_seq: int, to_seq: int
+    ) -> int:
+        index = self.logs_index(job_id) if kind == "log" else self.metrics_index(job_id)
+        key_field = "stream" if kind == "log" else "source"
+        query = {
+            "bool": {
+                "filter": [
+                    {"term": {"job_id": job_id}},
+                    {"term": {"learner": learner}},
+                    {"term": {key_field: key}},
+                    {"range": {"seq": {"gte": from_seq, "lt": to_seq}}},
+                ]
+            }
+        }
+        try:
+            # Counts see only refreshed documents: refresh first, or a check made right
+            # after a write would find it missing and make the collector resend.
+            self.es.indices.refresh(index=index, ignore_unavailable=True)
+            resp = self.es.count(index=index, query=query, ignore_unavailable=True)
+        except _ES_ERRORS as exc:
+            raise _translate(exc) from exc
+        return int(resp.get("count", 0))
 
     # -- maintenance ----------------------------------------------------------------
     def refresh(self, job_id: str) -> None:

@@ -156,4 +156,6 @@ def test_count_stored_counts_the_range_by_id_without_refreshing_the_index(
     # A check costs the range, not the index: nothing was refreshed, so a search still
     # sees none of it (a refresh of the embedded server copies the whole index).
     assert list(store.query_logs(Query(job, page_size=1))) == []
+    # A caller may ask for any range: one too long to look up is counted with a query.
+    assert store.count_stored("log", job, 0, "stdout", 0, 1 << 40) == 5002
     store.close()
