@@ -26,6 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from log_ingest import bench_line  # noqa: E402
 from rhizome.v1 import tds_pb2  # noqa: E402
 
 from services.embedded.servers import ElasticsearchServer  # noqa: E402
@@ -52,15 +53,7 @@ def server_pid(pid: int) -> int:
 
 def lines(job: str, start: int, n: int) -> list[tds_pb2.LogLine]:
     now_us = time.time_ns() // 1000
-    out = []
-    for i in range(start, start + n):
-        ln = tds_pb2.LogLine(
-            job_id=job, learner=0, stream="stdout", seq=i,
-            line=f"{i} {now_us} epoch 3 step 1234 loss=0.123456 lr=0.001 throughput=812.5 samples/s",
-        )  # fmt: skip
-        ln.time.FromMicroseconds(now_us)
-        out.append(ln)
-    return out
+    return [bench_line(job, seq, now_us) for seq in range(start, start + n)]
 
 
 def main_count(store: ElasticsearchStore, job: str, n: int) -> int:
