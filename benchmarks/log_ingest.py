@@ -193,6 +193,16 @@ def run_case(
     }
 
 
+def bench_line(job: str, seq: int, now_us: int) -> tds_pb2.LogLine:
+    """The document of one printed line (PRINTER's), as a collector sends it."""
+    ln = tds_pb2.LogLine(
+        job_id=job, learner=0, stream="stdout", seq=seq,
+        line=f"{seq} {now_us} epoch 3 step 1234 loss=0.123456 lr=0.001 throughput=812.5 samples/s",
+    )  # fmt: skip
+    ln.time.FromMicroseconds(now_us)
+    return ln
+
+
 def raw_bulk_baseline(store: ElasticsearchStore, n: int, in_flight: int = 1) -> float:
     job = f"raw-{uuid.uuid4().hex[:8]}"
     now_us = time.time_ns() // 1000
@@ -201,12 +211,7 @@ def raw_bulk_baseline(store: ElasticsearchStore, n: int, in_flight: int = 1) -> 
     sent: list[concurrent.futures.Future[int]] = []
     t0 = time.perf_counter()
     for i in range(n):
-        ln = tds_pb2.LogLine(
-            job_id=job, learner=0, stream="stdout", seq=i,
-            line=f"{i} {now_us} epoch 3 step 1234 loss=0.123456 lr=0.001 throughput=812.5 samples/s",
-        )  # fmt: skip
-        ln.time.FromMicroseconds(now_us)
-        batch.append(ln)
+        batch.append(bench_line(job, i, now_us))
         if len(batch) == 5000:
             sent.append(pool.submit(store.write_logs, batch))
             batch = []

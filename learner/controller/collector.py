@@ -114,6 +114,13 @@ IDLE_SAFETY_S = 1.0
 # The acknowledged position is written to the offsets file at most this often while lines
 # keep coming (module docstring: a crash resends at most this much, overwriting).
 OFFSETS_COMMIT_S = 2.0
+# A collector's deadline for one write (AddLogLines, AddMetrics): longer than the TDS takes
+# to answer one at worst, a wait for a write slot (services/tds/servicer.py
+# MAX_WRITE_WAIT_S, 30 s, then RESOURCE_EXHAUSTED, nothing written) plus the bulk request
+# (services/tds/es_store.py REQUEST_TIMEOUT_S, 60 s). A shorter deadline made a collector
+# send a batch again while the search server was still writing the first copy, doubling
+# the work of a server that was already behind (issue #18).
+WRITE_TIMEOUT_S = 120.0
 OFFSETS_FILE = "collector.offsets.json"
 
 
@@ -172,6 +179,7 @@ class Collector:
         flush_interval_s: float = FLUSH_INTERVAL_S,
         poll_interval_s: float = 0.05,
         rpc_timeout_s: float = 30.0,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
         max_backoff_s: float = 2.0,
         drain_timeout_s: float = 60.0,
         verify_interval_s: float = 5.0,
@@ -196,6 +204,7 @@ class Collector:
         self.flush_interval_s = flush_interval_s
         self.poll_interval_s = poll_interval_s
         self.rpc_timeout_s = rpc_timeout_s
+        self.write_timeout_s = write_timeout_s
         self.max_backoff_s = max_backoff_s
         self.drain_timeout_s = drain_timeout_s
         self.verify_interval_s = verify_interval_s
@@ -483,8 +492,8 @@ class Collector:
             ]
             calls: list[tuple[Any, Callable[[], Any]]] = [
                 (
-                    method.future(req, timeout=self.rpc_timeout_s),
-                    functools.partial(method, req, timeout=self.rpc_timeout_s),
+                    method.future(req, timeout=self.write_timeout_s),
+                    functools.partial(method, req, timeout=self.write_timeout_s),
                 )
                 for method, req in requests
             ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
@@ -18,6 +19,11 @@ GAVE_UP_POLL_S = 0.25
 
 class CallerGone(Exception):
     """The writer's caller gave up (its deadline passed, or it went away) before its turn."""
+
+
+class GateBusy(Exception):
+    """The writer was not admitted within its longest wait: the store is behind. Its caller
+    is told so (and sends the batch again later) instead of waiting until its deadline."""
 
 
 class FairGate:
@@ -42,13 +48,22 @@ class FairGate:
         return None
 
     @contextmanager
-    def slot(self, key: Hashable, gone: Callable[[], bool] | None = None) -> Iterator[None]:
+    def slot(
+        self,
+        key: Hashable,
+        gone: Callable[[], bool] | None = None,
+        max_wait_s: float | None = None,
+    ) -> Iterator[None]:
         """Hold one of the slots for the block, after the writers ahead in the round-robin.
         `gone()` says the caller gave up: then the writer leaves the line at once, or does
         not start once admitted (CallerGone). Under a backlog a collector's call can wait
         past its deadline; it sends the batch again, and writing the first copy too would
-        double the search server's work just when it is the bottleneck."""
+        double the search server's work just when it is the bottleneck. A writer not
+        admitted within `max_wait_s` leaves the line (GateBusy): its caller learns that the
+        store is behind well before its deadline, so a write is never started for a caller
+        about to give up on it."""
         ticket = object()
+        until = None if max_wait_s is None else time.monotonic() + max_wait_s
         with self._cond:
             self._waiting.setdefault(key, collections.deque()).append(ticket)
             while True:
@@ -57,7 +72,14 @@ class FairGate:
                     raise CallerGone()
                 if self._free > 0 and self._next() is ticket:
                     break
-                self._cond.wait(GAVE_UP_POLL_S if gone is not None else None)
+                timeout = GAVE_UP_POLL_S if gone is not None else None
+                if until is not None:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        self._leave(key, ticket)
+                        raise GateBusy()
+                    timeout = left if timeout is None else min(timeout, left)
+                self._cond.wait(timeout)
             queue = self._waiting.pop(key)
             queue.popleft()
             if queue:

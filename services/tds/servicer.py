@@ -39,9 +39,16 @@ from services.tds.api import (
     TrainingDataStore,
     time_us,
 )
-from services.tds.fair import CallerGone, FairGate
+from services.tds.fair import CallerGone, FairGate, GateBusy
 
 log = logging.getLogger(__name__)
+# The longest a batch waits for a write slot before its caller is answered
+# RESOURCE_EXHAUSTED. With the search client's timeout (es_store.REQUEST_TIMEOUT_S) it
+# bounds how long the TDS takes to answer a write, and a collector's deadline for a write
+# (learner/controller/collector.py WRITE_TIMEOUT_S) is longer than both together: a
+# collector never gives up on, and sends again, a batch the search server is still
+# writing (the second copy doubled the work of a server that was already behind).
+MAX_WRITE_WAIT_S = 30.0
 R = TypeVar("R", tds_pb2.LogLine, tds_pb2.MetricSample)
 JobFinished = Callable[[str], bool]
 
@@ -115,6 +122,7 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         on_metrics: Callable[[Sequence[tds_pb2.MetricSample]], None] | None = None,
         on_logs: Callable[[Sequence[tds_pb2.LogLine]], object] | None = None,
         max_bulk_in_flight: int = 4,
+        max_write_wait_s: float = MAX_WRITE_WAIT_S,
     ) -> None:
         """`job_finished` is called about every `follow_poll_s` by each follow stream;
         None means follow streams end only when the client cancels. `retention_s` is how
@@ -124,9 +132,11 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         accepted (the jobs' last values, services/tds/last_metrics.py); `on_logs(lines)` every
         batch of log lines (checkpoint reports, services/tds/checkpoints.py).
         `max_bulk_in_flight`: writes to the store at once, waiting ones admitted
-        round-robin by learner (services/tds/fair.py)."""
+        round-robin by learner (services/tds/fair.py); one that waits `max_write_wait_s`
+        without its turn is answered RESOURCE_EXHAUSTED (see MAX_WRITE_WAIT_S)."""
         self.store = store
         self.write_gate = FairGate(max_bulk_in_flight)
+        self.max_write_wait_s = max_write_wait_s
         self.on_metrics = on_metrics
         self.on_logs = on_logs
         self.job_scope = job_scope
@@ -245,12 +255,22 @@ class TrainingDataServicer(tds_pb2_grpc.TrainingDataServicer):
         self._confine(context, {r.job_id for r in records}, f"write the {kind}s of")
         key = (records[0].job_id, records[0].learner) if records else ("", 0)
         try:
-            with self.write_gate.slot(key, gone=lambda: not context.is_active()):
+            with self.write_gate.slot(
+                key, gone=lambda: not context.is_active(), max_wait_s=self.max_write_wait_s
+            ):
                 n = self._write(context, write, records)
         except CallerGone:
             # Nobody waits for this answer; the collector sends the batch again.
             metrics.TDS_WRITES_ABANDONED.labels(kind).inc()
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller gave up before its turn")
+        except GateBusy:
+            # Back-pressure: nothing was written; the collector sends the batch again after
+            # a backoff, long before its own deadline.
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the search server is behind: no write slot within {self.max_write_wait_s:g} s "
+                f"({self.write_gate.waiting()} batches waiting); retry later",
+            )
         metrics.TDS_DOCUMENTS.labels(kind).inc(n)
         for job_id, recs in _by_job(records).items():
             broker.publish(job_id, recs)

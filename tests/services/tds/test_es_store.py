@@ -129,3 +129,33 @@ def test_lines_with_quotes_escapes_and_unicode_are_stored_exactly(
     assert got == sorted((ln.learner, ln.stream, ln.seq, ln.line) for ln in lines)
     doc = store.es.get(index=store.logs_index(job), id=f"{job}-1-stderr-2")
     assert doc["_source"]["line"] == "é ✓ 日本" and doc["_source"]["seq"] == 2
+
+
+def test_count_stored_counts_the_range_by_id_without_refreshing_the_index(
+    es_server: ManagedServer,
+) -> None:
+    # Periodic refresh off: what a count sees is what it looked up, not a refreshed view.
+    store = ElasticsearchStore(
+        es_server.url, prefix=f"t{uuid.uuid4().hex[:8]}", refresh_interval="-1"
+    )
+    store.ensure_schema()
+    job = _job()
+    assert store.count_stored("log", job, 0, "stdout", 0, 10) == 0  # no index yet
+    seqs = [s for s in range(5003) if s != 7]  # more than one lookup page, one gap
+    store.write_logs([log_line(job, 0, "stdout", s, f"l{s}", T0 + s) for s in seqs])
+    store.write_logs([log_line(job, 1, "stdout", s, "other learner", T0) for s in range(20)])
+    store.write_logs([log_line(job, 0, "stderr", s, "other stream", T0) for s in range(20)])
+    sample = tds_pb2.MetricSample(job_id=job, learner=0, seq=3, name="loss", source="logger")
+    store.write_metrics([sample])
+    assert store.count_stored("log", job, 0, "stdout", 0, 5003) == 5002
+    assert store.count_stored("log", job, 0, "stdout", 5, 10) == 4
+    assert store.count_stored("log", job, 0, "stdout", 5003, 6000) == 0
+    assert store.count_stored("log", job, 1, "stdout", 0, 100) == 20
+    assert store.count_stored("metric", job, 0, "logger", 0, 10) == 1
+    assert store.count_stored("metric", job, 0, "tensorboard", 0, 10) == 0
+    # A check costs the range, not the index: nothing was refreshed, so a search still
+    # sees none of it (a refresh of the embedded server copies the whole index).
+    assert list(store.query_logs(Query(job, page_size=1))) == []
+    # A caller may ask for any range: one too long to look up is counted with a query.
+    assert store.count_stored("log", job, 0, "stdout", 0, 1 << 40) == 5002
+    store.close()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from services.tds.fair import CallerGone, FairGate
+from services.tds.fair import CallerGone, FairGate, GateBusy
 
 
 def _wait(cond: object, timeout: float = 10.0) -> None:
@@ -123,4 +123,14 @@ def test_a_writer_admitted_after_its_caller_gave_up_does_not_write() -> None:
     with pytest.raises(CallerGone), gate.slot("a", gone=lambda: True):
         raise AssertionError("the write ran for a caller that had gone")
     with gate.slot("a"):  # the slot is free again
+        pass
+
+
+def test_a_writer_not_admitted_within_its_longest_wait_leaves_the_line_busy() -> None:
+    gate = FairGate(1)
+    with gate.slot("a"):  # the only slot, held
+        with pytest.raises(GateBusy), gate.slot("b", max_wait_s=0.05):
+            raise AssertionError("admitted while the only slot was held")
+        assert gate.waiting() == 0
+    with gate.slot("b", max_wait_s=0.05):  # free again: admitted at once
         pass

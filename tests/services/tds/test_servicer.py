@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -25,6 +27,22 @@ def _lines(job: str, learner: int, stream: str, n: int, start: int = 0) -> list[
 
 
 Tds = tuple[str, TrainingDataServicer]
+
+
+@contextlib.contextmanager
+def _refused_behind_a_backlog(
+    servicer: TrainingDataServicer, s: Any, job: str, timeout: float
+) -> Iterator[grpc.RpcError]:
+    """While every write slot of the TDS is held (as under a backlog): the error a write of
+    3 lines of `job` with this timeout got."""
+    with contextlib.ExitStack() as slots:
+        for k in range(4):
+            slots.enter_context(servicer.write_gate.slot(("other", k)))
+        with pytest.raises(grpc.RpcError) as raised:
+            s.AddLogLines(
+                tds_pb2.AddLogLinesRequest(lines=_lines(job, 0, "stdout", 3)), timeout=timeout
+            )
+        yield raised.value
 
 
 @pytest.fixture
@@ -303,21 +321,13 @@ def test_a_batch_whose_caller_gave_up_waiting_is_not_written(tds: Tds, store: Me
     """Under a backlog a collector's call can wait for a write slot past its deadline; it
     then sends the batch again, so the first copy must not be written too (it doubled the
     search server's work when that server was the bottleneck)."""
-    from contextlib import ExitStack
-
     from services.metrics import TDS_WRITES_ABANDONED
 
     addr, servicer = tds
     abandoned = TDS_WRITES_ABANDONED.labels("log")._value.get()
     channel, s = stub(addr)
-    with ExitStack() as slots:  # every slot busy, as under a backlog
-        for k in range(4):
-            slots.enter_context(servicer.write_gate.slot(("other", k)))
-        with pytest.raises(grpc.RpcError) as raised:
-            s.AddLogLines(
-                tds_pb2.AddLogLinesRequest(lines=_lines("late", 0, "stdout", 3)), timeout=0.5
-            )
-        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    with _refused_behind_a_backlog(servicer, s, "late", timeout=0.5) as error:
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         deadline = time.monotonic() + 10  # the handler sees its caller gone and leaves
         while servicer.write_gate.waiting() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -326,3 +336,41 @@ def test_a_batch_whose_caller_gave_up_waiting_is_not_written(tds: Tds, store: Me
     assert list(s.GetLogs(tds_pb2.LogsRequest(job_id="late", learner=-1))) == []
     assert TDS_WRITES_ABANDONED.labels("log")._value.get() == abandoned + 1
     channel.close()
+
+
+def test_a_batch_that_waits_too_long_for_a_slot_is_refused_busy_not_written(
+    tds: Tds, store: MemoryStore
+) -> None:
+    """Back-pressure: behind a backlog a write is answered RESOURCE_EXHAUSTED (the collector
+    retries it after a backoff) well before the caller's deadline, and nothing is written,
+    so the batch is never written for a caller about to give up on it."""
+    addr, servicer = tds
+    servicer.max_write_wait_s = 0.2
+    channel, s = stub(addr)
+    with _refused_behind_a_backlog(servicer, s, "busy", timeout=60) as error:
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "behind" in (error.details() or "")
+        assert servicer.write_gate.waiting() == 0
+    assert list(s.GetLogs(tds_pb2.LogsRequest(job_id="busy", learner=-1))) == []
+    s.AddLogLines(tds_pb2.AddLogLinesRequest(lines=_lines("busy", 0, "stdout", 3)), timeout=60)
+    assert len(list(s.GetLogs(tds_pb2.LogsRequest(job_id="busy", learner=-1)))) == 3
+    channel.close()
+
+
+def test_a_collector_waits_for_a_write_longer_than_the_tds_can_take_to_answer_it() -> None:
+    """A collector that gave up on a write the search server was still doing sent the batch
+    again, and the server wrote it twice just when it was behind. The TDS answers a write
+    within its longest wait for a slot plus the search client's timeout; a collector's
+    deadline for a write is longer than both."""
+    import inspect
+
+    from learner.controller.collector import Collector
+    from services.tds.es_store import ElasticsearchStore
+
+    def default(fn: object, name: str) -> float:
+        return float(inspect.signature(fn).parameters[name].default)  # type: ignore[arg-type]
+
+    tds_answers_within = default(TrainingDataServicer, "max_write_wait_s") + default(
+        ElasticsearchStore, "request_timeout_s"
+    )
+    assert default(Collector, "write_timeout_s") > tds_answers_within
