@@ -667,33 +667,32 @@ class EtcdClient:
     def put(self, key: str, value: Any, lease: Lease | int | None = None) -> None:
         self._run(f"put {key}", lambda: self.raw.put(key, encode(value), lease=_lease_id(lease)))
 
-    def create(self, key: str, value: Any, lease: Lease | int | None = None) -> bool:
-        """Put only if the key does not exist; True if this call created it."""
+    def _put_if(
+        self, what: str, key: str, compare: Any, value: Any, lease: Lease | int | None
+    ) -> bool:
+        """Put `value` (under `lease`) in one transaction only if `compare` holds; True
+        if it did. What `create`, `cas` and `put_if_held` each are, with its own compare."""
         tx = self.raw.transactions
         ok, _ = self._run(
-            f"create {key}",
+            f"{what} {key}",
             lambda: self.raw.transaction(
-                compare=[tx.create(key) == 0],
+                compare=[compare],
                 success=[tx.put(key, encode(value), lease=_lease_id(lease))],
                 failure=[],
             ),
         )
         return bool(ok)
 
+    def create(self, key: str, value: Any, lease: Lease | int | None = None) -> bool:
+        """Put only if the key does not exist; True if this call created it."""
+        return self._put_if("create", key, self.raw.transactions.create(key) == 0, value, lease)
+
     def cas(
         self, key: str, value: Any, mod_revision: int, lease: Lease | int | None = None
     ) -> bool:
         """Put only if the key was last written at `mod_revision` (0: does not exist)."""
-        tx = self.raw.transactions
-        ok, _ = self._run(
-            f"cas {key}",
-            lambda: self.raw.transaction(
-                compare=[tx.mod(key) == mod_revision],
-                success=[tx.put(key, encode(value), lease=_lease_id(lease))],
-                failure=[],
-            ),
-        )
-        return bool(ok)
+        compare = self.raw.transactions.mod(key) == mod_revision
+        return self._put_if("cas", key, compare, value, lease)
 
     def put_if_held(
         self, key: str, value: Any, holder: Lease | int, lease: Lease | int | None = None
@@ -706,16 +705,7 @@ class EtcdClient:
         holder_id = _lease_id(holder) or 0
         if not holder_id:
             return False
-        tx = self.raw.transactions
-        ok, _ = self._run(
-            f"put {key} if held",
-            lambda: self.raw.transaction(
-                compare=[_LeaseOf(key) == holder_id],
-                success=[tx.put(key, encode(value), lease=_lease_id(lease))],
-                failure=[],
-            ),
-        )
-        return bool(ok)
+        return self._put_if("put-if-held", key, _LeaseOf(key) == holder_id, value, lease)
 
     def delete(self, key: str) -> None:
         self._run(f"delete {key}", lambda: self.raw.delete(key))
